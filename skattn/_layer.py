@@ -1,0 +1,140 @@
+"""The math of a multi-head attention layer, as pure functions on arrays.
+
+    F(X) = sum_i softmax(X Theta_i X^T) X W_i
+
+Shapes used throughout (float64):
+
+* ``X``: ``(n, k, d)`` -- n sequences of k tokens with d features;
+* ``attention``: ``(m, d, d)`` -- the Theta_i;
+* ``projection``: ``(m, d, d_out)`` -- the W_i;
+* patterns: ``(n, m, k, k)`` -- row l of head i is softmax_a(x_l^T Theta_i x_a);
+* head features: ``(n, m, k, d)`` -- S_i X, so that F(X) = sum_i (S_i X) W_i.
+
+Nothing here validates input: callers (estimators, ``AttentionLayer``) do.
+"""
+
+import numpy as np
+
+
+def softmax(logits, axis=-1):
+    """Numerically stable softmax along ``axis`` (finite for logits of any size).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> softmax(np.array([1000.0, -1000.0, 1000.0]))
+    array([0.5, 0. , 0.5])
+    """
+    shifted = logits - np.max(logits, axis=axis, keepdims=True)
+    expo = np.exp(shifted)
+    return expo / np.sum(expo, axis=axis, keepdims=True)
+
+
+def attention_logits(X, attention):
+    """Logits ``X Theta_i X^T``: ``(n, k, d), (m, d, d) -> (n, m, k, k)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> attention_logits(np.ones((1, 2, 3)), np.eye(3)[None]).shape
+    (1, 1, 2, 2)
+    """
+    # (x_l^T Theta_i) for every token l, then dot with every token a.
+    left = np.einsum("nkd,mde->nmke", X, attention, optimize=True)
+    return np.matmul(left, np.swapaxes(X, 1, 2)[:, None])
+
+
+def attention_patterns(X, attention):
+    """Row-stochastic patterns ``softmax(X Theta_i X^T)``: ``-> (n, m, k, k)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> attention_patterns(np.ones((1, 2, 3)), np.zeros((1, 3, 3)))[0, 0]
+    array([[0.5, 0.5],
+           [0.5, 0.5]])
+    """
+    return softmax(attention_logits(X, attention), axis=-1)
+
+
+def head_features(X, attention, patterns=None):
+    """Per-head token features ``S_i X``: ``-> (n, m, k, d)``.
+
+    F is linear in the projections given these: ``F(X) = sum_i (S_i X) W_i``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> head_features(np.ones((4, 2, 3)), np.zeros((2, 3, 3))).shape
+    (4, 2, 2, 3)
+    """
+    if patterns is None:
+        patterns = attention_patterns(X, attention)
+    return np.matmul(patterns, X[:, None])
+
+
+def forward(X, attention, projection, features=None):
+    """The layer's output ``sum_i softmax(X Theta_i X^T) X W_i``: ``-> (n, k, d_out)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.ones((1, 2, 3))
+    >>> forward(X, np.zeros((1, 3, 3)), np.ones((1, 3, 1)))[0, :, 0]
+    array([3., 3.])
+    """
+    if features is None:
+        features = head_features(X, attention)
+    return np.einsum("nmkd,mdo->nko", features, projection, optimize=True)
+
+
+def squared_loss_gradient(X, Y, attention, projection, sample_weight=None):
+    """Weighted squared loss and its analytic gradient in (Theta, W).
+
+    ``loss = sum_n w_n ||F(X_n) - Y_n||_F^2 / (2 sum_n w_n)``.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m, d, d)
+    projection : ndarray of shape (m, d, d_out)
+    sample_weight : ndarray of shape (n,) or None
+
+    Returns
+    -------
+    loss : float
+    grad_attention : ndarray of shape (m, d, d)
+    grad_projection : ndarray of shape (m, d, d_out)
+
+    Notes
+    -----
+    With residual R = F(X) - Y, per head: dW_i = (S_i X)^T R,
+    dS_i = R W_i^T X^T, dL_i = S_i * (dS_i - rowsum(dS_i * S_i)),
+    dTheta_i = X^T dL_i X.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.ones((2, 2, 3)); th = np.zeros((1, 3, 3)); W = np.zeros((1, 3, 1))
+    >>> loss, gth, gw = squared_loss_gradient(X, np.ones((2, 2, 1)), th, W)
+    >>> float(loss), gth.shape, gw.shape
+    (1.0, (1, 3, 3), (1, 3, 1))
+    """
+    n = X.shape[0]
+    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, float)
+    total = w.sum()
+    patterns = attention_patterns(X, attention)
+    features = np.matmul(patterns, X[:, None])  # (n, m, k, d)
+    residual = forward(X, attention, projection, features) - Y  # (n, k, o)
+    wres = residual * (w / total)[:, None, None]
+    loss = 0.5 * float(np.sum(wres * residual))
+    grad_projection = np.einsum("nmkd,nko->mdo", features, wres, optimize=True)
+    # dS_i = R W_i^T X^T : (n, m, k, k)
+    rw = np.einsum("nko,mdo->nmkd", wres, projection, optimize=True)
+    d_patterns = np.matmul(rw, np.swapaxes(X, 1, 2)[:, None])
+    d_logits = patterns * (
+        d_patterns - np.sum(d_patterns * patterns, axis=-1, keepdims=True)
+    )
+    grad_attention = np.einsum("nkd,nmka,nae->mde", X, d_logits, X, optimize=True)
+    return loss, grad_attention, grad_projection

@@ -1,0 +1,109 @@
+"""Token layout of X and y: flatten, unflatten, and resolve the number of tokens.
+
+A sequence of ``k`` tokens with ``d`` features is stored as one row of width ``k * d``:
+token ``t`` occupies columns ``[t * d, (t + 1) * d)`` (token-major).  A 3-D array of
+shape ``(n_samples, k, d)`` is accepted as a convenience and flattened first.
+"""
+
+from numbers import Integral
+
+import numpy as np
+
+
+def flatten_tokens(X):
+    """Return ``(X2d, k)``: X flattened to 2-D and the token count a 3-D X carried.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, width) or (n_samples, n_tokens, n_features)
+
+    Returns
+    -------
+    X2d : array-like of shape (n_samples, width)
+        ``X`` itself when it is not 3-D (validation happens later), otherwise the
+        token-major flattening of it.
+    n_tokens : int or None
+        ``X.shape[1]`` for a 3-D input, ``None`` otherwise.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X2d, k = flatten_tokens(np.zeros((5, 3, 2)))
+    >>> X2d.shape, k
+    ((5, 6), 3)
+    """
+    if getattr(X, "ndim", None) == 3 or (
+        not hasattr(X, "ndim") and not hasattr(X, "iloc") and np.ndim(X) == 3
+    ):
+        X = np.asarray(X)
+        n, k, d = X.shape
+        return X.reshape(n, k * d), k
+    return X, None
+
+
+def resolve_n_tokens(width, n_tokens, n_tokens_from_3d=None, *, name="X"):
+    """Number of tokens for rows of ``width`` columns, with clear errors.
+
+    Parameters
+    ----------
+    width : int
+        Number of columns of the flattened array.
+    n_tokens : int or None
+        The estimator's ``n_tokens`` parameter.  ``None`` takes the token count of
+        a 3-D input, else 1.
+    n_tokens_from_3d : int or None
+        Token count carried by a 3-D input, if any.
+    name : str
+        Name of the array, for error messages.
+
+    Returns
+    -------
+    n_tokens : int
+
+    Examples
+    --------
+    >>> resolve_n_tokens(12, 4)
+    4
+    >>> resolve_n_tokens(12, None)
+    1
+    """
+    if n_tokens is None:
+        n_tokens = 1 if n_tokens_from_3d is None else n_tokens_from_3d
+    elif n_tokens_from_3d is not None and n_tokens != n_tokens_from_3d:
+        raise ValueError(
+            f"n_tokens={n_tokens} but {name} is 3-D with {n_tokens_from_3d} tokens "
+            f"per sequence; pass n_tokens=None or n_tokens={n_tokens_from_3d}."
+        )
+    if not isinstance(n_tokens, Integral) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}.")
+    if width % n_tokens != 0:
+        raise ValueError(
+            f"{name} has {width} columns, which is not divisible by n_tokens="
+            f"{n_tokens}; expected a width of n_tokens * n_features (token-major "
+            f"layout). Check n_tokens or pass a 3-D array (n_samples, n_tokens, "
+            f"n_features)."
+        )
+    return int(n_tokens)
+
+
+def unflatten_tokens(X, n_tokens):
+    """View a 2-D array ``(n_samples, k * d)`` as ``(n_samples, k, d)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> unflatten_tokens(np.arange(12.0).reshape(2, 6), 3)[1, 2]
+    array([10., 11.])
+    """
+    n, width = X.shape
+    return X.reshape(n, n_tokens, width // n_tokens)
+
+
+def check_finite(X, name):
+    """Raise a ValueError naming ``name`` if X holds NaN or infinity."""
+    if not np.all(np.isfinite(X)):
+        n_bad = int(np.size(X) - np.count_nonzero(np.isfinite(X)))
+        raise ValueError(
+            f"{name} contains {n_bad} NaN or infinite value(s); attention layers need "
+            f"finite inputs. Remove or impute them first."
+        )

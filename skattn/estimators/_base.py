@@ -1,0 +1,108 @@
+"""Shared machinery of skattn's regressors: token layout, validation, predict."""
+
+from numbers import Integral
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils._param_validation import Interval
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_is_fitted,
+    validate_data,
+)
+
+from .._layer import forward
+from .._sequences import flatten_tokens, resolve_n_tokens, unflatten_tokens
+from ..layer import AttentionLayer
+
+
+class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
+    """Base class of regressors whose model is a multi-head attention layer.
+
+    Subclasses implement ``fit`` (wrapped in ``_fit_context``) and call
+    :meth:`_validate_fit_data` first and :meth:`_set_layer` last; ``predict`` and
+    ``score`` come from here.  Fitted attributes set by this class:
+    ``n_features_in_``, ``n_tokens_``, ``n_features_per_token_``,
+    ``n_outputs_per_token_``, ``attention_``, ``projection_``, ``layer_``.
+    """
+
+    _parameter_constraints = {
+        "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
+    }
+
+    def _validate_fit_data(self, X, y, sample_weight=None):
+        """Validate X, y (and weights) and return them as token tensors.
+
+        Returns
+        -------
+        X3 : ndarray of shape (n_samples, k, d)
+        Y3 : ndarray of shape (n_samples, k, d_out)
+        sample_weight : ndarray of shape (n_samples,)
+        """
+        X, k3 = flatten_tokens(X)
+        X, y = validate_data(
+            self,
+            X,
+            y,
+            reset=True,
+            multi_output=True,
+            y_numeric=True,
+            dtype=np.float64,
+        )
+        k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
+        y = np.asarray(y, dtype=np.float64)
+        self._y_1d = y.ndim == 1
+        if y.ndim == 1:
+            y = y[:, None]
+        if y.shape[1] % k:
+            raise ValueError(
+                f"y has {y.shape[1]} columns, which is not divisible by n_tokens={k}; "
+                f"expected n_tokens * n_outputs columns (token-major), one output "
+                f"vector per token."
+            )
+        if self._y_1d and k != 1:
+            raise ValueError(
+                f"y is 1-D but n_tokens={k}: pass y of shape (n_samples, n_tokens * "
+                f"n_outputs)."
+            )
+        sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
+        self.n_tokens_ = k
+        self.n_features_per_token_ = X.shape[1] // k
+        self.n_outputs_per_token_ = y.shape[1] // k
+        return unflatten_tokens(X, k), unflatten_tokens(y, k), sample_weight
+
+    def _validate_predict_data(self, X):
+        check_is_fitted(self)
+        X, k3 = flatten_tokens(X)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        if k3 is not None and k3 != self.n_tokens_:
+            raise ValueError(
+                f"X is 3-D with {k3} tokens per sequence but the estimator was fitted "
+                f"with n_tokens_={self.n_tokens_}."
+            )
+        return unflatten_tokens(X, self.n_tokens_)
+
+    def _set_layer(self, attention, projection):
+        """Store the learned parameters and the matching ``AttentionLayer``."""
+        self.attention_ = np.asarray(attention, dtype=np.float64)
+        self.projection_ = np.asarray(projection, dtype=np.float64)
+        self.layer_ = AttentionLayer(
+            self.attention_, self.projection_, n_tokens=self.n_tokens_
+        )
+
+    def predict(self, X):
+        """Predict with the learned layer.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or
+            (n_samples, n_tokens, n_features)
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_samples, n_tokens * n_outputs)
+            1-D when the training target was 1-D.
+        """
+        X3 = self._validate_predict_data(X)
+        Y = forward(X3, self.attention_, self.projection_).reshape(X3.shape[0], -1)
+        return Y.ravel() if self._y_1d else Y
