@@ -32,9 +32,11 @@ def flatten_tokens(X):
     >>> X2d.shape, k
     ((5, 6), 3)
     """
-    if getattr(X, "ndim", None) == 3 or (
-        not hasattr(X, "ndim") and not hasattr(X, "iloc") and np.ndim(X) == 3
-    ):
+    ndim = getattr(X, "ndim", None)
+    if ndim is None and isinstance(X, list | tuple):
+        X = np.asarray(X)
+        ndim = X.ndim
+    if ndim == 3:
         X = np.asarray(X)
         n, k, d = X.shape
         return X.reshape(n, k * d), k

@@ -26,9 +26,18 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
     ``n_outputs_per_token_``, ``attention_``, ``projection_``, ``layer_``.
     """
 
+    # Per-token outputs: skattn's estimator checks treat this as an attention regressor.
+    _skattn_per_token_outputs = True
+
     _parameter_constraints = {
         "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
     }
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        tags.target_tags.single_output = True
+        return tags
 
     def _validate_fit_data(self, X, y, sample_weight=None):
         """Validate X, y (and weights) and return them as token tensors.

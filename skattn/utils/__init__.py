@@ -1,0 +1,1 @@
+"""Utilities: the estimator-check harness and estimator discovery."""
