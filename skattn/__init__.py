@@ -6,8 +6,14 @@ examples, and learns them back: with the provable phased learner of Chen & Li
 (``MultiHeadAttentionRegressor``) and two baselines from the same literature.
 """
 
+from .estimators import RandomAttentionFeatures, RandomFeatureAttentionRegressor
 from .layer import AttentionLayer
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["AttentionLayer", "__version__"]
+__all__ = [
+    "AttentionLayer",
+    "RandomAttentionFeatures",
+    "RandomFeatureAttentionRegressor",
+    "__version__",
+]

@@ -61,6 +61,13 @@ def _flat(A):
     return A.reshape(A.shape[0], -1)
 
 
+def _outputs(estimator, X):
+    """What a fitted estimator produces: predictions, or a transformer's output."""
+    if hasattr(estimator, "predict"):
+        return estimator.predict(X)
+    return estimator.transform(X)
+
+
 def _with_params(estimator, **params):
     """A clone with those of ``params`` that the estimator has."""
     estimator = clone(estimator)
@@ -90,8 +97,8 @@ def check_3d_input_matches_flat(name, estimator_orig):
     flat = _with_params(estimator_orig, n_tokens=_N_TOKENS, random_state=0)
     cube = _with_params(estimator_orig, n_tokens=None, random_state=0)
     y = _sequence_target(flat, Y)
-    pred_flat = flat.fit(_flat(X), y).predict(_flat(X))
-    pred_cube = cube.fit(X, y).predict(X)
+    pred_flat = _outputs(flat.fit(_flat(X), y), _flat(X))
+    pred_cube = _outputs(cube.fit(X, y), X)
     np.testing.assert_allclose(
         pred_cube,
         pred_flat,
@@ -126,7 +133,7 @@ def check_refit_bit_identical(name, estimator_orig):
     """Two fits under the same random_state give bit-identical predictions."""
     first, X, _ = _fit_sequence_estimator(estimator_orig, 300)
     second, _, _ = _fit_sequence_estimator(estimator_orig, 300)
-    if not np.array_equal(first.predict(_flat(X)), second.predict(_flat(X))):
+    if not np.array_equal(_outputs(first, _flat(X)), _outputs(second, _flat(X))):
         raise AssertionError(f"{name}: refits under the same random_state differ")
 
 
@@ -134,7 +141,7 @@ def check_pickle_keeps_predictions(name, estimator_orig):
     """A pickle round-trip of a fitted sequence estimator keeps its predictions."""
     est, X, _ = _fit_sequence_estimator(estimator_orig, 300)
     restored = pickle.loads(pickle.dumps(est))
-    np.testing.assert_array_equal(restored.predict(_flat(X)), est.predict(_flat(X)))
+    np.testing.assert_array_equal(_outputs(restored, _flat(X)), _outputs(est, _flat(X)))
 
 
 def check_recovers_planted_layer(name, estimator_orig):

@@ -1,0 +1,572 @@
+"""Random-feature attention (Fu, Guo, Bai & Mei, NeurIPS 2023).
+
+A single attention layer with ``M`` heads whose query-key matrices ``W_m`` are drawn
+at random and frozen, and whose values ``v_m`` are trained:
+
+    f(X) = sum_m sum_i sigma_m(x_q, x_i) <v_m, x_i>
+
+``x_q`` is the query (a token of the sequence) and the ``x_i`` are the keys.  The
+output is linear in the values, so ``X -> [sum_i sigma_m(x_q, x_i) x_i]_m`` is a
+feature map (:class:`RandomAttentionFeatures`, in the spirit of
+:class:`~sklearn.kernel_approximation.RBFSampler`) and learning the values is ridge
+regression (:class:`RandomFeatureAttentionRegressor`).
+"""
+
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.base import (
+    BaseEstimator,
+    RegressorMixin,
+    TransformerMixin,
+    _fit_context,
+)
+from sklearn.linear_model import Ridge
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import (
+    _check_feature_names_in,
+    check_is_fitted,
+    validate_data,
+)
+
+from .._layer import softmax
+from .._sequences import flatten_tokens, resolve_n_tokens, unflatten_tokens
+
+# Elements of the largest (chunk, n_heads, n_tokens or n_features) intermediate.
+_CHUNK_ELEMENTS = 2**22
+
+
+def draw_query_key(n_heads, n_features, *, mean=0.0, scale=1.0, random_state=None):
+    """Random query-key matrices ``scale * (mean * I + G_m / sqrt(d))``.
+
+    Parameters
+    ----------
+    n_heads : int
+        Number of matrices M.
+    n_features : int
+        Features per token d.
+    mean : float, default=0.0
+        Multiple of the identity added to every matrix (the non-zero mean).
+    scale : float, default=1.0
+        Factor applied to the whole matrix (the inverse temperature of the logits).
+    random_state : int, RandomState instance or None, default=None
+
+    Returns
+    -------
+    query_key : ndarray of shape (n_heads, n_features, n_features)
+        ``G_m`` has i.i.d. standard Gaussian entries.
+
+    Examples
+    --------
+    >>> draw_query_key(3, 2, mean=1.0, random_state=0).shape
+    (3, 2, 2)
+    """
+    rng = check_random_state(random_state)
+    gaussian = rng.standard_normal((n_heads, n_features, n_features))
+    return scale * (mean * np.eye(n_features) + gaussian / np.sqrt(n_features))
+
+
+def query_and_keys(X, *, query="first", keys="all"):
+    """Split sequences into their query token and their key tokens.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_tokens, n_features)
+    query : {"first", "mean"}, default="first"
+        ``"first"``: the query is token 0; ``"mean"``: the query is the mean token.
+    keys : {"all", "others"}, default="all"
+        ``"all"``: every token is a key (the query attends to itself too);
+        ``"others"``: every token but the query token (needs ``query="first"``
+        and at least 2 tokens).
+
+    Returns
+    -------
+    x_query : ndarray of shape (n_samples, n_features)
+    x_keys : ndarray of shape (n_samples, n_keys, n_features)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q, K = query_and_keys(np.arange(12.0).reshape(2, 3, 2), keys="others")
+    >>> q.shape, K.shape
+    ((2, 2), (2, 2, 2))
+    """
+    x_query = X[:, 0] if query == "first" else X.mean(axis=1)
+    x_keys = X[:, 1:] if keys == "others" else X
+    return x_query, x_keys
+
+
+def random_attention_features(
+    x_query, x_keys, query_key, *, attention="softmax", value_bias=False
+):
+    """Per-head attention-weighted sums of the keys: the random-feature map.
+
+    For head m, with logits ``z_mi = x_q^T W_m x_i`` over the N keys, the weights
+    are ``softmax_i(z_mi)`` (``attention="softmax"``) or ``max(z_mi, 0) / N``
+    (``attention="relu"``), and the features are ``sum_i w_mi x_i``, followed by
+    ``sum_i w_mi`` when ``value_bias`` is set.  So that for values ``V`` of shape
+    ``(n_heads, n_values)``, ``features @ V.ravel()`` is the layer's output
+    ``sum_m sum_i w_mi <v_m, x_i>`` (with ``x_i`` extended by a constant 1 when
+    ``value_bias``).  Computed in chunks of samples; no loop over heads.
+
+    Parameters
+    ----------
+    x_query : ndarray of shape (n_samples, n_features)
+    x_keys : ndarray of shape (n_samples, n_keys, n_features)
+    query_key : ndarray of shape (n_heads, n_features, n_features)
+    attention : {"softmax", "relu"}, default="softmax"
+    value_bias : bool, default=False
+
+    Returns
+    -------
+    features : ndarray of shape (n_samples, n_heads * n_values)
+        Head-major; ``n_values = n_features + value_bias``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[[1.0, 0.0], [0.0, 1.0]]])
+    >>> random_attention_features(X[:, 0], X, np.zeros((1, 2, 2)))
+    array([[0.5, 0.5]])
+    """
+    n, n_keys, d = x_keys.shape
+    m = query_key.shape[0]
+    n_values = d + bool(value_bias)
+    out = np.empty((n, m, n_values))
+    chunk = max(1, _CHUNK_ELEMENTS // (m * max(n_keys, d)))
+    for start in range(0, n, chunk):
+        rows = slice(start, start + chunk)
+        keys_t = np.swapaxes(x_keys[rows], 1, 2)[:, None]  # (c, 1, d, N)
+        # (x_q^T W_m) for every head, then its inner product with every key.
+        left = np.einsum("nd,mde->nme", x_query[rows], query_key, optimize=True)
+        logits = np.matmul(left[:, :, None], keys_t)[:, :, 0]  # (c, m, N)
+        if attention == "softmax":
+            weights = softmax(logits, axis=-1)
+        else:
+            weights = np.maximum(logits, 0.0) / n_keys
+        # sum_i w_mi x_i: (c, m, 1, N) @ (c, 1, N, d) -> (c, m, d)
+        out[rows, :, :d] = np.matmul(weights[:, :, None], x_keys[rows][:, None])[
+            :, :, 0
+        ]
+        if value_bias:
+            out[rows, :, d] = weights.sum(axis=-1)
+    return out.reshape(n, m * n_values)
+
+
+def _check_token_roles(query, keys, n_tokens):
+    if keys == "others" and query != "first":
+        raise ValueError(
+            f"keys='others' excludes the query token from the keys, which needs "
+            f"query='first'; got query={query!r}. Use keys='all' with query={query!r}."
+        )
+    if keys == "others" and n_tokens < 2:
+        raise ValueError(
+            f"keys='others' needs at least 2 tokens per sequence (a query and a key), "
+            f"got n_tokens={n_tokens}. Pass n_tokens (or a 3-D X) or use keys='all'."
+        )
+
+
+_FEATURE_CONSTRAINTS = {
+    "n_heads": [Interval(Integral, 1, None, closed="left")],
+    "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
+    "query": [StrOptions({"first", "mean"})],
+    "keys": [StrOptions({"all", "others"})],
+    "attention": [StrOptions({"softmax", "relu"})],
+    "mean": [Interval(Real, None, None, closed="neither")],
+    "scale": [Interval(Real, None, None, closed="neither")],
+    "value_bias": ["boolean"],
+    "random_state": ["random_state"],
+}
+
+
+class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
+    """Random-feature attention: frozen random query-key heads as a feature map.
+
+    Each sequence of ``k`` tokens has a query ``x_q`` and keys ``x_1..x_N``.  Head
+    ``m`` has a frozen random query-key matrix ``W_m`` and weights the keys by
+    ``sigma(x_q^T W_m x_i)``: ``softmax`` over the keys, or ``relu(z) / N``.  The
+    features of head m are the weighted sum of the keys ``sum_i sigma_mi x_i``, so
+    a linear map of the features with coefficients ``v_m`` is exactly the output
+    ``sum_m sum_i sigma_mi <v_m, x_i>`` of the attention layer of Fu et al. (2023)
+    with trainable values.  Fitting only draws the matrices.
+
+    Parameters
+    ----------
+    n_heads : int, default=100
+        Number of random heads M.
+    n_tokens : int, default=None
+        Tokens per sequence k.  ``None`` takes k from a 3-D X, else k = 1 (the
+        single token is then both the query and the only key).
+    query : {"first", "mean"}, default="first"
+        Which vector queries: the first token, or the mean of the tokens.
+    keys : {"all", "others"}, default="all"
+        ``"all"``: every token is a key, the query token included, so that with
+        ``attention="softmax"`` the features are the first row of a self-attention
+        layer (``skattn._layer.head_features(X, query_key_)[:, :, 0]``).
+        ``"others"``: tokens 1..k-1 are the keys and token 0 is only the query, the
+        setting of Fu et al.; needs ``query="first"`` and ``k >= 2``.
+    attention : {"softmax", "relu"}, default="softmax"
+        ``"softmax"``: weights ``softmax_i(x_q^T W_m x_i)``, summing to 1 over the
+        keys.  ``"relu"``: weights ``max(x_q^T W_m x_i, 0) / N`` with N the number
+        of keys (the ReLU attention analysed by Fu et al.).
+    mean : float, default=0.0
+        Non-zero mean of the query-key matrices:
+        ``W_m = scale * (mean * I_d + G_m / sqrt(d))`` with ``G_m`` standard
+        Gaussian.  A positive mean biases every head towards attending to keys
+        aligned with the query, which Fu et al. show lowers the sample complexity
+        of targets of the form ``sum_i f(<x_q, x_i>)``.
+    scale : float, default=1.0
+        Factor on the whole matrix, i.e. the inverse temperature of the logits.
+        For ``attention="relu"`` it only rescales the features.
+    value_bias : bool, default=False
+        Append a constant 1 to every key's value vector, i.e. add the total weight
+        ``sum_i sigma_mi`` of each head as a feature (``n_features + 1`` features
+        per head).  Under softmax it is constant; under ReLU it is what lets the
+        layer express targets like ``(1/N) sum_i f(<x_q, x_i>)`` that do not
+        depend linearly on the keys.  Fu et al. obtain the same effect by
+        appending a constant coordinate to every token.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the query-key matrices.
+
+    Attributes
+    ----------
+    query_key_ : ndarray of shape (n_heads, n_features, n_features)
+        The frozen query-key matrices ``W_m`` (``scale`` and ``mean`` folded in).
+    n_features_in_ : int
+        Width of the flattened input seen in ``fit``.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Input column names, when X has string column names.
+    n_tokens_ : int
+        Tokens per sequence k.
+    n_features_per_token_ : int
+        Features per token d.
+    n_values_per_head_ : int
+        Features per head: ``d + value_bias``.
+
+    See Also
+    --------
+    RandomFeatureAttentionRegressor : these features followed by ridge regression.
+    sklearn.kernel_approximation.RBFSampler : random Fourier features of the RBF
+        kernel, the generic counterpart.
+
+    Notes
+    -----
+    ``transform`` computes only the query's row of each attention pattern, in
+    ``O(n M k d + n M d^2)`` time, in chunks of samples to bound the memory.
+
+    References
+    ----------
+    H. Fu, T. Guo, Y. Bai and S. Mei. What can a single attention layer learn? A
+    study through the random features lens. NeurIPS 2023. arXiv:2307.11353.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn import RandomAttentionFeatures
+    >>> X = np.random.default_rng(0).normal(size=(5, 4, 3))  # 4 tokens of 3 features
+    >>> rfa = RandomAttentionFeatures(n_heads=10, mean=1.0, random_state=0)
+    >>> rfa.fit_transform(X).shape
+    (5, 30)
+    >>> rfa.query_key_.shape, rfa.n_tokens_
+    ((10, 3, 3), 4)
+    """
+
+    _parameter_constraints = dict(_FEATURE_CONSTRAINTS)
+
+    def __init__(
+        self,
+        n_heads=100,
+        n_tokens=None,
+        *,
+        query="first",
+        keys="all",
+        attention="softmax",
+        mean=0.0,
+        scale=1.0,
+        value_bias=False,
+        random_state=None,
+    ):
+        self.n_heads = n_heads
+        self.n_tokens = n_tokens
+        self.query = query
+        self.keys = keys
+        self.attention = attention
+        self.mean = mean
+        self.scale = scale
+        self.value_bias = value_bias
+        self.random_state = random_state
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y=None):
+        """Draw the frozen query-key matrices for sequences shaped like X.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or
+            (n_samples, n_tokens, n_features)
+        y : ignored
+
+        Returns
+        -------
+        self : RandomAttentionFeatures
+        """
+        X, k3 = flatten_tokens(X)
+        X = validate_data(self, X, reset=True, dtype=np.float64)
+        k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
+        _check_token_roles(self.query, self.keys, k)
+        d = X.shape[1] // k
+        self.n_tokens_ = k
+        self.n_features_per_token_ = d
+        self.n_values_per_head_ = d + bool(self.value_bias)
+        self.query_key_ = draw_query_key(
+            self.n_heads,
+            d,
+            mean=self.mean,
+            scale=self.scale,
+            random_state=self.random_state,
+        )
+        self._n_features_out = self.n_heads * self.n_values_per_head_
+        return self
+
+    def transform(self, X):
+        """Random-feature attention features of X.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or
+            (n_samples, n_tokens, n_features)
+
+        Returns
+        -------
+        features : ndarray of shape (n_samples, n_heads * n_values_per_head_)
+            Head-major: columns ``[m * n_values_per_head_, (m + 1) *
+            n_values_per_head_)`` are ``sum_i sigma_mi x_i`` for head m (then
+            ``sum_i sigma_mi`` when ``value_bias``).
+        """
+        check_is_fitted(self)
+        X, k3 = flatten_tokens(X)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        if k3 is not None and k3 != self.n_tokens_:
+            raise ValueError(
+                f"X is 3-D with {k3} tokens per sequence but the transformer was "
+                f"fitted with n_tokens_={self.n_tokens_}."
+            )
+        x_query, x_keys = query_and_keys(
+            unflatten_tokens(X, self.n_tokens_), query=self.query, keys=self.keys
+        )
+        return random_attention_features(
+            x_query,
+            x_keys,
+            self.query_key_,
+            attention=self.attention,
+            value_bias=self.value_bias,
+        )
+
+    def get_feature_names_out(self, input_features=None):
+        """Output names ``head{m}_feature{j}`` (and ``head{m}_weight``), head-major.
+
+        Parameters
+        ----------
+        input_features : array-like of str or None, default=None
+            Only checked against the input seen in ``fit``.
+
+        Returns
+        -------
+        feature_names_out : ndarray of str objects
+        """
+        check_is_fitted(self)
+        _check_feature_names_in(self, input_features, generate_names=False)
+        per_head = [f"feature{j}" for j in range(self.n_features_per_token_)]
+        if self.value_bias:
+            per_head.append("weight")
+        return np.asarray(
+            [f"head{m}_{name}" for m in range(self.n_heads) for name in per_head],
+            dtype=object,
+        )
+
+
+class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
+    """Random-feature attention layer trained by ridge regression (Fu et al. 2023).
+
+    :class:`RandomAttentionFeatures` (frozen random query-key heads) followed by
+    :class:`~sklearn.linear_model.Ridge` on the features, which learns the values
+    ``v_m``.  The model is the attention layer
+    ``f(X) = sum_m sum_i sigma(x_q^T W_m x_i) <v_m, x_i> + intercept``.
+
+    It predicts one output vector per sequence (the query's output), not one per
+    token, so unlike skattn's other regressors it does not subclass
+    ``BaseAttentionRegressor`` and ``y`` has shape ``(n_samples,)`` or
+    ``(n_samples, n_outputs)``.
+
+    Parameters
+    ----------
+    n_heads : int, default=100
+        Number of random heads M.
+    n_tokens : int, default=None
+        Tokens per sequence k.  ``None`` takes k from a 3-D X, else k = 1.
+    query : {"first", "mean"}, default="first"
+        Which vector queries; see :class:`RandomAttentionFeatures`.
+    keys : {"all", "others"}, default="all"
+        Which tokens are keys; see :class:`RandomAttentionFeatures`.
+    attention : {"softmax", "relu"}, default="softmax"
+        ``softmax`` over the keys, or ``relu(z) / N``.
+    mean : float, default=0.0
+        Non-zero mean: ``W_m = scale * (mean * I_d + G_m / sqrt(d))``.
+    scale : float, default=1.0
+        Factor on the query-key matrices (inverse temperature).
+    value_bias : bool, default=False
+        Append a constant 1 to the keys' value vectors (adds each head's total
+        attention weight as a feature); recommended with ``attention="relu"``.
+    alpha : float, default=1.0
+        Ridge penalty on the values.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the query-key matrices.
+
+    Attributes
+    ----------
+    features_ : RandomAttentionFeatures
+        The fitted feature map (holds ``query_key_``).
+    ridge_ : Ridge
+        The fitted ridge regression on the features.
+    values_ : ndarray of shape (n_heads, n_values_per_head, n_outputs)
+        The learned values ``v_m`` (``ridge_.coef_`` per head; n_outputs is 1 for
+        a 1-D y).
+    intercept_ : float or ndarray of shape (n_outputs,)
+        ``ridge_.intercept_``.
+    n_features_in_ : int
+        Width of the flattened input seen in ``fit``.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Input column names, when X has string column names.
+    n_tokens_ : int
+        Tokens per sequence k.
+    n_features_per_token_ : int
+        Features per token d.
+
+    See Also
+    --------
+    RandomAttentionFeatures : the feature map alone, for use in a Pipeline.
+
+    References
+    ----------
+    H. Fu, T. Guo, Y. Bai and S. Mei. What can a single attention layer learn? A
+    study through the random features lens. NeurIPS 2023. arXiv:2307.11353.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn import RandomFeatureAttentionRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.choice([-1.0, 1.0], size=(300, 5, 4))  # query + 4 keys
+    >>> y = np.maximum(np.einsum("nd,nkd->nk", X[:, 0], X[:, 1:]), 0).mean(axis=1)
+    >>> reg = RandomFeatureAttentionRegressor(
+    ...     n_heads=50, keys="others", attention="relu", mean=2.0, value_bias=True,
+    ...     alpha=1e-3, random_state=0).fit(X[:200], y[:200])
+    >>> reg.score(X[200:], y[200:]) > 0.9
+    True
+    >>> reg.values_.shape
+    (50, 5, 1)
+    """
+
+    _parameter_constraints = {
+        **_FEATURE_CONSTRAINTS,
+        "alpha": [Interval(Real, 0, None, closed="left")],
+    }
+
+    def __init__(
+        self,
+        n_heads=100,
+        n_tokens=None,
+        *,
+        query="first",
+        keys="all",
+        attention="softmax",
+        mean=0.0,
+        scale=1.0,
+        value_bias=False,
+        alpha=1.0,
+        random_state=None,
+    ):
+        self.n_heads = n_heads
+        self.n_tokens = n_tokens
+        self.query = query
+        self.keys = keys
+        self.attention = attention
+        self.mean = mean
+        self.scale = scale
+        self.value_bias = value_bias
+        self.alpha = alpha
+        self.random_state = random_state
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, sample_weight=None):
+        """Draw the random heads and fit the values by ridge regression.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or
+            (n_samples, n_tokens, n_features)
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            The target of each sequence (the query's output).
+        sample_weight : array-like of shape (n_samples,), default=None
+            Passed to :meth:`sklearn.linear_model.Ridge.fit`.
+
+        Returns
+        -------
+        self : RandomFeatureAttentionRegressor
+        """
+        X, k3 = flatten_tokens(X)
+        X, y = validate_data(
+            self, X, y, reset=True, multi_output=True, y_numeric=True, dtype=np.float64
+        )
+        k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
+        self.features_ = RandomAttentionFeatures(
+            self.n_heads,
+            k,
+            query=self.query,
+            keys=self.keys,
+            attention=self.attention,
+            mean=self.mean,
+            scale=self.scale,
+            value_bias=self.value_bias,
+            random_state=self.random_state,
+        )
+        features = self.features_.fit_transform(X)
+        self.ridge_ = Ridge(alpha=self.alpha).fit(
+            features, y, sample_weight=sample_weight
+        )
+        self.n_tokens_ = k
+        self.n_features_per_token_ = X.shape[1] // k
+        coef = np.atleast_2d(self.ridge_.coef_)  # (n_outputs, n_heads * n_values)
+        self.values_ = coef.T.reshape(
+            self.n_heads, self.features_.n_values_per_head_, coef.shape[0]
+        )
+        self.intercept_ = self.ridge_.intercept_
+        return self
+
+    def predict(self, X):
+        """Output of the fitted random-feature attention layer.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or
+            (n_samples, n_tokens, n_features)
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_samples,) or (n_samples, n_outputs)
+        """
+        check_is_fitted(self)
+        X, k3 = flatten_tokens(X)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        if k3 is not None and k3 != self.n_tokens_:
+            raise ValueError(
+                f"X is 3-D with {k3} tokens per sequence but the estimator was fitted "
+                f"with n_tokens_={self.n_tokens_}."
+            )
+        return self.ridge_.predict(self.features_.transform(X))
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags

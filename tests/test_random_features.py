@@ -1,0 +1,336 @@
+import numpy as np
+import pytest
+from sklearn.kernel_approximation import RBFSampler
+from sklearn.linear_model import RidgeCV
+from sklearn.metrics import mean_squared_error
+from sklearn.pipeline import make_pipeline
+from sklearn.utils._param_validation import InvalidParameterError
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from skattn._layer import forward, head_features
+from skattn.estimators import _random_features
+from skattn.estimators._random_features import (
+    RandomAttentionFeatures,
+    RandomFeatureAttentionRegressor,
+    draw_query_key,
+)
+
+
+def naive_layer_output(X, query_key, values, *, query, keys, attention, value_bias):
+    """sum_m sum_i sigma(x_q^T W_m x_i) <v_m, [x_i, 1]> by explicit loops."""
+    n, k, d = X.shape
+    out = np.zeros(n)
+    for s in range(n):
+        x_q = X[s, 0] if query == "first" else X[s].mean(axis=0)
+        key_tokens = X[s, 1:] if keys == "others" else X[s]
+        for m in range(query_key.shape[0]):
+            logits = np.array([x_q @ query_key[m] @ x for x in key_tokens])
+            if attention == "softmax":
+                weights = np.exp(logits - logits.max())
+                weights /= weights.sum()
+            else:
+                weights = np.maximum(logits, 0) / len(key_tokens)
+            for w, x in zip(weights, key_tokens, strict=True):
+                value_in = np.append(x, 1.0) if value_bias else x
+                out[s] += w * (values[m] @ value_in)
+    return out
+
+
+@parametrize_with_checks(
+    [
+        RandomAttentionFeatures(n_heads=5, random_state=0),
+        RandomAttentionFeatures(
+            n_heads=3, query="mean", attention="relu", value_bias=True, random_state=0
+        ),
+        RandomFeatureAttentionRegressor(n_heads=5, random_state=0),
+        RandomFeatureAttentionRegressor(
+            n_heads=5, attention="relu", mean=1.0, value_bias=True, random_state=0
+        ),
+    ]
+)
+def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+ROLES = [("first", "all"), ("first", "others"), ("mean", "all")]
+
+
+@pytest.mark.parametrize("attention", ["softmax", "relu"])
+@pytest.mark.parametrize(("query", "keys"), ROLES)
+@pytest.mark.parametrize("value_bias", [False, True])
+def test_features_times_values_is_the_attention_layer(
+    attention, query, keys, value_bias
+):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(5, 4, 3))
+    rfa = RandomAttentionFeatures(
+        n_heads=6,
+        query=query,
+        keys=keys,
+        attention=attention,
+        mean=0.7,
+        scale=1.3,
+        value_bias=value_bias,
+        random_state=1,
+    ).fit(X)
+    values = rng.normal(size=(6, 3 + value_bias))
+    expected = naive_layer_output(
+        X,
+        rfa.query_key_,
+        values,
+        query=query,
+        keys=keys,
+        attention=attention,
+        value_bias=value_bias,
+    )
+    np.testing.assert_allclose(rfa.transform(X) @ values.ravel(), expected, rtol=1e-12)
+
+
+def test_softmax_features_are_first_row_of_self_attention():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(7, 5, 4))
+    rfa = RandomAttentionFeatures(n_heads=3, mean=1.0, random_state=0).fit(X)
+    expected = head_features(X, rfa.query_key_)[:, :, 0]  # (n, m, d)
+    np.testing.assert_allclose(rfa.transform(X), expected.reshape(7, -1), rtol=1e-12)
+    # ... so a linear map of them is the first output token of the layer F.
+    projection = rng.normal(size=(3, 4, 2))
+    np.testing.assert_allclose(
+        rfa.transform(X) @ projection.reshape(12, 2),
+        forward(X, rfa.query_key_, projection)[:, 0],
+        rtol=1e-12,
+    )
+
+
+def test_regressor_prediction_is_the_layer_with_its_values():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(40, 3, 2))
+    y = rng.normal(size=40)
+    reg = RandomFeatureAttentionRegressor(
+        n_heads=4,
+        keys="others",
+        attention="relu",
+        mean=1.0,
+        value_bias=True,
+        random_state=0,
+    ).fit(X, y)
+    assert reg.values_.shape == (4, 3, 1)
+    expected = reg.intercept_ + naive_layer_output(
+        X[:5],
+        reg.features_.query_key_,
+        reg.values_[:, :, 0],
+        query="first",
+        keys="others",
+        attention="relu",
+        value_bias=True,
+    )
+    np.testing.assert_allclose(reg.predict(X[:5]), expected, rtol=1e-10)
+
+
+@pytest.mark.parametrize("value_bias", [False, True])
+def test_shapes_2d_and_3d_inputs_agree(value_bias):
+    rng = np.random.default_rng(3)
+    X3 = rng.normal(size=(6, 4, 3))
+    X2 = X3.reshape(6, 12)
+    rfa3 = RandomAttentionFeatures(7, value_bias=value_bias, random_state=0).fit(X3)
+    rfa2 = RandomAttentionFeatures(7, 4, value_bias=value_bias, random_state=0)
+    F2 = rfa2.fit_transform(X2)
+    assert F2.shape == (6, 7 * (3 + value_bias))
+    assert rfa3.query_key_.shape == (7, 3, 3)
+    assert (rfa3.n_tokens_, rfa3.n_features_per_token_) == (4, 3)
+    assert rfa3.n_values_per_head_ == 3 + value_bias
+    np.testing.assert_array_equal(rfa3.transform(X3), F2)
+    np.testing.assert_array_equal(rfa3.transform(X2), F2)
+    assert len(rfa3.get_feature_names_out()) == F2.shape[1]
+
+
+def test_single_token_default_is_query_and_key():
+    X = np.random.default_rng(4).normal(size=(5, 3))
+    F = RandomAttentionFeatures(n_heads=4, random_state=0).fit_transform(X)
+    np.testing.assert_allclose(F, np.tile(X, 4))  # one key: softmax weight 1
+    reg = RandomFeatureAttentionRegressor(n_heads=4, alpha=1e-8, random_state=0)
+    y = X @ np.array([1.0, -2.0, 0.5]) + 3.0
+    np.testing.assert_allclose(reg.fit(X, y).predict(X), y, atol=1e-6)
+    assert reg.n_tokens_ == 1
+
+
+def test_deterministic_under_random_state():
+    X = np.random.default_rng(5).normal(size=(20, 3, 2))
+    y = X.sum(axis=(1, 2))
+    a = RandomAttentionFeatures(5, random_state=3).fit(X)
+    b = RandomAttentionFeatures(5, random_state=3).fit(X)
+    c = RandomAttentionFeatures(5, random_state=4).fit(X)
+    np.testing.assert_array_equal(a.query_key_, b.query_key_)
+    np.testing.assert_array_equal(a.transform(X), b.transform(X))
+    assert not np.allclose(a.query_key_, c.query_key_)
+    p1 = RandomFeatureAttentionRegressor(5, random_state=3).fit(X, y).predict(X)
+    p2 = RandomFeatureAttentionRegressor(5, random_state=3).fit(X, y).predict(X)
+    np.testing.assert_array_equal(p1, p2)
+
+
+def test_query_key_distribution():
+    qk = draw_query_key(4000, 5, mean=1.5, scale=2.0, random_state=0)
+    np.testing.assert_allclose(qk.mean(axis=0), 3.0 * np.eye(5), atol=0.05)
+    np.testing.assert_allclose(qk.std(axis=0), 2.0 / np.sqrt(5), rtol=0.05)
+
+
+def test_relu_and_softmax_weights():
+    X = np.random.default_rng(6).normal(size=(8, 5, 3))
+    kwargs = dict(n_heads=3, keys="others", mean=0.5, value_bias=True, random_state=0)
+    soft = RandomAttentionFeatures(**kwargs).fit(X)
+    relu = RandomAttentionFeatures(attention="relu", **kwargs).fit(X)
+    np.testing.assert_array_equal(soft.query_key_, relu.query_key_)
+    # Softmax weights sum to one; ReLU weights are relu(logits) / N.
+    np.testing.assert_allclose(soft.transform(X).reshape(8, 3, 4)[:, :, 3], 1.0)
+    logits = np.einsum("nd,mde,nke->nmk", X[:, 0], relu.query_key_, X[:, 1:])
+    np.testing.assert_allclose(
+        relu.transform(X).reshape(8, 3, 4)[:, :, 3],
+        np.maximum(logits, 0).mean(axis=-1),
+    )
+    # ReLU attention is positively homogeneous in scale; softmax is not.
+    relu2 = RandomAttentionFeatures(attention="relu", scale=2.0, **kwargs).fit(X)
+    np.testing.assert_allclose(relu2.transform(X), 2 * relu.transform(X))
+    soft2 = RandomAttentionFeatures(scale=2.0, **kwargs).fit(X)
+    assert not np.allclose(soft2.transform(X), 2 * soft.transform(X))
+    # scale=0: softmax attends uniformly (mean of the keys), ReLU gives zeros.
+    flat = RandomAttentionFeatures(scale=0.0, **kwargs).fit(X).transform(X)
+    np.testing.assert_allclose(flat.reshape(8, 3, 4)[:, 0, :3], X[:, 1:].mean(axis=1))
+    zero = RandomAttentionFeatures(attention="relu", scale=0.0, **kwargs).fit(X)
+    np.testing.assert_array_equal(zero.transform(X), 0.0)
+
+
+def test_chunking_does_not_change_features(monkeypatch):
+    X = np.random.default_rng(7).normal(size=(11, 4, 3))
+    rfa = RandomAttentionFeatures(5, attention="relu", random_state=0).fit(X)
+    full = rfa.transform(X)
+    monkeypatch.setattr(_random_features, "_CHUNK_ELEMENTS", 1)  # one sample a chunk
+    # Equal up to the summation order BLAS picks for each shape.
+    np.testing.assert_allclose(rfa.transform(X), full, rtol=1e-13, atol=1e-15)
+
+
+def test_feature_names():
+    X = np.zeros((3, 2, 2))
+    names = RandomAttentionFeatures(2, value_bias=True).fit(X).get_feature_names_out()
+    assert list(names) == [
+        "head0_feature0",
+        "head0_feature1",
+        "head0_weight",
+        "head1_feature0",
+        "head1_feature1",
+        "head1_weight",
+    ]
+
+
+def test_sample_weight_equals_repetition_and_multioutput():
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(30, 3, 2))
+    Y = rng.normal(size=(30, 2))
+    w = rng.integers(0, 3, size=30)
+    reg = RandomFeatureAttentionRegressor(6, attention="relu", random_state=0)
+    weighted = reg.fit(X, Y, sample_weight=w).predict(X)
+    assert weighted.shape == (30, 2)
+    assert reg.values_.shape == (6, 2, 2)
+    repeated = reg.fit(np.repeat(X, w, axis=0), np.repeat(Y, w, axis=0)).predict(X)
+    np.testing.assert_allclose(weighted, repeated, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "Estimator",
+    [RandomAttentionFeatures, RandomFeatureAttentionRegressor],
+)
+def test_errors(Estimator):
+    X = np.random.default_rng(9).normal(size=(10, 6))
+    y = np.zeros(10)
+    with pytest.raises(ValueError, match="NaN"):
+        Estimator().fit(np.where(X > 1.5, np.nan, X), y)
+    with pytest.raises(ValueError, match="not divisible by n_tokens=4"):
+        Estimator(n_tokens=4).fit(X, y)
+    with pytest.raises(ValueError, match="n_tokens=2 but X is 3-D with 3 tokens"):
+        Estimator(n_tokens=2).fit(X.reshape(10, 3, 2), y)
+    with pytest.raises(ValueError, match="keys='others' needs at least 2 tokens"):
+        Estimator(keys="others").fit(X, y)
+    with pytest.raises(ValueError, match="needs query='first'"):
+        Estimator(n_tokens=3, query="mean", keys="others").fit(X, y)
+    with pytest.raises(InvalidParameterError, match="attention"):
+        Estimator(attention="linear").fit(X, y)
+    with pytest.raises(InvalidParameterError, match="n_heads"):
+        Estimator(n_heads=0).fit(X, y)
+    with pytest.raises(InvalidParameterError, match="'mean' parameter"):
+        Estimator(mean=np.inf).fit(X, y)
+    with pytest.raises(InvalidParameterError, match="'scale' parameter"):
+        Estimator(scale=np.nan).fit(X, y)
+    est = Estimator(n_tokens=3).fit(X, y)
+    method = getattr(est, "transform", None) or est.predict
+    with pytest.raises(ValueError, match="3-D with 2 tokens"):
+        method(X.reshape(10, 2, 3))
+    with pytest.raises(ValueError, match="features"):
+        method(X[:, :4])
+
+
+def _relu_target(n, rng, n_features=6, n_keys=6):
+    """Boolean query + keys; y = mean_i relu(<x_0, x_i> / sqrt(d))."""
+    X = rng.choice([-1.0, 1.0], size=(n, n_keys + 1, n_features))
+    t = np.einsum("nd,nkd->nk", X[:, 0], X[:, 1:]) / np.sqrt(n_features)
+    return X, np.maximum(t, 0).mean(axis=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_nonzero_mean_beats_zero_mean_and_rbf(seed):
+    # Measured over seeds 0-19 (d=6, N=6, 600 train / 600 test, 20 heads):
+    # relative test MSE 0.027-0.045 (mean=2), 0.74-0.99 (mean=0), 0.99-1.03 (RBF).
+    rng = np.random.default_rng(seed)
+    X_train, y_train = _relu_target(600, rng)
+    X_test, y_test = _relu_target(600, rng)
+
+    def relative_error(model, X_tr, X_te):
+        pred = model.fit(X_tr, y_train).predict(X_te)
+        return mean_squared_error(y_test, pred) / y_test.var()
+
+    errors = {}
+    for mean in [0.0, 2.0]:
+        reg = RandomFeatureAttentionRegressor(
+            20,
+            keys="others",
+            attention="relu",
+            mean=mean,
+            value_bias=True,
+            alpha=100.0,
+            random_state=seed,
+        )
+        errors[mean] = relative_error(reg, X_train, X_test)
+    rbf = make_pipeline(
+        RBFSampler(gamma=1 / 42, n_components=20 * 7, random_state=seed),
+        RidgeCV(alphas=np.logspace(-3, 3, 7)),
+    )
+    errors["rbf"] = relative_error(
+        rbf, X_train.reshape(600, -1), X_test.reshape(600, -1)
+    )
+    assert errors[2.0] < 0.1
+    assert errors[2.0] < 0.2 * errors[0.0]
+    assert errors[2.0] < 0.2 * errors["rbf"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_nonzero_mean_helps_softmax_on_a_planted_head(seed):
+    # y is the query's output of one softmax head with Theta = (2 / sqrt(d)) I.
+    # Measured over seeds 0-19 (d=6, N=6, 600 train / 600 test, 20 heads):
+    # relative test MSE 0.041-0.073 (mean=1), 0.28-0.54 (mean=0); ratio <= 0.17.
+    value = np.array([1.0, -1.0, 0.5, 0.0, 2.0, -0.5])
+
+    def planted(n, rng):
+        X = rng.choice([-1.0, 1.0], size=(n, 7, 6))
+        logits = 2 * np.einsum("nd,nkd->nk", X[:, 0], X[:, 1:]) / np.sqrt(6)
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        return X, np.einsum("nk,nk->n", p, X[:, 1:] @ value)
+
+    rng = np.random.default_rng(seed)
+    X_train, y_train = planted(600, rng)
+    X_test, y_test = planted(600, rng)
+    errors = {}
+    for mean in [0.0, 1.0]:
+        reg = RandomFeatureAttentionRegressor(
+            20, keys="others", mean=mean, alpha=0.1, random_state=seed
+        ).fit(X_train, y_train)
+        errors[mean] = mean_squared_error(y_test, reg.predict(X_test)) / y_test.var()
+    assert errors[1.0] < 0.1
+    assert errors[1.0] < 0.35 * errors[0.0]
