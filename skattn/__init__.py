@@ -6,14 +6,24 @@ examples, and learns them back: with the provable phased learner of Chen & Li
 (``MultiHeadAttentionRegressor``) and two baselines from the same literature.
 """
 
+from .conditions import ConditionReport, check_conditions
+from .datasets import make_attention_layer, make_attention_regression
 from .estimators import RandomAttentionFeatures, RandomFeatureAttentionRegressor
 from .layer import AttentionLayer
+from .metrics import attention_pattern_error, parameter_error, prediction_error
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "AttentionLayer",
+    "ConditionReport",
     "RandomAttentionFeatures",
     "RandomFeatureAttentionRegressor",
     "__version__",
+    "attention_pattern_error",
+    "check_conditions",
+    "make_attention_layer",
+    "make_attention_regression",
+    "parameter_error",
+    "prediction_error",
 ]

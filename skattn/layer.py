@@ -124,10 +124,17 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
 
     def _sequences(self, X, reset):
         X, k3 = flatten_tokens(X)
+        ndim = X.ndim if hasattr(X, "ndim") else np.ndim(X)
+        if ndim != 2:
+            raise ValueError(
+                f"X must be 2-D (n_samples, n_tokens * n_features) or 3-D "
+                f"(n_samples, n_tokens, n_features), got a {ndim}-D array of shape "
+                f"{np.shape(X)}."
+            )
         if reset or hasattr(self, "n_features_in_"):
             X = validate_data(self, X, reset=reset, dtype=np.float64)
         else:  # an unfitted (planted) layer: plain array checks, no fitted state
-            X = check_array(X, dtype=np.float64)
+            X = check_array(X, dtype=np.float64, input_name="X")
         d = np.shape(self.attention)[-1]
         width = X.shape[1]
         n_tokens = self.n_tokens

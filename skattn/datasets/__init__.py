@@ -1,0 +1,29 @@
+"""Input distributions and planted attention layers.
+
+* :class:`BooleanTokens`, :class:`GaussianTokens`, :class:`TokenizedMixture`: input
+  distributions with ``sample`` and batch-size-invariant ``iter_batches``;
+* :func:`make_attention_layer`: a planted :class:`~skattn.AttentionLayer`;
+* :func:`make_attention_regression`: examples ``(X, F(X) + noise)`` of one;
+* :func:`sample_inputs`: draw from a distribution given by name.
+"""
+
+from ._distributions import (
+    BooleanTokens,
+    GaussianTokens,
+    TokenDistribution,
+    TokenizedMixture,
+    resolve_distribution,
+    sample_inputs,
+)
+from ._generators import make_attention_layer, make_attention_regression
+
+__all__ = [
+    "BooleanTokens",
+    "GaussianTokens",
+    "TokenDistribution",
+    "TokenizedMixture",
+    "make_attention_layer",
+    "make_attention_regression",
+    "resolve_distribution",
+    "sample_inputs",
+]

@@ -1,0 +1,318 @@
+"""How close a learned attention layer is to the true one.
+
+Heads are unordered, so every comparison of heads first matches them with the
+Hungarian algorithm (:func:`scipy.optimize.linear_sum_assignment`). A learned layer may
+have more heads than the truth (an over-parameterised learner): the best subset of
+learned heads is matched and the others are reported as unmatched.
+"""
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+from sklearn.utils import Bunch, check_array
+
+from .._layer import attention_patterns, forward
+from .._sequences import flatten_tokens, resolve_n_tokens, unflatten_tokens
+from ..layer import AttentionLayer, check_layer_parameters
+
+
+def _layer_parameters(layer, name):
+    """``(attention, projection, n_tokens)`` of a layer or a fitted estimator."""
+    if isinstance(layer, AttentionLayer):
+        attention, projection = layer.attention, layer.projection
+        n_tokens = getattr(layer, "n_tokens_", None) or layer.n_tokens
+    elif hasattr(layer, "attention_") and hasattr(layer, "projection_"):
+        attention, projection = layer.attention_, layer.projection_
+        n_tokens = getattr(layer, "n_tokens_", None)
+    else:
+        raise TypeError(
+            f"{name} must be an AttentionLayer or a fitted estimator with attention_ "
+            f"and projection_ attributes, got {type(layer).__name__}. If it is an "
+            f"estimator, fit it first."
+        )
+    try:
+        attention, projection = check_layer_parameters(attention, projection)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from exc
+    return attention, projection, n_tokens
+
+
+def _check_compatible(true, learned, *, name_true="true_layer", name_learned="learned"):
+    (th, W), (th_hat, W_hat) = true[:2], learned[:2]
+    if th.shape[1:] != th_hat.shape[1:] or W.shape[1:] != W_hat.shape[1:]:
+        raise ValueError(
+            f"{name_learned} has heads of shapes Theta {th_hat.shape[1:]}, W "
+            f"{W_hat.shape[1:]} but {name_true} has Theta {th.shape[1:]}, W "
+            f"{W.shape[1:]}; both layers need the same n_features and n_outputs."
+        )
+    if th_hat.shape[0] < th.shape[0]:
+        raise ValueError(
+            f"{name_learned} has {th_hat.shape[0]} head(s) but {name_true} has "
+            f"{th.shape[0]}; head-matched errors need at least as many learned heads "
+            f"as true ones. Compare the functions with prediction_error instead."
+        )
+
+
+def _ratio(num, den):
+    """``num / den`` with ``0 / 0 = 0`` and ``x / 0 = inf`` (elementwise)."""
+    num, den = np.asarray(num, float), np.asarray(den, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
+    out = np.where((num == 0) & (den == 0), 0.0, out)
+    return out[()] if out.ndim == 0 else out
+
+
+def _pairwise_sq_distances(true, learned):
+    """All ``||learned_j - true_i||_F^2``: ``(m, ...), (m', ...) -> (m, m')``."""
+    a = true.reshape(true.shape[0], -1)
+    b = learned.reshape(learned.shape[0], -1)
+    sq = (a**2).sum(1)[:, None] + (b**2).sum(1)[None, :] - 2.0 * a @ b.T
+    return np.maximum(sq, 0.0)
+
+
+def parameter_error(true_layer, learned):
+    """Head-matched relative errors of the attention and projection matrices.
+
+    The true heads ``(Theta_i, W_i)`` are matched to learned heads
+    ``(hat Theta_j, hat W_j)`` by the assignment ``sigma`` minimising
+
+    ``sum_i ||hat Theta_sigma(i) - Theta_i||_F^2 / ||Theta||_F^2
+    + ||hat W_sigma(i) - W_i||_F^2 / ||W||_F^2``,
+
+    where ``||Theta||_F`` and ``||W||_F`` are the norms of the true heads stacked,
+    i.e. the assignment minimises ``attention_error^2 + projection_error^2``
+    (Hungarian algorithm). If ``learned`` has more heads than the truth, the best
+    subset is matched and the other learned heads are ignored by the errors (they
+    are listed in ``unmatched``); use :func:`prediction_error` to judge the function
+    they compute.
+
+    Parameters
+    ----------
+    true_layer : AttentionLayer or fitted estimator
+        The truth; an estimator must expose ``attention_`` and ``projection_``.
+    learned : AttentionLayer or fitted estimator
+        The layer to compare, with at least as many heads as ``true_layer`` and the
+        same ``n_features`` and ``n_outputs``.
+
+    Returns
+    -------
+    result : sklearn.utils.Bunch
+        attention_error : float
+            ``||stack_i(hat Theta_sigma(i)) - stack_i(Theta_i)||_F /
+            ||stack_i(Theta_i)||_F``.
+        projection_error : float
+            The same for the ``W_i``.
+        attention_errors : ndarray of shape (n_heads,)
+            Per true head: ``||hat Theta_sigma(i) - Theta_i||_F / ||Theta_i||_F``.
+        projection_errors : ndarray of shape (n_heads,)
+            Per true head, the same for ``W_i``.
+        assignment : ndarray of shape (n_heads,)
+            ``sigma(i)``: the learned head matched to true head ``i``.
+        unmatched : ndarray
+            Indices of the learned heads matched to no true head.
+
+        Relative errors use ``0 / 0 = 0`` and ``x / 0 = inf`` (a true head with
+        ``Theta_i = 0``, i.e. uniform attention, is only matched exactly by 0).
+
+    Raises
+    ------
+    TypeError
+        If a side is neither an AttentionLayer nor a fitted estimator.
+    ValueError
+        If the parameters are invalid or the shapes are incompatible.
+
+    See Also
+    --------
+    prediction_error : relative error of the layer's outputs.
+    attention_pattern_error : head-matched distance between attention patterns.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn import AttentionLayer
+    >>> from skattn.datasets import make_attention_layer
+    >>> from skattn.metrics import parameter_error
+    >>> true = make_attention_layer(3, 4, random_state=0)
+    >>> swapped = AttentionLayer(true.attention[[2, 0, 1]], true.projection[[2, 0, 1]])
+    >>> err = parameter_error(true, swapped)
+    >>> float(err.attention_error), float(err.projection_error), err.assignment
+    (0.0, 0.0, array([1, 2, 0]))
+    """
+    true = _layer_parameters(true_layer, "true_layer")
+    est = _layer_parameters(learned, "learned")
+    _check_compatible(true, est)
+    (th, W, _), (th_hat, W_hat, _) = true, est
+    th_norm, W_norm = np.linalg.norm(th), np.linalg.norm(W)
+    cost = _pairwise_sq_distances(th, th_hat) / (th_norm**2 if th_norm > 0 else 1.0)
+    cost += _pairwise_sq_distances(W, W_hat) / (W_norm**2 if W_norm > 0 else 1.0)
+    rows, cols = linear_sum_assignment(cost)
+    assignment = cols[np.argsort(rows)]
+    th_diff = th_hat[assignment] - th
+    W_diff = W_hat[assignment] - W
+    return Bunch(
+        attention_error=float(_ratio(np.linalg.norm(th_diff), th_norm)),
+        projection_error=float(_ratio(np.linalg.norm(W_diff), W_norm)),
+        attention_errors=_ratio(
+            np.linalg.norm(th_diff.reshape(len(th), -1), axis=1),
+            np.linalg.norm(th.reshape(len(th), -1), axis=1),
+        ),
+        projection_errors=_ratio(
+            np.linalg.norm(W_diff.reshape(len(W), -1), axis=1),
+            np.linalg.norm(W.reshape(len(W), -1), axis=1),
+        ),
+        assignment=assignment,
+        unmatched=np.setdiff1d(np.arange(th_hat.shape[0]), assignment),
+    )
+
+
+def _sequences(X, n_tokens, n_features):
+    """Validate X and return it as ``(n, k, d)``; ``n_tokens`` may be None."""
+    X, k3 = flatten_tokens(X)
+    X = check_array(X, dtype=np.float64, input_name="X")
+    width = X.shape[1]
+    if n_tokens is None and k3 is None:
+        if width % n_features:
+            raise ValueError(
+                f"X has {width} columns, not a multiple of the layers' n_features="
+                f"{n_features}; expected n_samples rows of n_tokens * {n_features} "
+                f"values (token-major)."
+            )
+        n_tokens = width // n_features
+    k = resolve_n_tokens(width, n_tokens, k3)
+    if width != k * n_features:
+        raise ValueError(
+            f"X has {width} columns = {k} tokens x {width // k} features, but the "
+            f"layers expect n_features={n_features} per token."
+        )
+    return unflatten_tokens(X, k)
+
+
+def _common_n_tokens(*values):
+    known = {v for v in values if v is not None}
+    if len(known) > 1:
+        raise ValueError(
+            f"true_layer and learned disagree on n_tokens ({sorted(known)}); compare "
+            f"layers fitted on sequences of the same length."
+        )
+    return known.pop() if known else None
+
+
+def prediction_error(true_layer, learned, X):
+    """Relative error of the outputs, ``||F_hat(X) - F(X)||_F / ||F(X)||_F``.
+
+    The Frobenius norms run over all samples, tokens and output features.
+
+    Parameters
+    ----------
+    true_layer : AttentionLayer or fitted estimator
+        The truth (``attention_``/``projection_`` for an estimator).
+    learned : AttentionLayer or fitted estimator
+        Any number of heads. An estimator without ``attention_``/``projection_``
+        but with ``predict`` (e.g. a random-feature baseline) is evaluated through
+        ``predict(X)``.
+    X : array-like of shape (n_samples, n_tokens * n_features) or \
+            (n_samples, n_tokens, n_features)
+        Inputs on which to compare; ``n_tokens`` is taken from a 3-D X, else from
+        the layers, else ``width // n_features``.
+
+    Returns
+    -------
+    error : float
+        ``0.0`` when both outputs are zero, ``inf`` when only ``F(X)`` is.
+
+    Examples
+    --------
+    >>> from skattn.datasets import make_attention_regression, make_attention_layer
+    >>> from skattn.metrics import prediction_error
+    >>> X, y, true = make_attention_regression(
+    ...     50, 3, 4, 2, random_state=0, return_layer=True)
+    >>> prediction_error(true, true, X)
+    0.0
+    >>> other = make_attention_layer(2, 4, random_state=1)
+    >>> prediction_error(true, other, X) > 0.5
+    True
+    """
+    th, W, k_true = _layer_parameters(true_layer, "true_layer")
+    predict_only = not isinstance(learned, AttentionLayer) and not (
+        hasattr(learned, "attention_") and hasattr(learned, "projection_")
+    )
+    if predict_only and hasattr(learned, "predict"):
+        k_est = getattr(learned, "n_tokens_", None)
+        X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
+        Y_hat = np.asarray(learned.predict(X3.reshape(X3.shape[0], -1)), float)
+        Y_hat = Y_hat.reshape(X3.shape[0], X3.shape[1], -1)
+        if Y_hat.shape[2] != W.shape[2]:
+            raise ValueError(
+                f"learned predicts {Y_hat.shape[2]} outputs per token but true_layer "
+                f"has n_outputs={W.shape[2]}."
+            )
+    else:
+        th_hat, W_hat, k_est = _layer_parameters(learned, "learned")
+        if th_hat.shape[1:] != th.shape[1:] or W_hat.shape[1:] != W.shape[1:]:
+            raise ValueError(
+                f"learned has heads of shapes Theta {th_hat.shape[1:]}, W "
+                f"{W_hat.shape[1:]} but true_layer has Theta {th.shape[1:]}, W "
+                f"{W.shape[1:]}; both layers need the same n_features and n_outputs."
+            )
+        X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
+        Y_hat = forward(X3, th_hat, W_hat)
+    Y = forward(X3, th, W)
+    return float(_ratio(np.linalg.norm(Y_hat - Y), np.linalg.norm(Y)))
+
+
+def attention_pattern_error(true_layer, learned, X):
+    """Head-matched mean total-variation distance between attention patterns.
+
+    For true head ``i`` and learned head ``j`` let ``D_ij`` be the total-variation
+    distance ``(1/2) sum_a |s_ila - hat s_jla|`` between their attention rows,
+    averaged over the samples of X and the rows ``l``. Heads are matched by the
+    assignment ``sigma`` minimising ``sum_i D_i,sigma(i)`` (Hungarian algorithm;
+    a learned layer with more heads is matched on its best subset), and the error
+    is the mean of ``D_i,sigma(i)`` over the true heads. It lies in ``[0, 1]``: 0
+    when the matched heads attend identically, 1 when their rows have disjoint
+    supports.
+
+    Parameters
+    ----------
+    true_layer : AttentionLayer or fitted estimator
+    learned : AttentionLayer or fitted estimator
+        At least as many heads as ``true_layer``, same ``n_features``.
+    X : array-like of shape (n_samples, n_tokens * n_features) or \
+            (n_samples, n_tokens, n_features)
+
+    Returns
+    -------
+    error : float
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn import AttentionLayer
+    >>> from skattn.metrics import attention_pattern_error
+    >>> true = AttentionLayer(np.zeros((1, 2, 2)), np.eye(2)[None])
+    >>> X = np.array([[1.0, -1.0, 1.0, 1.0]])
+    >>> attention_pattern_error(true, true, X)
+    0.0
+    """
+    true = _layer_parameters(true_layer, "true_layer")
+    est = _layer_parameters(learned, "learned")
+    if true[0].shape[1:] != est[0].shape[1:]:
+        raise ValueError(
+            f"learned has attention matrices of shape {est[0].shape[1:]} but "
+            f"true_layer has {true[0].shape[1:]}; both need the same n_features."
+        )
+    if est[0].shape[0] < true[0].shape[0]:
+        raise ValueError(
+            f"learned has {est[0].shape[0]} head(s) but true_layer has "
+            f"{true[0].shape[0]}; head-matched errors need at least as many learned "
+            f"heads as true ones. Compare the functions with prediction_error."
+        )
+    X3 = _sequences(X, _common_n_tokens(true[2], est[2]), true[0].shape[1])
+    P = attention_patterns(X3, true[0])  # (n, m, k, k)
+    P_hat = attention_patterns(X3, est[0])  # (n, m', k, k)
+    m, m_hat = P.shape[1], P_hat.shape[1]
+    cost = np.empty((m, m_hat))
+    for i in range(m):
+        for j in range(m_hat):
+            cost[i, j] = 0.5 * np.abs(P[:, i] - P_hat[:, j]).sum(axis=-1).mean()
+    rows, cols = linear_sum_assignment(cost)
+    return float(cost[rows, cols].mean())
