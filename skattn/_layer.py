@@ -136,5 +136,7 @@ def squared_loss_gradient(X, Y, attention, projection, sample_weight=None):
     d_logits = patterns * (
         d_patterns - np.sum(d_patterns * patterns, axis=-1, keepdims=True)
     )
-    grad_attention = np.einsum("nkd,nmka,nae->mde", X, d_logits, X, optimize=True)
+    # X^T dL_i X summed over samples: a batched matmul, then one BLAS contraction.
+    d_logits_x = np.matmul(d_logits, X[:, None])  # (n, m, k, d)
+    grad_attention = np.einsum("nkd,nmke->mde", X, d_logits_x, optimize=True)
     return loss, grad_attention, grad_projection

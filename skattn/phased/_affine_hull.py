@@ -1,0 +1,572 @@
+"""Phases 2 and 4 of the phased learner: sculpt the affine hull of the Theta_i.
+
+A certified row ``l`` (all heads put the same pattern ``p`` on it, see
+:func:`~skattn.phased._projection_sum.certify_rows`) gives, for every pair of tokens,
+``x_l^T Theta (x_a - x_b) = ln(p_a / p_b)``: affine equations in ``vec(Theta)``
+(``d^2`` unknowns) that every ``Theta_i``, hence every point of their affine hull,
+satisfies.  Many certified rows carve a slab-shaped convex body around the hull.  The
+hull's ``m - 1`` directions are the near-null directions of the equations' normal
+matrix and a point is their minimum-norm solution orthogonal to those directions.
+
+The equations of one row are stored in centred form: with weights
+``omega_a = p_a**weight_power`` on the tokens with ``p_a >= p_min``,
+``sqrt(omega_a) x_l^T Theta (x_a - xbar) = sqrt(omega_a) (ln p_a - lbar)`` where
+``xbar`` and ``lbar`` are the ``omega``-weighted means (the least-squares elimination
+of the unknown softmax normaliser).  Their normal matrix is accumulated as
+``sum_l kron(x_l x_l^T, V_l)`` with ``V_l = sum_a v_a v_a^T``, a factor ``k`` cheaper
+than forming the equations; memory is bounded by ``max_rows``, not by ``n``.
+
+Phase 4 (:func:`sculpt_hull`) alternates the refinement of ``W_sum`` (phase 3) and
+the hull fit while the certification tolerance tightens.
+"""
+
+import warnings
+
+import cvxpy as cp
+import numpy as np
+from sklearn.utils import check_random_state
+
+from ._projection_sum import (
+    _certify_batch,
+    _check_certifiable,
+    _check_projection_sum,
+    _check_token_arrays,
+    crude_projection_sum,
+    refine_projection_sum,
+)
+
+
+def hull_constraints(
+    X,
+    Y,
+    W_sum,
+    *,
+    tol,
+    sample_weight=None,
+    p_min=0.05,
+    weight_power=2.0,
+    max_rows=20000,
+    n_keep_equations=2000,
+    batch_size=4096,
+    rcond=1e-8,
+    random_state=None,
+):
+    """Phase 2, step 2: affine constraints on ``vec(Theta)`` from certified rows.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_tokens, n_features)
+    Y : ndarray of shape (n_samples, n_tokens, n_outputs)
+        Needs ``n_outputs >= n_tokens``.
+    W_sum : ndarray of shape (n_features, n_outputs)
+        Current estimate of ``sum_i W_i``.
+    tol : float
+        Certification tolerance (relative residual of a row).
+    sample_weight : ndarray of shape (n_samples,), default=None
+        Multiplies the weight of every equation of the sample.
+    p_min : float, default=0.05
+        Tokens with ``p_a < p_min`` give no equation (``ln p_a`` is too noisy).
+    weight_power : float, default=2.0
+        Equation ``a`` of a row has weight ``p_a ** weight_power``.  The residual
+        certifies ``p`` to an absolute accuracy, so the error of ``ln p_a`` scales as
+        ``1 / p_a`` and ``p_a ** 2`` is its inverse variance (measured: power 2
+        cuts the hull error by 10-40 % against power 1).
+    max_rows : int, default=20000
+        At most this many certified rows, those with the smallest residuals, are
+        turned into equations (the normal matrix is ``d^2 x d^2``; a few times
+        ``d^2 / (k - 1)`` rows determine it).
+    n_keep_equations : int, default=2000
+        A random subsample of this many weighted equations is kept in ``stats`` for
+        a robust fit of the point (:func:`fit_affine_hull` with ``method="huber"``).
+    batch_size : int, default=4096
+    rcond : float, default=1e-8
+        See :func:`~skattn.phased._projection_sum.certify_rows`.
+    random_state : int, RandomState instance or None, default=None
+        Chooses the kept equations.
+
+    Returns
+    -------
+    stats : dict
+        Sufficient statistics: ``normal`` (d^2, d^2) = ``A^T Omega A``, ``rhs`` (d^2,)
+        = ``A^T Omega b``, ``rhs_norm2`` = ``b^T Omega b``, ``n_rows``,
+        ``n_equations``, ``n_features``, ``tol``, and the kept equations
+        ``equations`` (e, d^2) and ``targets`` (e,) (already weighted).
+    info : dict
+        ``n_rows``, ``n_certified``, ``certified_fraction``, ``n_rows_used``,
+        ``n_equations``, ``n_degenerate_samples``, ``median_residual`` (of the
+        rows used).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 3, 4))
+    >>> theta, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 5))
+    >>> stats, info = hull_constraints(X, forward(X, theta, W), W[0], tol=1e-6)
+    >>> stats["normal"].shape, info["certified_fraction"]
+    ((16, 16), 1.0)
+    """
+    X, Y, w = _check_token_arrays(X, Y, sample_weight)
+    n, k, d = X.shape
+    _check_certifiable(k, Y.shape[2])
+    W_sum = _check_projection_sum(W_sum, d, Y.shape[2])
+    rng = check_random_state(random_state)
+    # Stream: keep the max_rows certified rows of smallest residual.
+    buf_res = np.empty(0)
+    buf_sample = np.empty(0, dtype=np.intp)
+    buf_row = np.empty(0, dtype=np.intp)
+    buf_p = np.empty((0, k))
+    n_cert, n_degenerate = 0, 0
+    for start in range(0, n, batch_size):
+        sl = slice(start, start + batch_size)
+        P, residual, usable = _certify_batch(X[sl], Y[sl], W_sum, rcond)
+        n_degenerate += int((~usable).sum())
+        s_idx, r_idx = np.nonzero(residual < tol)
+        n_cert += s_idx.size
+        buf_res = np.concatenate([buf_res, residual[s_idx, r_idx]])
+        buf_sample = np.concatenate([buf_sample, s_idx + start])
+        buf_row = np.concatenate([buf_row, r_idx])
+        buf_p = np.concatenate([buf_p, P[s_idx, r_idx]])
+        if buf_res.size > max_rows:
+            best = np.argpartition(buf_res, max_rows - 1)[:max_rows]
+            buf_res, buf_sample = buf_res[best], buf_sample[best]
+            buf_row, buf_p = buf_row[best], buf_p[best]
+
+    d2 = d * d
+    normal = np.zeros((d2, d2))
+    rhs = np.zeros(d2)
+    rhs_norm2 = 0.0
+    n_equations = 0
+    kept_eq, kept_b = [], []
+    # Each equation is kept with the same probability (at most k per row).
+    keep_prob = min(1.0, 2.0 * n_keep_equations / max(1, buf_res.size * k))
+    for start in range(0, buf_res.size, batch_size):
+        sl = slice(start, start + batch_size)
+        tokens = X[buf_sample[sl]]  # (L, k, d)
+        x_row = tokens[np.arange(tokens.shape[0]), buf_row[sl]]  # (L, d)
+        p = buf_p[sl]
+        kept = p >= p_min
+        usable_row = kept.sum(axis=1) >= 2
+        omega = np.where(kept, np.clip(p, p_min, None) ** weight_power, 0.0)
+        omega *= (w[buf_sample[sl]] * usable_row)[:, None]
+        total = np.maximum(omega.sum(axis=1, keepdims=True), 1e-300)
+        logp = np.where(kept, np.log(np.clip(p, p_min, None)), 0.0)
+        xbar = np.einsum("la,lad->ld", omega / total, tokens)
+        lbar = np.sum(omega / total * logp, axis=1, keepdims=True)
+        root = np.sqrt(omega)
+        v = root[:, :, None] * (tokens - xbar[:, None])  # (L, k, d)
+        beta = root * (logp - lbar)  # (L, k)
+        V = np.einsum("lad,lae->lde", v, v, optimize=True)  # (L, d, d)
+        h = np.einsum("lad,la->ld", v, beta)  # (L, d)
+        XX = np.einsum("li,lj->lij", x_row, x_row)
+        # normal[(i,j),(i',j')] = sum_l XX[l,i,i'] V[l,j,j']
+        T = XX.reshape(-1, d2).T @ V.reshape(-1, d2)
+        normal += T.reshape(d, d, d, d).transpose(0, 2, 1, 3).reshape(d2, d2)
+        rhs += np.einsum("li,lj->ij", x_row, h).reshape(d2)
+        rhs_norm2 += float(np.sum(beta**2))
+        n_eq_rows = np.maximum(kept.sum(axis=1) - 1, 0) * usable_row
+        n_equations += int(n_eq_rows.sum())
+        # Kept equations for a robust fit: a_la = x_l kron v_la, b_la = beta_la.
+        li, ai = np.nonzero(omega > 0)
+        if li.size:
+            pick = rng.random_sample(li.size) < keep_prob
+            li, ai = li[pick], ai[pick]
+            kept_eq.append(
+                np.einsum("ei,ej->eij", x_row[li], v[li, ai]).reshape(-1, d2)
+            )
+            kept_b.append(beta[li, ai])
+    equations = np.concatenate(kept_eq) if kept_eq else np.empty((0, d2))
+    targets = np.concatenate(kept_b) if kept_b else np.empty(0)
+    if equations.shape[0] > n_keep_equations:
+        pick = rng.choice(equations.shape[0], n_keep_equations, replace=False)
+        equations, targets = equations[pick], targets[pick]
+    stats = {
+        "normal": normal,
+        "rhs": rhs,
+        "rhs_norm2": rhs_norm2,
+        "n_rows": int(buf_res.size),
+        "n_equations": n_equations,
+        "n_features": d,
+        "tol": float(tol),
+        "n_samples": n,
+        "equations": equations,
+        "targets": targets,
+    }
+    info = {
+        "n_rows": int(n * k),
+        "n_certified": int(n_cert),
+        "certified_fraction": n_cert / (n * k),
+        "n_rows_used": int(buf_res.size),
+        "n_equations": n_equations,
+        "n_degenerate_samples": n_degenerate,
+        "median_residual": float(np.median(buf_res)) if buf_res.size else np.nan,
+    }
+    return stats, info
+
+
+def _too_few(stats, needed):
+    tol = stats.get("tol", np.nan)
+    have = stats["n_equations"]
+    n = stats.get("n_samples", 0)
+    more = int(np.ceil(n * needed / max(have, 1))) if n else None
+    hint = f" or pass about {more} samples" if more else ""
+    return (
+        f"Too few certified constraints to fit the affine hull: {have} equations "
+        f"for {stats['n_features'] ** 2} unknowns (need at least {needed}). "
+        f"Relax the certification tolerance (tol={tol:g}, try {2 * tol:g}){hint}."
+    )
+
+
+def fit_affine_hull(stats, n_heads, *, method="lstsq", huber_delta=None):
+    """Phase 2, step 3: the affine hull of the ``Theta_i`` from the constraints.
+
+    The ``n_heads - 1`` eigenvectors of the normal matrix ``A^T Omega A`` with the
+    smallest eigenvalues are the hull's directions; the point is the minimum-norm
+    least-squares solution orthogonal to them.  The spectrum is the evidence: the
+    ratio of the ``m``-th to the ``(m-1)``-th smallest eigenvalue of the normal
+    matrix, and of the ``(m+1)``-th to the ``m``-th smallest eigenvalue of the
+    *augmented* matrix ``[A, -b]^T Omega [A, -b]`` (whose near-null space is spanned
+    by the homogeneous points ``(vec Theta_i, 1)``, so it shows a gap for every
+    ``m >= 1``; see :func:`~skattn.phased._span.estimate_n_heads`).
+
+    Parameters
+    ----------
+    stats : dict
+        From :func:`hull_constraints`.
+    n_heads : int
+        Number of heads ``m`` (the hull has dimension ``m - 1``).
+    method : {"lstsq", "huber"}, default="lstsq"
+        How the point is fitted.  ``"huber"`` solves a convex program (cvxpy):
+        the Huber loss of the kept equations' residuals, with the point orthogonal
+        to the directions, which down-weights mis-certified rows.
+    huber_delta : float, default=None
+        Huber threshold; default 1.5 times the median absolute residual of the
+        least-squares point.
+
+    Returns
+    -------
+    hull : tuple (point, directions)
+        ``point`` of shape (d, d), ``directions`` of shape (n_heads - 1, d, d),
+        orthonormal in the Frobenius inner product.
+    info : dict
+        ``spectrum`` (ascending eigenvalues of the normal matrix, divided by the
+        largest), ``augmented_spectrum`` (same for the augmented matrix),
+        ``gap_ratio`` (m-th / (m-1)-th smallest eigenvalue; ``nan`` for m = 1),
+        ``augmented_gap_ratio`` ((m+1)-th / m-th), ``rms_residual`` (weighted RMS
+        residual of the equations at the point), ``n_equations``, ``method``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(300, 3, 3))
+    >>> theta, W = rng.normal(size=(1, 3, 3)), rng.normal(size=(1, 3, 4))
+    >>> stats, _ = hull_constraints(X, forward(X, theta, W), W[0], tol=1e-6)
+    >>> (point, directions), info = fit_affine_hull(stats, 1)
+    >>> bool(np.allclose(point, theta[0])), directions.shape
+    (True, (0, 3, 3))
+    """
+    d = stats["n_features"]
+    d2 = d * d
+    m = int(n_heads)
+    if m < 1:
+        raise ValueError(f"n_heads must be a positive integer, got {n_heads!r}.")
+    if m > d2:
+        raise ValueError(f"n_heads={m} exceeds the number of unknowns d^2={d2}.")
+    needed = d2 + m
+    if stats["n_equations"] < needed:
+        raise ValueError(_too_few(stats, needed))
+    normal, rhs = stats["normal"], stats["rhs"]
+    evals, evecs = np.linalg.eigh(normal)
+    top = max(evals[-1], np.finfo(float).tiny)
+    directions = evecs[:, : m - 1]
+    rest_vals, rest_vecs = evals[m - 1 :], evecs[:, m - 1 :]
+    if rest_vals[0] <= 1e-12 * top:
+        raise ValueError(
+            "The certified constraints do not determine the affine hull: the normal "
+            f"matrix has {int(np.sum(evals <= 1e-12 * top))} null directions, more "
+            f"than n_heads - 1 = {m - 1}. Certify more diverse rows: relax the "
+            f"tolerance (tol={stats.get('tol', np.nan):g}) or pass more samples."
+        )
+    point = rest_vecs @ (rest_vecs.T @ rhs / rest_vals)
+    if method == "huber":
+        point = _huber_point(stats, point, directions, huber_delta)
+    elif method != "lstsq":
+        raise ValueError(f"method must be 'lstsq' or 'huber', got {method!r}.")
+    augmented = np.empty((d2 + 1, d2 + 1))
+    augmented[:d2, :d2] = normal
+    augmented[:d2, d2] = augmented[d2, :d2] = -rhs
+    augmented[d2, d2] = stats["rhs_norm2"]
+    aug = np.linalg.eigvalsh(augmented)
+    aug = np.clip(aug, 0.0, None) / max(aug[-1], np.finfo(float).tiny)
+    sq = float(point @ normal @ point - 2 * point @ rhs + stats["rhs_norm2"])
+    spectrum = np.clip(evals, 0.0, None) / top
+    info = {
+        "method": method,
+        "n_equations": int(stats["n_equations"]),
+        "n_rows": int(stats["n_rows"]),
+        "spectrum": spectrum,
+        "augmented_spectrum": aug,
+        "gap_ratio": _ratio(spectrum, m - 1) if m >= 2 else np.nan,
+        "augmented_gap_ratio": _ratio(aug, m),
+        "rms_residual": float(np.sqrt(max(sq, 0.0) / stats["n_equations"])),
+    }
+    return (point.reshape(d, d), directions.T.reshape(m - 1, d, d)), info
+
+
+def _ratio(values, j):
+    """``values[j] / values[j - 1]`` (ascending values), inf when the latter is 0."""
+    if j < 1 or j >= values.size:
+        return np.nan
+    return float(values[j] / values[j - 1]) if values[j - 1] > 0 else np.inf
+
+
+def _huber_point(stats, point, directions, delta):
+    """Huber fit of the point on the kept equations, orthogonal to the directions."""
+    A, b = stats["equations"], stats["targets"]
+    if A.shape[0] < A.shape[1]:
+        raise ValueError(_too_few({**stats, "n_equations": A.shape[0]}, A.shape[1]))
+    if delta is None:
+        # 1.5 x the median absolute residual, floored so that clean constraints
+        # (residuals ~ 0) do not make the scaled problem ill conditioned.
+        floor = 1e-4 * (1.0 + float(np.sqrt(np.mean(b**2))))
+        delta = max(1.5 * float(np.median(np.abs(A @ point - b))), floor)
+    # Scale so the Huber threshold is 1 (keeps the solver well conditioned).
+    theta = cp.Variable(A.shape[1])
+    objective = cp.Minimize(cp.sum(cp.huber((A @ theta - b) / delta, 1.0)))
+    constraints = [directions.T @ theta == 0] if directions.shape[1] else []
+    problem = cp.Problem(objective, constraints)
+    try:
+        problem.solve(solver=cp.CLARABEL)
+    except cp.error.SolverError as exc:
+        raise ValueError(
+            f"The Huber fit of the hull point failed ({exc}); relax the "
+            f"certification tolerance (tol={stats.get('tol', np.nan):g}) or use "
+            f"method='lstsq'."
+        ) from exc
+    if problem.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
+        raise ValueError(
+            f"The Huber fit of the hull point ended with status {problem.status!r}; "
+            f"relax the certification tolerance (tol={stats.get('tol', np.nan):g}) "
+            f"or use method='lstsq'."
+        )
+    return np.asarray(theta.value, dtype=float)
+
+
+def hull_distance(attention, point, directions):
+    """Distance of each ``Theta_i`` to an affine hull, relative to ``||Theta_i||_F``.
+
+    Parameters
+    ----------
+    attention : ndarray of shape (m, d, d)
+    point : ndarray of shape (d, d)
+    directions : ndarray of shape (r, d, d)
+        Orthonormal in the Frobenius inner product.
+
+    Returns
+    -------
+    distances : ndarray of shape (m,)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> theta = np.stack([np.eye(2), -np.eye(2)])
+    >>> hull_distance(theta, np.zeros((2, 2)), (np.eye(2) / np.sqrt(2))[None])
+    array([0., 0.])
+    """
+    m, d, _ = attention.shape
+    diff = (attention - point).reshape(m, d * d)
+    D = np.asarray(directions).reshape(-1, d * d)
+    resid = diff - (diff @ D.T) @ D
+    return np.linalg.norm(resid, axis=1) / np.linalg.norm(
+        attention.reshape(m, -1), axis=1
+    )
+
+
+def sculpt_hull(
+    X,
+    Y,
+    n_heads,
+    *,
+    W_sum=None,
+    tol=0.3,
+    tol_final=0.02,
+    n_rounds=5,
+    refine_iter=3,
+    sample_weight=None,
+    p_min=0.05,
+    weight_power=2.0,
+    max_rows=20000,
+    method="lstsq",
+    select="gap",
+    min_rows=None,
+    batch_size=4096,
+    random_state=None,
+):
+    """Phases 2-4: refine ``W_sum`` and fit the hull with a tightening tolerance.
+
+    Round ``r`` uses the tolerance ``tol * (tol_final / tol) ** (r / (n_rounds-1))``
+    (geometric from ``tol`` to ``tol_final``): phase 3
+    (:func:`~skattn.phased._projection_sum.refine_projection_sum`, ``refine_iter``
+    alternations) refines ``W_sum``, then the certified rows under the refined
+    ``W_sum`` give the hull (:func:`hull_constraints`, :func:`fit_affine_hull`).
+    A round that certifies too few rows stops the loop with a warning and the
+    previous round's estimates are returned.  ``W_sum`` is the last round's (each
+    round refines it); the hull is the one of the round with the clearest spectral
+    evidence (largest augmented gap ratio, ``select="gap"``): tighter tolerances
+    cut the bias of the constraints until too few rows remain, and the gap ratio
+    tracks the hull error without knowing the truth.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_tokens, n_features)
+    Y : ndarray of shape (n_samples, n_tokens, n_outputs)
+    n_heads : int or "auto"
+        ``"auto"`` estimates it each round from the spectral gap
+        (:func:`~skattn.phased._span.estimate_n_heads`).
+    W_sum : ndarray of shape (n_features, n_outputs), default=None
+        Starting estimate; default phase 1
+        (:func:`~skattn.phased._projection_sum.crude_projection_sum`).
+    tol, tol_final : float, default=0.3, 0.02
+        First and last certification tolerance.
+    n_rounds : int, default=5
+    refine_iter : int, default=3
+        Alternations of phase 3 per round (0 keeps ``W_sum`` fixed).
+    sample_weight : ndarray of shape (n_samples,), default=None
+    p_min, weight_power, max_rows : see :func:`hull_constraints`.
+    method : {"lstsq", "huber"}, default="lstsq"
+        See :func:`fit_affine_hull`.
+    select : {"gap", "last"}, default="gap"
+        Which round's hull to return: the one with the largest augmented gap ratio,
+        or the last one.
+    min_rows : int, default=None
+        See :func:`~skattn.phased._projection_sum.refine_projection_sum`.
+    batch_size : int, default=4096
+    random_state : int or None, default=None
+
+    Returns
+    -------
+    W_sum : ndarray of shape (n_features, n_outputs)
+    point : ndarray of shape (d, d)
+    directions : ndarray of shape (m - 1, d, d)
+    info : dict
+        ``rounds``: one dict per round (``tol``, ``certified_fraction``,
+        ``n_equations``, ``w_change``, ``gap_ratio``, ``augmented_gap_ratio``,
+        ``rms_residual``, ``n_heads``); ``best_round`` (whose hull is returned);
+        ``n_heads``, ``spectrum``, ``augmented_spectrum``, ``gap_ratio`` and
+        ``augmented_gap_ratio`` of that round; ``stopped_early``;
+        ``certified_fraction`` of the last round.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(2000, 3, 4))
+    >>> theta, W = rng.normal(size=(1, 4, 4)) / 2, rng.normal(size=(1, 4, 6))
+    >>> W_sum, point, directions, info = sculpt_hull(X, forward(X, theta, W), 1)
+    >>> bool(np.linalg.norm(point - theta[0]) < 0.05 * np.linalg.norm(theta[0]))
+    True
+    """
+    from ._span import estimate_n_heads
+
+    X, Y, w = _check_token_arrays(X, Y, sample_weight)
+    _check_certifiable(X.shape[1], Y.shape[2])
+    auto = isinstance(n_heads, str)
+    if auto and n_heads != "auto":
+        raise ValueError(f"n_heads must be a positive int or 'auto', got {n_heads!r}.")
+    if W_sum is None:
+        W_sum, _ = crude_projection_sum(X, Y, w)
+    n_rounds = max(int(n_rounds), 1)
+    tols = tol * (tol_final / tol) ** (np.arange(n_rounds) / max(n_rounds - 1, 1))
+    if select not in ("gap", "last"):
+        raise ValueError(f"select must be 'gap' or 'last', got {select!r}.")
+    rounds = []
+    result = best = None
+    stopped_early = False
+    for r, tol_r in enumerate(tols):
+        try:
+            W_prev = W_sum
+            if refine_iter > 0:
+                W_sum, _ = refine_projection_sum(
+                    X,
+                    Y,
+                    W_sum,
+                    tol=tol_r,
+                    sample_weight=w,
+                    max_iter=refine_iter,
+                    min_rows=min_rows,
+                    batch_size=batch_size,
+                )
+            stats, cinfo = hull_constraints(
+                X,
+                Y,
+                W_sum,
+                tol=tol_r,
+                sample_weight=w,
+                p_min=p_min,
+                weight_power=weight_power,
+                max_rows=max_rows,
+                batch_size=batch_size,
+                random_state=random_state,
+            )
+            if auto:
+                m, _ = estimate_n_heads(
+                    fit_affine_hull(stats, 1)[1]["augmented_spectrum"]
+                )
+            else:
+                m = int(n_heads)
+            (point, directions), hinfo = fit_affine_hull(stats, m, method=method)
+        except ValueError as exc:
+            if result is None:
+                raise
+            warnings.warn(
+                f"sculpt_hull stopped at round {r} (tol={tol_r:.3g}): {exc} "
+                f"Returning round {r - 1}; set tol_final >= {tols[r - 1]:.3g}.",
+                UserWarning,
+                stacklevel=2,
+            )
+            W_sum = result[0]
+            stopped_early = True
+            break
+        result = (W_sum, point, directions, hinfo, m)
+        evidence = hinfo["augmented_gap_ratio"]
+        if (
+            select == "last"
+            or best is None
+            or evidence >= best[3]["augmented_gap_ratio"]
+        ):
+            best = (r, point, directions, hinfo, m)
+        rounds.append(
+            {
+                "round": r,
+                "tol": float(tol_r),
+                "certified_fraction": cinfo["certified_fraction"],
+                "n_rows_used": cinfo["n_rows_used"],
+                "n_equations": cinfo["n_equations"],
+                "w_change": float(
+                    np.linalg.norm(W_sum - W_prev) / np.linalg.norm(W_prev)
+                ),
+                "n_heads": m,
+                "gap_ratio": hinfo["gap_ratio"],
+                "augmented_gap_ratio": hinfo["augmented_gap_ratio"],
+                "rms_residual": hinfo["rms_residual"],
+            }
+        )
+    W_sum = result[0]
+    best_round, point, directions, hinfo, m = best
+    info = {
+        "rounds": rounds,
+        "n_rounds": len(rounds),
+        "best_round": best_round,
+        "n_heads": m,
+        "stopped_early": stopped_early,
+        "spectrum": hinfo["spectrum"],
+        "augmented_spectrum": hinfo["augmented_spectrum"],
+        "gap_ratio": hinfo["gap_ratio"],
+        "augmented_gap_ratio": hinfo["augmented_gap_ratio"],
+        "certified_fraction": rounds[-1]["certified_fraction"],
+    }
+    return W_sum, point, directions, info
