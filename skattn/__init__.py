@@ -8,7 +8,11 @@ examples, and learns them back: with the provable phased learner of Chen & Li
 
 from .conditions import ConditionReport, check_conditions
 from .datasets import make_attention_layer, make_attention_regression
-from .estimators import RandomAttentionFeatures, RandomFeatureAttentionRegressor
+from .estimators import (
+    MultiHeadAttentionRegressor,
+    RandomAttentionFeatures,
+    RandomFeatureAttentionRegressor,
+)
 from .layer import AttentionLayer
 from .metrics import attention_pattern_error, parameter_error, prediction_error
 
@@ -17,6 +21,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "AttentionLayer",
     "ConditionReport",
+    "MultiHeadAttentionRegressor",
     "RandomAttentionFeatures",
     "RandomFeatureAttentionRegressor",
     "__version__",

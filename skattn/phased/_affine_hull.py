@@ -20,6 +20,7 @@ Phase 4 (:func:`sculpt_hull`) alternates the refinement of ``W_sum`` (phase 3) a
 the hull fit while the certification tolerance tightens.
 """
 
+import time
 import warnings
 
 import cvxpy as cp
@@ -403,6 +404,7 @@ def sculpt_hull(
     select="gap",
     min_rows=None,
     batch_size=4096,
+    max_heads=8,
     random_state=None,
 ):
     """Phases 2-4: refine ``W_sum`` and fit the hull with a tightening tolerance.
@@ -444,6 +446,8 @@ def sculpt_hull(
     min_rows : int, default=None
         See :func:`~skattn.phased._projection_sum.refine_projection_sum`.
     batch_size : int, default=4096
+    max_heads : int, default=8
+        Largest number of heads ``n_heads="auto"`` may return.
     random_state : int or None, default=None
 
     Returns
@@ -454,7 +458,7 @@ def sculpt_hull(
     info : dict
         ``rounds``: one dict per round (``tol``, ``certified_fraction``,
         ``n_equations``, ``w_change``, ``gap_ratio``, ``augmented_gap_ratio``,
-        ``rms_residual``, ``n_heads``); ``best_round`` (whose hull is returned);
+        ``rms_residual``, ``n_heads``, ``seconds``); ``best_round`` (whose hull is returned);
         ``n_heads``, ``spectrum``, ``augmented_spectrum``, ``gap_ratio`` and
         ``augmented_gap_ratio`` of that round; ``stopped_early``;
         ``certified_fraction`` of the last round.
@@ -487,6 +491,7 @@ def sculpt_hull(
     result = best = None
     stopped_early = False
     for r, tol_r in enumerate(tols):
+        round_start = time.perf_counter()
         try:
             W_prev = W_sum
             if refine_iter > 0:
@@ -514,7 +519,8 @@ def sculpt_hull(
             )
             if auto:
                 m, _ = estimate_n_heads(
-                    fit_affine_hull(stats, 1)[1]["augmented_spectrum"]
+                    fit_affine_hull(stats, 1)[1]["augmented_spectrum"],
+                    max_heads=max_heads,
                 )
             else:
                 m = int(n_heads)
@@ -553,6 +559,7 @@ def sculpt_hull(
                 "gap_ratio": hinfo["gap_ratio"],
                 "augmented_gap_ratio": hinfo["augmented_gap_ratio"],
                 "rms_residual": hinfo["rms_residual"],
+                "seconds": time.perf_counter() - round_start,
             }
         )
     W_sum = result[0]

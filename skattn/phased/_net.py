@@ -16,6 +16,7 @@ costs one ``(m d) x (m d)`` solve, and candidates are solved in batches by
 """
 
 import math
+import time
 from itertools import combinations
 
 import numpy as np
@@ -358,7 +359,8 @@ def fit_from_hull(
     attention : ndarray of shape (n_heads, d, d)
     projection : ndarray of shape (n_heads, d, d_out)
     info : dict
-        ``{"net": <net_search info>, "polish": <polish info or None>}``.
+        ``{"net": <net_search info>, "polish": <polish info or None>}``, each
+        with its wall time under ``"seconds"``.
 
     Examples
     --------
@@ -376,6 +378,7 @@ def fit_from_hull(
     True
     """
     rng = check_random_state(random_state)
+    start = time.perf_counter()
     attention, projection, net_info = net_search(
         X,
         Y,
@@ -389,8 +392,10 @@ def fit_from_hull(
         max_candidates=max_candidates,
         random_state=rng,
     )
+    net_info["seconds"] = time.perf_counter() - start
     polish_info = None
     if polish:
+        start = time.perf_counter()
         if polish_mode is None:
             polish_mode = "both" if polish_method == "lbfgs" else "varpro"
         n = X.shape[0]
@@ -409,4 +414,5 @@ def fit_from_hull(
             max_iter=max_iter,
             tol=tol,
         )
+        polish_info["seconds"] = time.perf_counter() - start
     return attention, projection, {"net": net_info, "polish": polish_info}

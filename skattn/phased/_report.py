@@ -1,4 +1,4 @@
-"""PhaseReport: what one phase of the phased learner saw, decided and how long it took."""
+"""PhaseReport: what one phase of the phased learner saw, decided, and its time."""
 
 from dataclasses import dataclass, field
 
