@@ -13,7 +13,7 @@ failed line says which assumption lacks margin, not that learning must fail.
 The quantities (``m`` heads, ``d`` features, ``d_out`` outputs, ``k`` tokens;
 norms are Frobenius unless marked ``_2`` for the spectral norm):
 
-==============================  ===================================================
+=============================== ===================================================
 ``attention_incoherence``       ``max_{i != j} |<Theta_i, Theta_j>| /
                                 (||Theta_i|| ||Theta_j||)``, must be ``<= 0.8``.
 ``attention_independence``      ``sqrt(lambda_min(C))`` with ``C_ij`` the cosines
@@ -32,7 +32,7 @@ norms are Frobenius unless marked ``_2`` for the spectral norm):
                                 sum_i W_i`` (0 if ``k > min(d, d_out)``); ``>= 0.05``.
 ``pattern_solvable``            ``d_out >= k``.
 ``identifiability``             ``d_out > m k``.
-==============================  ===================================================
+=============================== ===================================================
 
 Why each matters (see also :class:`ConditionReport`):
 

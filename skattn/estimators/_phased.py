@@ -18,6 +18,12 @@ from ..phased._report import PhaseReport
 from ..phased._span import hull_span
 from ._base import BaseAttentionRegressor
 
+# Appended to messages of phases 2-4, whose functions name the tolerances tol/tol_final.
+_TOLERANCE_NAMES = (
+    " (In MultiHeadAttentionRegressor, tol is the first round's certify_tol and "
+    "tol_final is certify_tol_final.)"
+)
+
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
 _WEAK_GAP_RATIO = 3.0
 
@@ -130,7 +136,7 @@ n_features_per_token)
         Rounds of phases 2-4 that ran (0 when ``n_tokens_ == 1``).
     n_features_in_ : int
         Width of the flattened input.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Names of the input columns, when X is a DataFrame with string names.
     n_tokens_, n_features_per_token_, n_outputs_per_token_ : int
         Shape facts of the training data.
@@ -316,7 +322,40 @@ n_features_per_token)
     def _sculpt(self, X3, Y3, weights, W_sum, rng, bar):
         """Phases 2-4, with one report per round and one for the chosen hull."""
         start = time.perf_counter()
-        W_sum, point, directions, info = sculpt_hull(
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                W_sum, point, directions, info = self._sculpt_hull(
+                    X3, Y3, weights, W_sum, rng
+                )
+            except ValueError as exc:
+                raise ValueError(f"{exc}{_TOLERANCE_NAMES}") from exc
+        for warning in caught:  # re-issue in the estimator's terms
+            warnings.warn(
+                f"{warning.message}{_TOLERANCE_NAMES}", warning.category, stacklevel=4
+            )
+        seconds = time.perf_counter() - start
+        for record in info["rounds"]:
+            self.phase_report_.append(
+                PhaseReport(
+                    "2-4-certify-refine-hull",
+                    record["round"],
+                    record["seconds"],
+                    record,
+                )
+            )
+        summary = {key: value for key, value in info.items() if key != "rounds"}
+        summary["projection_sum"] = W_sum
+        self.phase_report_.append(
+            PhaseReport("2-4-hull-selected", info["best_round"], seconds, summary)
+        )
+        self.n_iter_ = info["n_rounds"]
+        self.n_heads_ = int(info["n_heads"])
+        _advance(bar, "2-4-hull", steps=3)
+        return W_sum, point, directions, info
+
+    def _sculpt_hull(self, X3, Y3, weights, W_sum, rng):
+        return sculpt_hull(
             X3,
             Y3,
             self.n_heads if self.n_heads == "auto" else int(self.n_heads),
@@ -333,25 +372,6 @@ n_features_per_token)
             max_heads=self.max_heads,
             random_state=rng.randint(np.iinfo(np.int32).max),
         )
-        seconds = time.perf_counter() - start
-        for record in info["rounds"]:
-            self.phase_report_.append(
-                PhaseReport(
-                    "2-4-certify-refine-hull",
-                    record["round"],
-                    record.get("seconds", np.nan),
-                    record,
-                )
-            )
-        summary = {key: value for key, value in info.items() if key != "rounds"}
-        summary["projection_sum"] = W_sum
-        self.phase_report_.append(
-            PhaseReport("2-4-hull-selected", info["best_round"], seconds, summary)
-        )
-        self.n_iter_ = info["n_rounds"]
-        self.n_heads_ = int(info["n_heads"])
-        _advance(bar, "2-4-hull", steps=3)
-        return W_sum, point, directions, info
 
     def _phase6(self, X3, Y3, weights, point, directions, rng, bar):
         """Phase 6: the net over the hull, then the polish; one report each."""

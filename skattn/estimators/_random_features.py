@@ -235,7 +235,7 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         The frozen query-key matrices ``W_m`` (``scale`` and ``mean`` folded in).
     n_features_in_ : int
         Width of the flattened input seen in ``fit``.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Input column names, when X has string column names.
     n_tokens_ : int
         Tokens per sequence k.
@@ -339,7 +339,7 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
 
         Returns
         -------
-        features : ndarray of shape (n_samples, n_heads * n_values_per_head_)
+        features : ndarray of shape (n_samples, n_heads * `n_values_per_head_`)
             Head-major: columns ``[m * n_values_per_head_, (m + 1) *
             n_values_per_head_)`` are ``sum_i sigma_mi x_i`` for head m (then
             ``sum_i sigma_mi`` when ``value_bias``).
@@ -436,7 +436,7 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         ``ridge_.intercept_``.
     n_features_in_ : int
         Width of the flattened input seen in ``fit``.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Input column names, when X has string column names.
     n_tokens_ : int
         Tokens per sequence k.

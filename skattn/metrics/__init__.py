@@ -1,11 +1,20 @@
-"""How close a learned attention layer is to the truth.
+"""How close a learned attention layer is to the truth, and plots of it.
 
 * :func:`parameter_error`: head-matched relative errors of the Theta_i and W_i;
 * :func:`prediction_error`: relative error of the outputs on given inputs;
 * :func:`attention_pattern_error`: head-matched total-variation distance between
-  attention patterns.
+  attention patterns;
+* :class:`AttentionPatternDisplay`, :class:`RecoveryCurveDisplay`: plots of true
+  versus learned patterns and of recovery curves (matplotlib imported lazily).
 """
 
+from ._plot import AttentionPatternDisplay, RecoveryCurveDisplay
 from ._recovery import attention_pattern_error, parameter_error, prediction_error
 
-__all__ = ["attention_pattern_error", "parameter_error", "prediction_error"]
+__all__ = [
+    "AttentionPatternDisplay",
+    "RecoveryCurveDisplay",
+    "attention_pattern_error",
+    "parameter_error",
+    "prediction_error",
+]

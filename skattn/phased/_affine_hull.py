@@ -458,7 +458,8 @@ def sculpt_hull(
     info : dict
         ``rounds``: one dict per round (``tol``, ``certified_fraction``,
         ``n_equations``, ``w_change``, ``gap_ratio``, ``augmented_gap_ratio``,
-        ``rms_residual``, ``n_heads``, ``seconds``); ``best_round`` (whose hull is returned);
+        ``rms_residual``, ``n_heads``, ``seconds``); ``best_round`` (whose hull is
+        returned);
         ``n_heads``, ``spectrum``, ``augmented_spectrum``, ``gap_ratio`` and
         ``augmented_gap_ratio`` of that round; ``stopped_early``;
         ``certified_fraction`` of the last round.
