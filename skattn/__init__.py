@@ -9,6 +9,7 @@ examples, and learns them back: with the provable phased learner of Chen & Li
 from .conditions import ConditionReport, check_conditions
 from .datasets import make_attention_layer, make_attention_regression
 from .estimators import (
+    GradientAttentionRegressor,
     MultiHeadAttentionRegressor,
     RandomAttentionFeatures,
     RandomFeatureAttentionRegressor,
@@ -21,6 +22,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "AttentionLayer",
     "ConditionReport",
+    "GradientAttentionRegressor",
     "MultiHeadAttentionRegressor",
     "RandomAttentionFeatures",
     "RandomFeatureAttentionRegressor",
