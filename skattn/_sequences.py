@@ -40,6 +40,13 @@ def flatten_tokens(X):
         X = np.asarray(X)
         n, k, d = X.shape
         return X.reshape(n, k * d), k
+    if ndim is not None and ndim not in (0, 2):  # 0-D: scikit-learn's own message
+        raise ValueError(
+            f"X must be 2-D (n_samples, n_tokens * n_features) or 3-D (n_samples, "
+            f"n_tokens, n_features), got a {ndim}-D array of shape {np.shape(X)}. "
+            f"Reshape your data: X.reshape(1, -1) for a single sequence, "
+            f"X.reshape(len(X), -1) to flatten the tokens."
+        )
     return X, None
 
 

@@ -139,7 +139,10 @@ _RELATIONS = {
 class Condition:
     """One line of a :class:`ConditionReport`.
 
-    Attributes
+    Created by :func:`check_conditions`; every parameter is stored as an
+    attribute of the same name.
+
+    Parameters
     ----------
     name : str
         Identifier of the quantity.
@@ -155,6 +158,13 @@ class Condition:
         What is measured, in one line.
     per_head : ndarray or None
         The per-head values behind ``value`` (per-head quantities only).
+
+    Examples
+    --------
+    >>> from skattn.conditions import Condition
+    >>> c = Condition("attention_stable_rank", 1.04, ">=", 1.1, False, "stable rank")
+    >>> print(c)
+    attention_stable_rank: 1.04 (required >= 1.1) FAIL
     """
 
     name: str
@@ -189,13 +199,25 @@ class ConditionReport:
 
     Printing it gives an aligned table; ``report["name"]`` (or
     ``report.name``) gives one :class:`Condition`; iterating yields them in order.
+    Every parameter is stored as an attribute of the same name.
 
-    Attributes
+    Parameters
     ----------
     conditions : tuple of Condition
         The lines of the report.
     n_heads, n_features, n_outputs, n_tokens : int
         Shape of the layer and the sequence length the report is for.
+
+    Examples
+    --------
+    >>> from skattn.conditions import check_conditions
+    >>> from skattn.datasets import make_attention_layer
+    >>> layer = make_attention_layer(2, 8, n_outputs=16, random_state=0)
+    >>> report = check_conditions(layer, n_tokens=4)
+    >>> report.passed, len(report) == len(report.names), report.failed
+    (True, True, [])
+    >>> report.identifiability.value
+    16.0
     """
 
     conditions: tuple
@@ -279,6 +301,13 @@ class ConditionReport:
         """The report as a pandas DataFrame indexed by condition name.
 
         Requires pandas (imported lazily).
+
+        Returns
+        -------
+        frame : pandas.DataFrame
+            One row per condition, indexed by its name, with the columns
+            ``value``, ``relation``, ``threshold``, ``passed`` and
+            ``description``.
         """
         try:
             import pandas as pd
@@ -307,6 +336,16 @@ def cosine_matrix(mats):
 
     A zero matrix has cosine 0 with every other and 1 with itself.
 
+    Parameters
+    ----------
+    mats : array-like of shape (m, ...)
+        The matrices (or vectors); each is flattened.
+
+    Returns
+    -------
+    cos : ndarray of shape (m, m)
+        The Frobenius cosines, with ones on the diagonal.
+
     Examples
     --------
     >>> import numpy as np
@@ -326,6 +365,16 @@ def cosine_matrix(mats):
 def stable_ranks(mats):
     """``||A_i||_F^2 / ||A_i||_2^2`` for each matrix (0 for a zero matrix).
 
+    Parameters
+    ----------
+    mats : array-like of shape (m, p, q)
+        The matrices.
+
+    Returns
+    -------
+    ranks : ndarray of shape (m,)
+        The stable rank of each matrix, in ``[1, min(p, q)]`` (0 when zero).
+
     Examples
     --------
     >>> import numpy as np
@@ -342,6 +391,16 @@ def stable_ranks(mats):
 def diagonal_weights(attention):
     """``Tr(Theta_i)^2 / ||Theta_i||_F^2`` (0 for a zero matrix), in ``[0, d]``.
 
+    Parameters
+    ----------
+    attention : array-like of shape (m, d, d)
+        The attention matrices ``Theta_i``.
+
+    Returns
+    -------
+    weights : ndarray of shape (m,)
+        The diagonal weight of each head.
+
     Examples
     --------
     >>> import numpy as np
@@ -356,6 +415,17 @@ def diagonal_weights(attention):
 
 def column_shares(projection):
     """``max_j ||W_i[:, j]||^2 / ||W_i||_F^2`` per head (0 for a zero matrix).
+
+    Parameters
+    ----------
+    projection : array-like of shape (m, d, d_out)
+        The projection matrices ``W_i``.
+
+    Returns
+    -------
+    shares : ndarray of shape (m,)
+        The largest share of a head's squared norm in one output column, in
+        ``[1 / d_out, 1]``.
 
     Examples
     --------

@@ -207,7 +207,20 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         return attention_patterns(self._sequences(X, reset=False), attention)
 
     def get_feature_names_out(self, input_features=None):
-        """Output names ``token{t}_out{j}``, token-major."""
+        """Output names ``token{t}_out{j}``, token-major.
+
+        Parameters
+        ----------
+        input_features : array-like of str or None, default=None
+            Ignored: the names depend only on the number of tokens seen by
+            ``fit`` and on ``n_outputs``.
+
+        Returns
+        -------
+        feature_names_out : ndarray of str objects of shape \
+(n_tokens * n_outputs,)
+            ``token{t}_out{j}`` for token ``t`` and output feature ``j``.
+        """
         k = getattr(self, "n_tokens_", None)
         if k is None:
             raise ValueError("Call fit before get_feature_names_out.")

@@ -79,6 +79,21 @@ class TokenDistribution:
         Tokens per sequence k.
     n_features : int
         Features per token d.
+
+    See Also
+    --------
+    BooleanTokens, GaussianTokens, TokenizedMixture : the distributions.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.datasets import TokenDistribution
+    >>> class Ones(TokenDistribution):
+    ...     name = "ones"
+    ...     def _generate(self, rng, n_rows):
+    ...         return np.ones((n_rows, self.width)), None
+    >>> Ones(n_tokens=2, n_features=3).sample(4).shape
+    (4, 6)
     """
 
     name = "base"
@@ -302,6 +317,17 @@ class BooleanTokens(TokenDistribution):
     def check(self, X):
         """Validate layout, and that every entry is exactly -1 or +1.
 
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or \
+(n_samples, n_tokens, n_features)
+            The sequences to check.
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_tokens * n_features)
+            The input as a float64 2-D array.
+
         Raises
         ------
         ValueError
@@ -520,6 +546,24 @@ class TokenizedMixture(TokenDistribution):
         Yields ``X_batch`` or, with ``return_labels=True``, ``(X_batch,
         labels_batch)``; their concatenation is identical to ``sample(n_samples,
         random_state, return_labels=...)`` for every ``batch_size``.
+
+        Parameters
+        ----------
+        n_samples : int
+            Total number of sequences.
+        batch_size : int
+            Rows per batch; the last batch holds the remainder.
+        random_state : int, RandomState instance, Generator or None, default=None
+            Seed of the stream.
+        return_labels : bool, default=False
+            Also yield the class of every sequence.
+
+        Yields
+        ------
+        X_batch : ndarray of shape (batch_size, n_tokens * n_features)
+            The next rows.
+        labels_batch : ndarray of shape (batch_size,)
+            Only when ``return_labels=True``: their classes.
         """
         n_samples, batch_size = self._check_batches(n_samples, batch_size)
         for X, labels in self._batches(n_samples, batch_size, random_state):

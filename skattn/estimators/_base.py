@@ -49,6 +49,12 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         sample_weight : ndarray of shape (n_samples,)
         """
         X, k3 = flatten_tokens(X)
+        if getattr(y, "ndim", 0) > 2:
+            raise ValueError(
+                f"y must be 2-D (n_samples, n_tokens * n_outputs), token-major, got "
+                f"an array of shape {np.shape(y)}; flatten it with "
+                f"y.reshape(len(y), -1)."
+            )
         X, y = validate_data(
             self,
             X,
@@ -63,16 +69,16 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         self._y_1d = y.ndim == 1
         if y.ndim == 1:
             y = y[:, None]
+        if self._y_1d and k != 1:
+            raise ValueError(
+                f"y is 1-D but n_tokens={k}: pass y of shape (n_samples, n_tokens * "
+                f"n_outputs)."
+            )
         if y.shape[1] % k:
             raise ValueError(
                 f"y has {y.shape[1]} columns, which is not divisible by n_tokens={k}; "
                 f"expected n_tokens * n_outputs columns (token-major), one output "
                 f"vector per token."
-            )
-        if self._y_1d and k != 1:
-            raise ValueError(
-                f"y is 1-D but n_tokens={k}: pass y of shape (n_samples, n_tokens * "
-                f"n_outputs)."
             )
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
         self.n_tokens_ = k

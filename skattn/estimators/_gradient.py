@@ -716,6 +716,11 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
             y_numeric=True,
             dtype=np.float64,
         )
+        if k3 is not None and k3 != self.n_tokens_:
+            raise ValueError(
+                f"X is 3-D with {k3} tokens per sequence but the estimator was fitted "
+                f"with n_tokens_={self.n_tokens_}."
+            )
         k = resolve_n_tokens(X.shape[1], self.n_tokens_, k3)
         y = np.asarray(y, dtype=np.float64)
         if y.ndim == 1:

@@ -26,12 +26,14 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import (
     _check_feature_names_in,
+    _check_sample_weight,
     check_is_fitted,
     validate_data,
 )
 
 from .._layer import softmax
 from .._sequences import flatten_tokens, resolve_n_tokens, unflatten_tokens
+from ._gradient import _check_weights
 
 # Elements of the largest (chunk, n_heads, n_tokens or n_features) intermediate.
 _CHUNK_ELEMENTS = 2**22
@@ -520,6 +522,9 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
             self, X, y, reset=True, multi_output=True, y_numeric=True, dtype=np.float64
         )
         k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
+        if sample_weight is not None:
+            sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
+            _check_weights(sample_weight)
         self.features_ = RandomAttentionFeatures(
             self.n_heads,
             k,

@@ -6,15 +6,20 @@
   attention patterns;
 * :class:`AttentionPatternDisplay`, :class:`RecoveryCurveDisplay`: plots of true
   versus learned patterns and of recovery curves (matplotlib imported lazily).
+* :func:`make_recovery_scorer`, :func:`relative_prediction_error`: scores for
+  model selection (``GridSearchCV(scoring=...)``).
 """
 
 from ._plot import AttentionPatternDisplay, RecoveryCurveDisplay
 from ._recovery import attention_pattern_error, parameter_error, prediction_error
+from ._scorers import make_recovery_scorer, relative_prediction_error
 
 __all__ = [
     "AttentionPatternDisplay",
     "RecoveryCurveDisplay",
     "attention_pattern_error",
+    "make_recovery_scorer",
     "parameter_error",
     "prediction_error",
+    "relative_prediction_error",
 ]

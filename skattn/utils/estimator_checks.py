@@ -263,11 +263,25 @@ def skattn_checks_generator(estimator):
     Parameters
     ----------
     estimator : estimator instance
+        The estimator to check (or an :class:`~skattn.AttentionLayer`).
 
     Yields
     ------
     estimator : estimator instance
+        The estimator passed in.
     check : callable taking the estimator
+        One of skattn's checks, with the estimator's name bound.
+
+    Examples
+    --------
+    >>> from skattn.estimators import GradientAttentionRegressor
+    >>> from skattn.utils.estimator_checks import skattn_checks_generator
+    >>> checks = [
+    ...     check.func.__name__
+    ...     for _, check in skattn_checks_generator(GradientAttentionRegressor())
+    ... ]
+    >>> "check_recovers_planted_layer" in checks
+    True
     """
     name = type(estimator).__name__
     if isinstance(estimator, AttentionLayer):
