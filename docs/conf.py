@@ -66,6 +66,12 @@ API_SECTIONS = [
         "The phased learner of Chen & Li and the baselines.",
     ),
     (
+        "skattn.phased",
+        "The phases",
+        "The phases of the Chen & Li learner as pure functions, and their reports "
+        "(listed once ``skattn.phased`` exports them in ``__all__``).",
+    ),
+    (
         "skattn.conditions",
         "Non-degeneracy conditions",
         "Diagnostics of a layer against the assumptions of the guarantee.",
