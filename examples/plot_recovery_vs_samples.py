@@ -136,7 +136,5 @@ for ax, errors, title in [
     )
     display.lines_["phased, polish"].set(linestyle="--", zorder=3)
     ax.legend()
-    ax.set_xticks(SAMPLE_SIZES, [str(n) for n in SAMPLE_SIZES])
-    ax.minorticks_off()
     ax.set_title(title)
 plt.show()

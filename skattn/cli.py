@@ -90,7 +90,7 @@ def _demo(args):
     from .datasets import make_attention_layer, sample_inputs
     from .estimators import GradientAttentionRegressor, MultiHeadAttentionRegressor
     from .metrics import parameter_error, prediction_error
-    from .phased._report import format_reports
+    from .phased import format_reports
 
     n_outputs = args.outputs or 2 * args.features
     rng = np.random.default_rng(args.seed)
@@ -236,7 +236,28 @@ def _fit(args):
 
 
 def main(argv=None):
-    """Entry point of the ``skattn`` console script and ``python -m skattn``."""
+    """Entry point of the ``skattn`` console script and ``python -m skattn``.
+
+    Parameters
+    ----------
+    argv : list of str, default=None
+        Command-line arguments without the program name; ``None`` reads
+        ``sys.argv``.
+
+    Returns
+    -------
+    status : int
+        0 on success; 1 when ``skattn demo`` did not recover the planted layer.
+
+    Examples
+    --------
+    >>> from skattn.cli import main
+    >>> main(["demo", "--heads", "1", "--samples", "2000", "--no-gradient",
+    ...       "--quiet"])  # doctest: +ELLIPSIS
+    Planted layer: m=1 heads, ...
+    Recovered: parameter errors below 1e-06.
+    0
+    """
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _demo(args)

@@ -51,17 +51,7 @@ METHOD_CODES = CHECKED_CODES - {"EX01"}
 # Known gaps in files owned elsewhere: {qualified name: the missing piece}.  A
 # listed name is an expected failure until its docstring is completed (not strict:
 # the names are checked only once ``skattn.phased`` exports them).
-KNOWN_GAPS = {
-    "skattn.phased.PhaseReport.summary": (
-        "skattn/phased/_report.py: Parameters (max_items) and Returns sections"
-    ),
-    "skattn.phased.hull_grid": (
-        "skattn/phased/_net.py: Parameters and Returns sections"
-    ),
-    "skattn.phased.format_reports": (
-        "skattn/phased/_report.py: Parameters (reports) and Returns sections"
-    ),
-}
+KNOWN_GAPS = {}
 
 
 def _public_objects():

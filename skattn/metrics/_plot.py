@@ -677,6 +677,12 @@ class RecoveryCurveDisplay:
                 )
         ax.set_xscale(self.xscale)
         ax.set_yscale(self.yscale)
+        if self.xscale == "log":  # label the measured x values, not minor ticks
+            from matplotlib.ticker import NullFormatter
+
+            ticks = np.unique(x)
+            ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
+            ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(self.xlabel)
         ax.set_ylabel(self.ylabel)
         ax.grid(True, which="major", alpha=0.3)

@@ -75,8 +75,19 @@ def minimum_norm_point(point, directions):
 def hull_grid(n_coords, resolution, radius):
     """Grid of ``resolution ** n_coords`` points of ``[-radius, radius]^n_coords``.
 
-    Returns an array of shape ``(resolution ** n_coords, n_coords)``; one point (the
-    origin, shape ``(1, 0)``) when ``n_coords == 0``.
+    Parameters
+    ----------
+    n_coords : int
+        Dimension of the box (hull coordinates per head, m - 1).
+    resolution : int
+        Points per coordinate (evenly spaced, ends included; 1 gives the origin).
+    radius : float
+        Half-width of the box.
+
+    Returns
+    -------
+    grid : ndarray of shape (resolution ** n_coords, n_coords)
+        One point (the origin, shape ``(1, 0)``) when ``n_coords == 0``.
 
     Examples
     --------

@@ -39,7 +39,22 @@ class PhaseReport:
         return self.info[key]
 
     def summary(self, max_items=6):
-        """One line: the phase, its time and its scalar findings."""
+        """One line: the phase, its round, its time and its scalar findings.
+
+        Parameters
+        ----------
+        max_items : int, default=6
+            Most scalar entries of ``info`` shown (arrays and dicts are left out).
+
+        Returns
+        -------
+        line : str
+
+        Examples
+        --------
+        >>> PhaseReport("5-span", 0, 0.5, {"rank": 2, "basis": [1, 2]}).summary()
+        '5-span  round 0  0.500 s  rank=2'
+        """
         items = [
             f"{key}={_short(value)}"
             for key, value in self.info.items()
@@ -62,6 +77,15 @@ def _short(value):
 
 def format_reports(reports):
     """A multi-line table of phase reports (one line each).
+
+    Parameters
+    ----------
+    reports : list of PhaseReport
+        E.g. ``MultiHeadAttentionRegressor.phase_report_``.
+
+    Returns
+    -------
+    table : str
 
     Examples
     --------
