@@ -122,7 +122,7 @@ def crude_projection_sum(X, Y, sample_weight=None):
         "relative_residual": float(
             np.sqrt(np.sum(w * np.sum(resid**2, 1)) / np.sum(w * np.sum(v**2, 1)))
         ),
-        "condition_number": float(eig[-1] / max(eig[0], np.finfo(float).tiny)),
+        "condition_number": float(eig[-1] / eig[0]) if eig[0] > 0 else np.inf,
     }
     return W_sum, info
 
@@ -445,10 +445,16 @@ def refine_projection_sum(
         history_rows.append(n_cert)
         expected_rows = n_cert
         if n_cert < min_rows:
+            if n * k < min_rows:  # no tolerance can help
+                fix = (
+                    f"pass more samples: at least {-(-min_rows // k)} sequences "
+                    f"even if every row certified (thousands in practice)"
+                )
+            else:
+                fix = f"relax tol (e.g. tol={2 * tol:g}) or pass more samples"
             raise ValueError(
                 f"Phase 3 certified only {n_cert} of {n * k} rows at tol={tol:g} "
-                f"(need at least {min_rows}); relax tol (e.g. tol={2 * tol:g}) or "
-                f"pass more samples."
+                f"(need at least {min_rows}); {fix}."
             )
         W_new = _solve_normal(gram, cross)
         if solver == "gauss-newton" and sub_u:
