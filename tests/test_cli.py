@@ -52,3 +52,27 @@ def test_fit_reports_bad_files(tmp_path):
     np.savez(tmp_path / "data.npz", X=np.ones((3, 4)))
     with pytest.raises(SystemExit, match="lacks"):
         main(["fit", str(tmp_path / "data.npz"), "--n-tokens", "2"])
+
+
+def test_demo_saves_the_pattern_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    path = tmp_path / "patterns.png"
+    status = main(
+        [
+            "demo",
+            "--heads",
+            "1",
+            "--samples",
+            "3000",
+            "--no-gradient",
+            "--quiet",
+            "--plot",
+            str(path),
+        ]
+    )
+    assert status == 0
+    assert path.stat().st_size > 1000
+    assert "Saved true vs learned attention patterns" in capsys.readouterr().out
