@@ -140,7 +140,7 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         A point of the estimated affine hull of the Theta_i.
     hull_directions_ : ndarray of shape (n_heads - 1, n_features_per_token, \
 n_features_per_token)
-        Orthonormal directions of the estimated hull.
+        Orthonormal directions of the estimated hull (none when ``n_tokens_ == 1``).
     projection_sum_ : ndarray of shape (n_features_per_token, n_outputs_per_token)
         Phase-3 estimate of ``sum_i W_i``.
     n_iter_ : int
@@ -454,6 +454,7 @@ n_features_per_token)
         self.n_iter_ = 0
         self.n_heads_ = m
         self.projection_sum_ = W_sum
+        self.hull_point_, self.hull_directions_ = np.zeros((d, d)), np.zeros((0, d, d))
         self._set_layer(np.zeros((m, d, d)), np.repeat(W_sum[None] / m, m, axis=0))
         return self
 
