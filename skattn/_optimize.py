@@ -48,6 +48,107 @@ def _chunks(n, per_sample):
     return [slice(start, min(n, start + size)) for start in range(0, n, size)]
 
 
+def _loss_chunk_size(n, k, d, d_out, m):
+    """Samples per chunk of the loss and gradient (:func:`_loss_gradient`).
+
+    Its largest intermediates (patterns, head features, back-propagated pattern
+    gradients) have ``m k max(k, d, d_out)`` floats per sample.
+
+    Examples
+    --------
+    >>> _loss_chunk_size(10, 4, 8, 8, 2)
+    10
+    """
+    per_sample = m * k * max(k, d, d_out)
+    return int(min(n, max(1, _CHUNK_FLOATS // per_sample)))
+
+
+def _loss_gradient(
+    X,
+    Y,
+    attention,
+    projection,
+    sample_weight=None,
+    alpha=0.0,
+    chunk_size=None,
+    *,
+    alpha_attention=0.0,
+    gradient=True,
+):
+    """The weighted, ridge-penalised squared loss and its gradient, in chunks.
+
+    ``J = sum_n w_n ||F(X_n) - Y_n||^2 / (2 sum_n w_n) + alpha ||W||^2 / 2 +
+    alpha_attention ||Theta||^2 / 2``.  Each chunk's weighted mean loss (and
+    gradient) from :func:`skattn._layer.squared_loss_gradient` is rescaled by the
+    chunk's share of the weight; chunks of zero weight are skipped.  Memory is
+    bounded by the chunk, whatever n; the result depends on the chunking only by
+    rounding.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m, d, d)
+    projection : ndarray of shape (m, d, d_out)
+    sample_weight : ndarray of shape (n,) or None
+        Non-negative with a positive sum; ``None`` weighs samples equally.
+    alpha : float, default=0.0
+        Ridge penalty on the projections.
+    chunk_size : int or None, default=None
+        Samples per chunk; ``None`` picks one from ``_CHUNK_FLOATS``
+        (:func:`_loss_chunk_size`).
+    alpha_attention : float, default=0.0
+        Ridge penalty on the attention matrices.
+    gradient : bool, default=True
+        ``False`` computes only the loss (the forward pass; gradients are None).
+
+    Returns
+    -------
+    loss : float
+    grad_attention : ndarray of shape (m, d, d) or None
+    grad_projection : ndarray of shape (m, d, d_out) or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.ones((5, 2, 3)); th = np.zeros((1, 3, 3)); W = np.zeros((1, 3, 1))
+    >>> loss, g_th, g_w = _loss_gradient(X, np.ones((5, 2, 1)), th, W, chunk_size=2)
+    >>> float(loss), g_th.shape, g_w.shape
+    (1.0, (1, 3, 3), (1, 3, 1))
+    """
+    n, k, d = X.shape
+    if chunk_size is None:
+        chunk_size = _loss_chunk_size(n, k, d, Y.shape[2], attention.shape[0])
+    omega = _normalized_weights(n, sample_weight)
+    loss = 0.0
+    grad_attention = np.zeros_like(attention) if gradient else None
+    grad_projection = np.zeros_like(projection) if gradient else None
+    for start in range(0, n, chunk_size):
+        rows = slice(start, start + chunk_size)
+        share = float(np.sum(omega[rows]))
+        if share == 0.0:
+            continue
+        if not gradient:
+            residual = forward(X[rows], attention, projection) - Y[rows]
+            loss += 0.5 * float(np.sum(omega[rows][:, None, None] * residual**2))
+            continue
+        chunk_loss, chunk_ga, chunk_gp = squared_loss_gradient(
+            X[rows], Y[rows], attention, projection, omega[rows]
+        )
+        loss += share * chunk_loss
+        grad_attention += share * chunk_ga
+        grad_projection += share * chunk_gp
+    if alpha:
+        loss += 0.5 * alpha * float(np.sum(projection**2))
+        if gradient:
+            grad_projection += alpha * projection
+    if alpha_attention:
+        loss += 0.5 * alpha_attention * float(np.sum(attention**2))
+        if gradient:
+            grad_attention += alpha_attention * attention
+    return loss, grad_attention, grad_projection
+
+
 def projection_normal_equations(X, Y, attention, sample_weight=None):
     """Normal equations of the projections given the attention matrices.
 
@@ -165,10 +266,10 @@ def _solve_projections(X, Y, attention, sample_weight, alpha, refine=True):
     flat = _solve_psd(matrix, rhs, factor)
     if refine:
         # residual of the normal equations computed from the data: -(dL/dW)
-        _, _, grad = squared_loss_gradient(
-            X, Y, attention, flat.reshape(m, d, d_out), sample_weight
+        _, _, grad = _loss_gradient(
+            X, Y, attention, flat.reshape(m, d, d_out), sample_weight, alpha
         )
-        correction = grad.reshape(m * d, d_out) + alpha * flat
+        correction = grad.reshape(m * d, d_out)
         flat = flat - _solve_psd(matrix, correction, factor)
     return flat.reshape(m, d, d_out), (matrix, factor)
 
@@ -208,10 +309,9 @@ def reduced_loss_gradient(X, Y, attention, sample_weight=None, alpha=0.0):
     True
     """
     projection, _ = _solve_projections(X, Y, attention, sample_weight, alpha)
-    loss, grad_attention, _ = squared_loss_gradient(
-        X, Y, attention, projection, sample_weight
+    loss, grad_attention, _ = _loss_gradient(
+        X, Y, attention, projection, sample_weight, alpha
     )
-    loss += 0.5 * alpha * float(np.sum(projection**2))
     return loss, grad_attention, projection
 
 
@@ -239,12 +339,9 @@ def _hull_coordinates(attention, hull):
 
 def _loss(X, Y, attention, projection, sample_weight, alpha):
     """The (ridge-penalised) weighted squared loss, computed from the residuals."""
-    omega = _normalized_weights(X.shape[0], sample_weight)
-    loss = 0.0
-    for part in _chunks(X.shape[0], attention.shape[0] * X.shape[1] * X.shape[2] * 2):
-        residual = forward(X[part], attention, projection) - Y[part]
-        loss += 0.5 * float(np.sum(omega[part][:, None, None] * residual**2))
-    return loss + 0.5 * alpha * float(np.sum(projection**2))
+    return _loss_gradient(
+        X, Y, attention, projection, sample_weight, alpha, gradient=False
+    )[0]
 
 
 def _gauss_newton_system(X, Y, attention, projection, sample_weight, alpha):
@@ -451,16 +548,28 @@ def _varpro_levenberg_marquardt(
     return theta, projection, info
 
 
-def _lbfgs(fun, x0, max_iter, tol):
-    """scipy L-BFGS-B with an analytic gradient; ``tol`` is the gradient tolerance."""
-    result = minimize(
+def _lbfgs(fun, x0, max_iter, tol, *, maxcor=30, maxfun=15000, callback=None):
+    """scipy L-BFGS-B with an analytic gradient; ``tol`` is the gradient tolerance.
+
+    ``fun(x) -> (loss, gradient)``; ``ftol`` is 0, so it never stops on a small
+    decrease of the loss.  Stops (``result.status``) with 0 when the largest
+    projected gradient entry is below ``tol``, 1 when ``max_iter`` iterations or
+    ``maxfun`` evaluations ran out, 2 when the line search makes no progress.
+    """
+    return minimize(
         fun,
         x0,
         jac=True,
         method="L-BFGS-B",
-        options={"maxiter": max_iter, "gtol": tol, "ftol": 0.0, "maxcor": 30},
+        callback=callback,
+        options={
+            "maxiter": max_iter,
+            "maxfun": maxfun,
+            "gtol": tol,
+            "ftol": 0.0,
+            "maxcor": maxcor,
+        },
     )
-    return result
 
 
 def _varpro_lbfgs(X, Y, attention, sample_weight, alpha, hull, max_iter, tol):
@@ -509,9 +618,8 @@ def _full_lbfgs(X, Y, attention, projection, sample_weight, alpha, max_iter, tol
     def fun(x):
         theta = x[:split].reshape(m, d, d)
         proj = x[split:].reshape(m, d, d_out)
-        loss, g_t, g_w = squared_loss_gradient(X, Y, theta, proj, sample_weight)
-        loss += 0.5 * alpha * float(np.sum(proj**2))
-        return loss, np.concatenate([g_t.reshape(-1), (g_w + alpha * proj).ravel()])
+        loss, g_t, g_w = _loss_gradient(X, Y, theta, proj, sample_weight, alpha)
+        return loss, np.concatenate([g_t.reshape(-1), g_w.reshape(-1)])
 
     x0 = np.concatenate([attention.reshape(-1), projection.reshape(-1)])
     loss_start = fun(x0)[0]

@@ -95,6 +95,67 @@ def resolve_n_tokens(width, n_tokens, n_tokens_from_3d=None, *, name="X"):
     return int(n_tokens)
 
 
+def layer_sequences(X, n_tokens, n_tokens_from_3d, n_features):
+    """View a validated 2-D X as ``(n, k, d)`` for a layer of ``n_features`` = d.
+
+    Unlike an estimator, a layer knows d, so ``n_tokens=None`` with a 2-D X infers
+    ``k = width / d``.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, width)
+    n_tokens : int or None
+    n_tokens_from_3d : int or None
+        Token count carried by a 3-D input, if any.
+    n_features : int
+        Features per token of the layer.
+
+    Returns
+    -------
+    X3 : ndarray of shape (n_samples, n_tokens, n_features)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> layer_sequences(np.zeros((2, 6)), None, None, 3).shape
+    (2, 2, 3)
+    """
+    width = X.shape[1]
+    if n_tokens is None and n_tokens_from_3d is None:
+        if width % n_features:
+            raise ValueError(
+                f"X has {width} columns, not a multiple of the layer's n_features="
+                f"{n_features}; expected n_samples rows of n_tokens * {n_features} "
+                f"values (token-major)."
+            )
+        n_tokens = width // n_features
+    k = resolve_n_tokens(width, n_tokens, n_tokens_from_3d)
+    if width != k * n_features:
+        raise ValueError(
+            f"X has {width} columns = {k} tokens x {width // k} features, but the "
+            f"layer expects {n_features} features per token."
+        )
+    return unflatten_tokens(X, k)
+
+
+def check_fitted_tokens(n_tokens_from_3d, n_tokens_fitted):
+    """Raise if a 3-D input's token count differs from the one seen in ``fit``.
+
+    Examples
+    --------
+    >>> check_fitted_tokens(None, 4)  # a 2-D input: nothing to check
+    >>> check_fitted_tokens(3, 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: X is 3-D with 3 tokens per sequence but the estimator was ...
+    """
+    if n_tokens_from_3d is not None and n_tokens_from_3d != n_tokens_fitted:
+        raise ValueError(
+            f"X is 3-D with {n_tokens_from_3d} tokens per sequence but the estimator "
+            f"was fitted with n_tokens_={n_tokens_fitted}."
+        )
+
+
 def unflatten_tokens(X, n_tokens):
     """View a 2-D array ``(n_samples, k * d)`` as ``(n_samples, k, d)``.
 

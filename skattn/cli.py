@@ -72,7 +72,10 @@ def _parser():
     fit.add_argument("--n-tokens", type=int, required=True)
     fit.add_argument("--n-heads", default="1", help="an integer or 'auto'")
     fit.add_argument(
-        "--distribution", choices=["boolean", "gaussian"], default="boolean"
+        "--distribution",
+        choices=["boolean", "gaussian"],
+        default="gaussian",
+        help="'boolean' also checks that X is +-1 (default: gaussian, any real X)",
     )
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--out", default="layer.npz", help="output file (.npz)")

@@ -95,6 +95,7 @@ __all__ = [
     "column_shares",
     "cosine_matrix",
     "diagonal_weights",
+    "min_separation",
     "stable_ranks",
 ]
 
@@ -452,19 +453,35 @@ def _max_offdiag(cos):
     return float(np.max(np.abs(cos[~np.eye(len(cos), dtype=bool)])))
 
 
-def _min_separation(attention):
+def min_separation(attention):
+    """Smallest relative distance between two heads.
+
+    Parameters
+    ----------
+    attention : ndarray of shape (n_heads, n_features, n_features)
+
+    Returns
+    -------
+    separation : float
+        ``min_{i<j} ||Theta_i - Theta_j||_F / max(||Theta_i||_F, ||Theta_j||_F)``;
+        ``inf`` for one head, 0 when two heads are both zero.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> min_separation(np.stack([np.eye(2), 2 * np.eye(2)]))
+    0.5
+    """
     m = len(attention)
-    if m < 2:
-        return np.inf
     flat = attention.reshape(m, -1)
     norms = np.linalg.norm(flat, axis=1)
-    best = np.inf
-    for i in range(m):
-        for j in range(i + 1, m):
-            denom = max(norms[i], norms[j])
-            dist = np.linalg.norm(flat[i] - flat[j])
-            best = min(best, dist / denom if denom > 0 else 0.0)
-    return float(best)
+    i, j = np.triu_indices(m, k=1)
+    if i.size == 0:
+        return np.inf
+    dist = np.linalg.norm(flat[i] - flat[j], axis=1)
+    denom = np.maximum(norms[i], norms[j])
+    ratios = np.divide(dist, denom, out=np.zeros_like(dist), where=denom > 0)
+    return float(ratios.min())
 
 
 def _sum_conditioning(projection, n_tokens):
@@ -525,7 +542,7 @@ def check_conditions(layer, n_tokens=None):
             float(np.sqrt(max(np.linalg.eigvalsh(th_cos)[0], 0.0))),
             None,
         ),
-        "attention_separation": (_min_separation(attention), None),
+        "attention_separation": (min_separation(attention), None),
         "projection_incoherence": (_max_offdiag(cosine_matrix(projection)), None),
     }
     for name, per_head, worst in [

@@ -6,10 +6,10 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.utils import check_array
 from sklearn.utils._param_validation import Interval
-from sklearn.utils.validation import validate_data
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._layer import attention_patterns, forward
-from ._sequences import check_finite, flatten_tokens, resolve_n_tokens, unflatten_tokens
+from ._sequences import check_finite, flatten_tokens, layer_sequences
 
 
 def check_layer_parameters(attention, projection):
@@ -109,8 +109,8 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
 
     @property
     def n_heads(self):
-        """Number of heads m."""
-        return np.shape(self.attention)[0]
+        """Number of heads m (a 2-D attention matrix is one head)."""
+        return check_layer_parameters(self.attention, self.projection)[0].shape[0]
 
     @property
     def n_features(self):
@@ -135,24 +135,7 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             X = validate_data(self, X, reset=reset, dtype=np.float64)
         else:  # an unfitted (planted) layer: plain array checks, no fitted state
             X = check_array(X, dtype=np.float64, input_name="X")
-        d = np.shape(self.attention)[-1]
-        width = X.shape[1]
-        n_tokens = self.n_tokens
-        if n_tokens is None and k3 is None:
-            if width % d:
-                raise ValueError(
-                    f"X has {width} columns, not a multiple of the layer's "
-                    f"n_features={d}; expected n_samples rows of n_tokens * {d} "
-                    f"values (token-major)."
-                )
-            n_tokens = width // d
-        k = resolve_n_tokens(width, n_tokens, k3)
-        if width != k * d:
-            raise ValueError(
-                f"X has {width} columns = {k} tokens x {width // k} features, but the "
-                f"layer expects {d} features per token."
-            )
-        return unflatten_tokens(X, k)
+        return layer_sequences(X, self.n_tokens, k3, np.shape(self.attention)[-1])
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None):
@@ -221,9 +204,8 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
 (n_tokens * n_outputs,)
             ``token{t}_out{j}`` for token ``t`` and output feature ``j``.
         """
-        k = getattr(self, "n_tokens_", None)
-        if k is None:
-            raise ValueError("Call fit before get_feature_names_out.")
+        check_is_fitted(self, "n_tokens_")
+        k = self.n_tokens_
         return np.asarray(
             [f"token{t}_out{j}" for t in range(k) for j in range(self.n_outputs)],
             dtype=object,

@@ -525,3 +525,32 @@ def test_recovery_scorer_bad_input(data):
     one_head = _fit("GradientAttentionRegressor", X, y)
     with pytest.raises(ValueError, match="learned has 1 head.* but true_layer has 2"):
         make_recovery_scorer(true)(one_head, X, y)
+
+
+def test_negative_sample_weight_with_one_token():
+    """The one-token (linear) path of the phased learner validates weights too."""
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(50, 3)), rng.normal(size=(50, 2))
+    weights = -np.ones(50)
+    for estimator in (MultiHeadAttentionRegressor(), GradientAttentionRegressor()):
+        _raises(ValueError, r"sample_weight.*negative", estimator.fit, X, y, weights)
+
+
+def test_certify_tol_final_above_certify_tol_is_an_error():
+    X, y = make_attention_regression(500, K, D, 1, n_outputs=D_OUT, random_state=0)
+    est = MultiHeadAttentionRegressor(
+        n_tokens=K, certify_tol=0.1, certify_tol_final=0.2
+    )
+    _raises(
+        ValueError,
+        r"certify_tol_final=0.2 is larger than certify_tol=0.1",
+        est.fit,
+        X,
+        y,
+    )
+
+
+def test_net_resolution_too_fine_fails_before_the_phases():
+    X, y = make_attention_regression(500, K, D, 2, n_outputs=D_OUT, random_state=0)
+    est = MultiHeadAttentionRegressor(n_heads=2, n_tokens=K, net_resolution=5000)
+    _raises(ValueError, r"lower net_resolution", est.fit, X, y)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
 
-import skattn.estimators._gradient as gradient_module
+import skattn._optimize as optimize
 from skattn._layer import forward
 from skattn.datasets import make_attention_regression
 from skattn.estimators._gradient import (
@@ -305,8 +305,8 @@ def test_fit_in_chunks_matches_fit_in_one_piece(monkeypatch):
         warnings.simplefilter("ignore", ConvergenceWarning)
         whole = GradientAttentionRegressor(**params).fit(X, y)
         # 2 heads * 3 tokens * 4 features = 24 entries per sample: chunks of 7
-        monkeypatch.setattr(gradient_module, "_CHUNK_ELEMENTS", 7 * 24)
-        assert gradient_module._chunk_size(100, 3, 4, 3, 2) == 7
+        monkeypatch.setattr(optimize, "_CHUNK_FLOATS", 7 * 24)
+        assert optimize._loss_chunk_size(100, 3, 4, 3, 2) == 7
         chunked = GradientAttentionRegressor(**params).fit(X, y)
     np.testing.assert_allclose(chunked.attention_, whole.attention_, atol=1e-8)
     np.testing.assert_allclose(chunked.projection_, whole.projection_, atol=1e-8)

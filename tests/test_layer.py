@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import FunctionTransformer
 
@@ -90,7 +91,7 @@ def test_fit_sets_shape_attributes_and_names():
         "token1_out0",
     ]
     assert len(names) == 16
-    with pytest.raises(ValueError, match="Call fit before"):
+    with pytest.raises(NotFittedError):
         random_layer(0).get_feature_names_out()
 
 

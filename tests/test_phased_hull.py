@@ -197,6 +197,44 @@ def test_gauss_newton_converges_faster_than_alternating():
     assert errors["gauss-newton"] < 0.1 * errors["als"]
 
 
+def test_refinement_does_not_depend_on_batch_size():
+    # The curvature subsample of the Gauss-Newton step is chosen by a key of the
+    # global row index, not per batch (per-batch strides gave 3.6e-3 here).
+    X, Y, _, W = _plant(6000, 4, 6, 2, d_out=12)
+    W1, _ = crude_projection_sum(X, Y)
+    runs = [
+        refine_projection_sum(X, Y, W1, tol=0.3, max_iter=5, batch_size=batch_size)
+        for batch_size in (4096, 1000, 333)
+    ]
+    (W_a, info_a), *others = runs
+    for W_b, info_b in others:
+        np.testing.assert_allclose(W_b, W_a, rtol=0, atol=1e-12)
+        assert info_b["n_certified"] == info_a["n_certified"]
+
+
+def test_refinement_uses_all_certified_rows_below_hessian_rows():
+    # hessian_rows above the number of certified rows: the subsample is all of
+    # them, whatever its exact value.
+    X, Y, _, W = _plant(1500, 4, 6, 2, d_out=12)
+    W1, _ = crude_projection_sum(X, Y)
+    a, _ = refine_projection_sum(X, Y, W1, tol=0.3, max_iter=3, hessian_rows=6000)
+    b, _ = refine_projection_sum(
+        X, Y, W1, tol=0.3, max_iter=3, hessian_rows=10**9, batch_size=500
+    )
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_sculpt_hull_does_not_depend_on_batch_size():
+    X, Y, _, _ = _plant(10000, 4, 8, 2, d_out=16)
+    W_a, point_a, dirs_a, _ = sculpt_hull(X, Y, 2, batch_size=4096)
+    W_b, point_b, dirs_b, _ = sculpt_hull(X, Y, 2, batch_size=1000)
+    np.testing.assert_allclose(W_b, W_a, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(point_b, point_a, rtol=0, atol=1e-12)
+    # the hull directions are defined up to sign: compare their projectors
+    flat_a, flat_b = dirs_a.reshape(len(dirs_a), -1), dirs_b.reshape(len(dirs_b), -1)
+    np.testing.assert_allclose(flat_b.T @ flat_b, flat_a.T @ flat_a, atol=1e-12)
+
+
 def test_sculpt_hull_two_heads():
     X, Y, theta, W = _plant(20000, 4, 8, 2, d_out=16)
     W_sum, point, directions, info = sculpt_hull(X, Y, 2)

@@ -6,6 +6,7 @@ import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions, validate_params
 
 from .._layer import forward
+from ..conditions import min_separation
 from ..layer import AttentionLayer
 from ._distributions import TokenDistribution, _as_generator, resolve_distribution
 
@@ -31,19 +32,6 @@ def _planted_attention(rng, n_heads, n_features, structure, rank, scale):
         raw = left @ np.swapaxes(right, 1, 2)
     norms = np.linalg.norm(raw.reshape(m, -1), axis=1)
     return raw * (scale / norms)[:, None, None]
-
-
-def _min_relative_distance(attention):
-    """Smallest ``||Theta_i - Theta_j||_F / max(||Theta_i||_F, ||Theta_j||_F)``."""
-    m = attention.shape[0]
-    flat = attention.reshape(m, -1)
-    norms = np.linalg.norm(flat, axis=1)
-    best = np.inf
-    for i in range(m):
-        for j in range(i + 1, m):
-            denom = max(norms[i], norms[j])
-            best = min(best, np.linalg.norm(flat[i] - flat[j]) / denom)
-    return best
 
 
 @validate_params(
@@ -165,7 +153,7 @@ def make_attention_layer(
         if (
             attention_scale == 0
             or n_heads == 1
-            or _min_relative_distance(attention) >= _MIN_HEAD_DISTANCE
+            or min_separation(attention) >= _MIN_HEAD_DISTANCE
         ):
             break
     else:  # pragma: no cover - probability ~2**-100 for the cases allowed above

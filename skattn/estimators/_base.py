@@ -12,8 +12,34 @@ from sklearn.utils.validation import (
 )
 
 from .._layer import forward
-from .._sequences import flatten_tokens, resolve_n_tokens, unflatten_tokens
+from .._sequences import (
+    check_fitted_tokens,
+    flatten_tokens,
+    resolve_n_tokens,
+    unflatten_tokens,
+)
 from ..layer import AttentionLayer
+
+
+def check_weights(sample_weight):
+    """Reject negative weights and an all-zero weight vector; return the weights.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_weights(np.array([1.0, 0.0, 2.0]))
+    array([1., 0., 2.])
+    """
+    if np.any(sample_weight < 0):
+        raise ValueError(
+            f"sample_weight has {int(np.sum(sample_weight < 0))} negative value(s); "
+            f"expected non-negative weights."
+        )
+    if not np.sum(sample_weight) > 0:
+        raise ValueError(
+            "sample_weight sums to zero; at least one sample needs a positive weight."
+        )
+    return sample_weight
 
 
 class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
@@ -80,7 +106,9 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
                 f"expected n_tokens * n_outputs columns (token-major), one output "
                 f"vector per token."
             )
-        sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
+        sample_weight = check_weights(
+            _check_sample_weight(sample_weight, X, dtype=np.float64)
+        )
         self.n_tokens_ = k
         self.n_features_per_token_ = X.shape[1] // k
         self.n_outputs_per_token_ = y.shape[1] // k
@@ -90,11 +118,7 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self)
         X, k3 = flatten_tokens(X)
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        if k3 is not None and k3 != self.n_tokens_:
-            raise ValueError(
-                f"X is 3-D with {k3} tokens per sequence but the estimator was fitted "
-                f"with n_tokens_={self.n_tokens_}."
-            )
+        check_fitted_tokens(k3, self.n_tokens_)
         return unflatten_tokens(X, self.n_tokens_)
 
     def _set_layer(self, attention, projection):

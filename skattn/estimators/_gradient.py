@@ -16,8 +16,6 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
-import scipy.linalg
-import scipy.optimize
 from sklearn.base import _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
@@ -26,30 +24,18 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_sample_weight, validate_data
 from tqdm.auto import tqdm
 
-from .._layer import head_features, squared_loss_gradient
-from .._sequences import flatten_tokens, resolve_n_tokens, unflatten_tokens
-from ._base import BaseAttentionRegressor
-
-# Largest number of float64 entries of one per-chunk intermediate (patterns, head
-# features, back-propagated pattern gradients: n_chunk * m * k * max(k, d, d_out)).
-# 2**22 entries = 32 MiB per array.
-_CHUNK_ELEMENTS = 2**22
+from .._optimize import _lbfgs, _loss_chunk_size, _loss_gradient, solve_projections
+from .._sequences import (
+    check_fitted_tokens,
+    flatten_tokens,
+    resolve_n_tokens,
+    unflatten_tokens,
+)
+from ._base import BaseAttentionRegressor, check_weights
 
 _ADAM_BETA1 = 0.9
 _ADAM_BETA2 = 0.999
 _ADAM_EPSILON = 1e-8
-
-
-def _chunk_size(n_samples, n_tokens, n_features, n_outputs, n_heads):
-    """Samples per chunk so that no intermediate exceeds ``_CHUNK_ELEMENTS``.
-
-    Examples
-    --------
-    >>> _chunk_size(10, 4, 8, 8, 2)
-    10
-    """
-    per_sample = n_heads * n_tokens * max(n_tokens, n_features, n_outputs)
-    return int(min(n_samples, max(1, _CHUNK_ELEMENTS // per_sample)))
 
 
 def _pack(attention, projection):
@@ -69,20 +55,8 @@ def _objective(X, Y, attention, projection, sample_weight, alpha, chunk_size=Non
     """The training objective J and its gradient, accumulated over sample chunks.
 
     ``J = sum_n w_n ||F(X_n) - Y_n||^2 / (2 sum_n w_n) + alpha/2 (||Theta||^2 +
-    ||W||^2)``; each chunk's weighted mean loss (and gradient) from
-    :func:`squared_loss_gradient` is rescaled by the chunk's share of the weight.
-
-    Parameters
-    ----------
-    X : ndarray of shape (n, k, d)
-    Y : ndarray of shape (n, k, d_out)
-    attention : ndarray of shape (m, d, d)
-    projection : ndarray of shape (m, d, d_out)
-    sample_weight : ndarray of shape (n,)
-        Non-negative, with a positive sum.
-    alpha : float
-    chunk_size : int or None
-        Samples per chunk; ``None`` picks one from ``_CHUNK_ELEMENTS``.
+    ||W||^2)``, by :func:`skattn._optimize._loss_gradient` (the ridge on both
+    Theta and W); ``chunk_size=None`` picks the chunks from its memory budget.
 
     Returns
     -------
@@ -90,69 +64,19 @@ def _objective(X, Y, attention, projection, sample_weight, alpha, chunk_size=Non
     grad_attention : ndarray of shape (m, d, d)
     grad_projection : ndarray of shape (m, d, d_out)
     """
-    n, k, d = X.shape
-    if chunk_size is None:
-        chunk_size = _chunk_size(n, k, d, Y.shape[2], attention.shape[0])
-    total = float(np.sum(sample_weight))
-    loss = 0.0
-    grad_attention = np.zeros_like(attention)
-    grad_projection = np.zeros_like(projection)
-    for start in range(0, n, chunk_size):
-        rows = slice(start, start + chunk_size)
-        share = float(np.sum(sample_weight[rows])) / total
-        if share == 0.0:
-            continue
-        chunk_loss, chunk_ga, chunk_gp = squared_loss_gradient(
-            X[rows], Y[rows], attention, projection, sample_weight[rows]
-        )
-        loss += share * chunk_loss
-        grad_attention += share * chunk_ga
-        grad_projection += share * chunk_gp
-    if alpha:
-        loss += 0.5 * alpha * float(np.sum(attention**2) + np.sum(projection**2))
-        grad_attention += alpha * attention
-        grad_projection += alpha * projection
-    return loss, grad_attention, grad_projection
+    return _loss_gradient(
+        X,
+        Y,
+        attention,
+        projection,
+        sample_weight,
+        alpha,
+        chunk_size,
+        alpha_attention=alpha,
+    )
 
 
-def _least_squares_projection(
-    X, Y, attention, sample_weight, alpha, chunk_size=None, rcond=1e-12
-):
-    """The W minimising J for fixed Theta (F is linear in W given Theta).
-
-    With head features ``Phi`` (one row per sample and token, ``m*d`` columns:
-    ``[S_1 X, ..., S_m X]``), solves the ridge normal equations
-    ``(Phi^T D Phi / sum w + alpha I) vec W = Phi^T D Y / sum w``, accumulated
-    over chunks; singular systems get the minimum-norm solution (singular
-    values below ``rcond`` times the largest are cut).
-
-    Returns
-    -------
-    projection : ndarray of shape (m, d, d_out)
-    """
-    n, k, d = X.shape
-    m, d_out = attention.shape[0], Y.shape[2]
-    if chunk_size is None:
-        chunk_size = _chunk_size(n, k, d, d_out, m)
-    weight = sample_weight / float(np.sum(sample_weight))
-    gram = np.zeros((m * d, m * d))
-    moment = np.zeros((m * d, d_out))
-    for start in range(0, n, chunk_size):
-        rows = slice(start, start + chunk_size)
-        features = head_features(X[rows], attention)  # (c, m, k, d)
-        c = features.shape[0]
-        design = features.transpose(0, 2, 1, 3).reshape(c * k, m * d)
-        row_weight = np.repeat(weight[rows], k)[:, None]
-        gram += design.T @ (row_weight * design)
-        moment += design.T @ (row_weight * Y[rows].reshape(c * k, d_out))
-    gram[np.diag_indices_from(gram)] += alpha
-    solution = scipy.linalg.lstsq(gram, moment, cond=rcond)[0]
-    return solution.reshape(m, d, d_out)
-
-
-def _initial_parameters(
-    X, Y, sample_weight, n_heads, init_scale, alpha, random_state, chunk_size=None
-):
+def _initial_parameters(X, Y, sample_weight, n_heads, init_scale, alpha, random_state):
     """A random start: small random Theta, then the best W for that Theta.
 
     Theta_i has i.i.d. ``N(0, (init_scale / d)^2)`` entries, so that
@@ -167,9 +91,8 @@ def _initial_parameters(
     """
     d = X.shape[2]
     attention = random_state.standard_normal((n_heads, d, d)) * (init_scale / d)
-    projection = _least_squares_projection(
-        X, Y, attention, sample_weight, alpha, chunk_size
-    )
+    # J's ridge on Theta does not change the minimising W given Theta
+    projection = solve_projections(X, Y, attention, sample_weight, alpha)
     return attention, projection
 
 
@@ -216,18 +139,15 @@ def _fit_lbfgs(
         if verbose >= 2:
             print(f"iteration {len(loss_curve)}, loss = {loss_curve[-1]:.6e}")
 
-    result = scipy.optimize.minimize(
+    # scipy's default memory (maxcor=10) and a budget of function evaluations
+    result = _lbfgs(
         fun,
         _pack(attention, projection),
-        method="L-BFGS-B",
-        jac=True,
+        max_iter,
+        tol,
+        maxcor=10,
+        maxfun=2 * max_iter + 20,
         callback=callback,
-        options={
-            "maxiter": max_iter,
-            "maxfun": 2 * max_iter + 20,
-            "gtol": tol,
-            "ftol": 0.0,
-        },
     )
     attention, projection = _unpack(result.x, m, d, d_out)
     if not loss_curve or loss_curve[-1] != float(result.fun):
@@ -368,20 +288,6 @@ def _fit_adam(
     return attention, projection, loss_curve, len(loss_curve), False
 
 
-def _check_weights(sample_weight):
-    """Reject negative weights and an all-zero weight vector."""
-    if np.any(sample_weight < 0):
-        raise ValueError(
-            f"sample_weight has {int(np.sum(sample_weight < 0))} negative value(s); "
-            f"expected non-negative weights."
-        )
-    if not np.sum(sample_weight) > 0:
-        raise ValueError(
-            "sample_weight sums to zero; at least one sample needs a positive weight."
-        )
-    return sample_weight
-
-
 class GradientAttentionRegressor(BaseAttentionRegressor):
     """A multi-head attention layer trained by gradient descent from random starts.
 
@@ -492,9 +398,11 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     starts recovered the layer with ``init_scale=0.1``, all 18 with 0.3, 1 or 3,
     and all 40 with the default 1 over attention scales 2-8).
 
-    **Memory.** The objective is accumulated over chunks of samples so that no
-    intermediate array (``n_chunk * m * k * max(k, d, d_out)`` entries) exceeds
-    32 MiB; the result does not depend on the chunking beyond rounding.
+    **Memory.** The objective (:func:`skattn._optimize._loss_gradient`) and the
+    least-squares W of a start (:func:`skattn._optimize.solve_projections`) are
+    accumulated over chunks of samples so that no intermediate array
+    (``n_chunk * m * k * max(k, d, d_out)`` entries) exceeds 16 MiB; the result
+    does not depend on the chunking beyond rounding.
 
     **Symmetries.** Heads are unordered: compare learned and planted parameters
     after matching heads (Hungarian assignment).
@@ -613,12 +521,11 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         """
         warm = self.warm_start and hasattr(self, "attention_")
         X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
-        _check_weights(sample_weight)
         n, k, d = X3.shape
         d_out = Y3.shape[2]
         previous = self._previous_solution(d, d_out) if warm else None
         rng = check_random_state(self.random_state)
-        chunk = _chunk_size(n, k, d, d_out, self.n_heads)
+        chunk = _loss_chunk_size(n, k, d, d_out, self.n_heads)
         batch_size = self._batch_size(n)
         n_starts = 1 if warm else self.n_restarts
 
@@ -641,7 +548,6 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                     self.init_scale,
                     self.alpha,
                     rng,
-                    chunk,
                 )
             if self.solver == "lbfgs":
                 state = None
@@ -716,11 +622,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
             y_numeric=True,
             dtype=np.float64,
         )
-        if k3 is not None and k3 != self.n_tokens_:
-            raise ValueError(
-                f"X is 3-D with {k3} tokens per sequence but the estimator was fitted "
-                f"with n_tokens_={self.n_tokens_}."
-            )
+        check_fitted_tokens(k3, self.n_tokens_)
         k = resolve_n_tokens(X.shape[1], self.n_tokens_, k3)
         y = np.asarray(y, dtype=np.float64)
         if y.ndim == 1:
@@ -766,10 +668,10 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
             X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
         else:
             X3, Y3, sample_weight = self._validate_partial_fit_data(X, y, sample_weight)
-        _check_weights(sample_weight)
+        check_weights(sample_weight)
         n, k, d = X3.shape
         d_out = Y3.shape[2]
-        chunk = _chunk_size(n, k, d, d_out, self.n_heads)
+        chunk = _loss_chunk_size(n, k, d, d_out, self.n_heads)
         if first:
             self._random_state = check_random_state(self.random_state)
             attention, projection = _initial_parameters(
@@ -780,7 +682,6 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                 self.init_scale,
                 self.alpha,
                 self._random_state,
-                chunk,
             )
             self.loss_curve_, self.n_iter_ = [], 0
         else:

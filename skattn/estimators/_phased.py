@@ -1,5 +1,6 @@
 """MultiHeadAttentionRegressor: the phased learner of Chen & Li, end to end."""
 
+import math
 import time
 import warnings
 from numbers import Integral, Real
@@ -12,13 +13,14 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..datasets import BooleanTokens
 from ..phased._affine_hull import sculpt_hull
-from ..phased._net import fit_from_hull
+from ..phased._errors import CertificationError, CertificationWarning
+from ..phased._net import _MAX_GRID_GRAM, fit_from_hull
 from ..phased._projection_sum import crude_projection_sum
 from ..phased._report import PhaseReport
 from ..phased._span import hull_span
 from ._base import BaseAttentionRegressor
 
-# Appended to messages of phases 2-4, whose functions name the tolerances tol/tol_final.
+# Appended to certification messages of phases 2-4, whose functions say tol/tol_final.
 _TOLERANCE_NAMES = (
     " (In MultiHeadAttentionRegressor, tol is the first round's certify_tol and "
     "tol_final is certify_tol_final.)"
@@ -302,7 +304,26 @@ n_features_per_token)
         return self
 
     def _check_learnable(self):
-        k, d_out = self.n_tokens_, self.n_outputs_per_token_
+        k, d, d_out = (
+            self.n_tokens_,
+            self.n_features_per_token_,
+            self.n_outputs_per_token_,
+        )
+        if self.certify_tol_final > self.certify_tol:
+            raise ValueError(
+                f"certify_tol_final={self.certify_tol_final:g} is larger than "
+                f"certify_tol={self.certify_tol:g}; the tolerance tightens from the "
+                f"first round to the last, so pass certify_tol_final <= certify_tol."
+            )
+        if self.net_resolution is not None and self.n_heads != "auto":
+            n_grid = self.net_resolution ** (self.n_heads - 1)
+            if (n_grid * d) ** 2 > _MAX_GRID_GRAM:
+                raise ValueError(
+                    f"net_resolution={self.net_resolution} gives {n_grid} net points "
+                    f"per head for {self.n_heads} heads, too many to hold their Gram "
+                    f"matrix; lower net_resolution so that net_resolution ** "
+                    f"{self.n_heads - 1} * {d} <= {int(math.sqrt(_MAX_GRID_GRAM))}."
+                )
         if d_out < k:
             raise ValueError(
                 f"The phased learner needs n_outputs_per_token >= n_tokens (phase 2 "
@@ -334,17 +355,18 @@ n_features_per_token)
         """Phases 2-4, with one report per round and one for the chosen hull."""
         start = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+            warnings.simplefilter("always", CertificationWarning)
             try:
                 W_sum, point, directions, info = self._sculpt_hull(
                     X3, Y3, weights, W_sum, rng
                 )
-            except ValueError as exc:
-                raise ValueError(f"{exc}{_TOLERANCE_NAMES}") from exc
-        for warning in caught:  # re-issue in the estimator's terms
-            warnings.warn(
-                f"{warning.message}{_TOLERANCE_NAMES}", warning.category, stacklevel=4
+            except CertificationError as exc:
+                raise CertificationError(f"{exc}{_TOLERANCE_NAMES}") from exc
+        for warning in caught:  # re-issue, certification ones in the estimator's terms
+            suffix = (
+                _TOLERANCE_NAMES if warning.category is CertificationWarning else ""
             )
+            warnings.warn(f"{warning.message}{suffix}", warning.category, stacklevel=4)
         seconds = time.perf_counter() - start
         for record in info["rounds"]:
             self.phase_report_.append(
@@ -372,7 +394,7 @@ n_features_per_token)
             self.n_heads if self.n_heads == "auto" else int(self.n_heads),
             W_sum=W_sum,
             tol=self.certify_tol,
-            tol_final=min(self.certify_tol_final, self.certify_tol),
+            tol_final=self.certify_tol_final,
             n_rounds=self.n_rounds,
             refine_iter=self.refine_iter,
             sample_weight=weights,
@@ -413,10 +435,17 @@ n_features_per_token)
                 seconds = record.pop("seconds")
                 self.phase_report_.append(PhaseReport(phase, 0, seconds, record))
         if self.polish and not info["polish"].get("converged", True):
+            stages = info["polish"].get("stages") or [{}]
+            reason = stages[-1].get("stop_reason", stages[-1].get("message", "?"))
+            fix = (
+                "raise polish_max_iter"
+                if reason == "max_iter"
+                else "check the data for duplicated or degenerate sequences"
+            )
             warnings.warn(
-                f"The polish stopped after {self.polish_max_iter} iterations "
-                f"without meeting polish_tol={self.polish_tol:g}; raise "
-                f"polish_max_iter.",
+                f"The polish did not converge (stopped: {reason}) after "
+                f"{info['polish'].get('n_iter')} iterations with polish_tol="
+                f"{self.polish_tol:g}; {fix}.",
                 ConvergenceWarning,
                 stacklevel=3,
             )

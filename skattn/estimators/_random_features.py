@@ -32,8 +32,13 @@ from sklearn.utils.validation import (
 )
 
 from .._layer import softmax
-from .._sequences import flatten_tokens, resolve_n_tokens, unflatten_tokens
-from ._gradient import _check_weights
+from .._sequences import (
+    check_fitted_tokens,
+    flatten_tokens,
+    resolve_n_tokens,
+    unflatten_tokens,
+)
+from ._base import check_weights
 
 # Elements of the largest (chunk, n_heads, n_tokens or n_features) intermediate.
 _CHUNK_ELEMENTS = 2**22
@@ -328,7 +333,6 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
             scale=self.scale,
             random_state=self.random_state,
         )
-        self._n_features_out = self.n_heads * self.n_values_per_head_
         return self
 
     def transform(self, X):
@@ -349,11 +353,7 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         X, k3 = flatten_tokens(X)
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        if k3 is not None and k3 != self.n_tokens_:
-            raise ValueError(
-                f"X is 3-D with {k3} tokens per sequence but the transformer was "
-                f"fitted with n_tokens_={self.n_tokens_}."
-            )
+        check_fitted_tokens(k3, self.n_tokens_)
         x_query, x_keys = query_and_keys(
             unflatten_tokens(X, self.n_tokens_), query=self.query, keys=self.keys
         )
@@ -524,7 +524,7 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
-            _check_weights(sample_weight)
+            check_weights(sample_weight)
         self.features_ = RandomAttentionFeatures(
             self.n_heads,
             k,
@@ -564,11 +564,7 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self)
         X, k3 = flatten_tokens(X)
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        if k3 is not None and k3 != self.n_tokens_:
-            raise ValueError(
-                f"X is 3-D with {k3} tokens per sequence but the estimator was fitted "
-                f"with n_tokens_={self.n_tokens_}."
-            )
+        check_fitted_tokens(k3, self.n_tokens_)
         return self.ridge_.predict(self.features_.transform(X))
 
     def __sklearn_tags__(self):

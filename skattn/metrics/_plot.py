@@ -17,6 +17,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.utils.validation import check_is_fitted
 
 from ..layer import AttentionLayer
+from ._recovery import _pattern_distances
 
 
 def _check_matplotlib(caller):
@@ -27,41 +28,6 @@ def _check_matplotlib(caller):
         raise ImportError(
             f"{caller} requires matplotlib: pip install matplotlib (or skattn[plot])."
         ) from exc
-
-
-def _pattern_distances(patterns_true, patterns_learned):
-    """Mean total-variation distance between every pair of heads' patterns.
-
-    Each row of a pattern is a distribution over tokens; the distance between two
-    heads is the total variation ``0.5 * sum_a |p_a - q_a|`` averaged over samples
-    and rows, so it lies in ``[0, 1]`` (0: the heads attend identically).
-
-    Parameters
-    ----------
-    patterns_true : ndarray of shape (n_samples, n_heads_true, n_tokens, n_tokens)
-    patterns_learned : ndarray of shape (n_samples, n_heads_learned, n_tokens, \
-n_tokens)
-
-    Returns
-    -------
-    distances : ndarray of shape (n_heads_true, n_heads_learned)
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> P = np.array([[[[1.0, 0.0], [0.0, 1.0]], [[0.5, 0.5], [0.5, 0.5]]]])
-    >>> _pattern_distances(P, P[:, ::-1])
-    array([[0.5, 0. ],
-           [0. , 0.5]])
-    """
-    # One true head at a time keeps the intermediate at (n, m_learned, k, k).
-    return np.stack(
-        [
-            0.5
-            * np.abs(head[:, None] - patterns_learned).sum(axis=-1).mean(axis=(0, 2))
-            for head in np.moveaxis(patterns_true, 1, 0)
-        ]
-    )
 
 
 def _match_heads(patterns_true, patterns_learned):

@@ -11,7 +11,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.utils import Bunch, check_array
 
 from .._layer import attention_patterns, forward
-from .._sequences import flatten_tokens, resolve_n_tokens, unflatten_tokens
+from .._sequences import flatten_tokens, layer_sequences
 from ..layer import AttentionLayer, check_layer_parameters
 
 
@@ -168,22 +168,7 @@ def _sequences(X, n_tokens, n_features):
     """Validate X and return it as ``(n, k, d)``; ``n_tokens`` may be None."""
     X, k3 = flatten_tokens(X)
     X = check_array(X, dtype=np.float64, input_name="X")
-    width = X.shape[1]
-    if n_tokens is None and k3 is None:
-        if width % n_features:
-            raise ValueError(
-                f"X has {width} columns, not a multiple of the layers' n_features="
-                f"{n_features}; expected n_samples rows of n_tokens * {n_features} "
-                f"values (token-major)."
-            )
-        n_tokens = width // n_features
-    k = resolve_n_tokens(width, n_tokens, k3)
-    if width != k * n_features:
-        raise ValueError(
-            f"X has {width} columns = {k} tokens x {width // k} features, but the "
-            f"layers expect n_features={n_features} per token."
-        )
-    return unflatten_tokens(X, k)
+    return layer_sequences(X, n_tokens, k3, n_features)
 
 
 def _common_n_tokens(*values):
@@ -207,8 +192,7 @@ def prediction_error(true_layer, learned, X):
         The truth (``attention_``/``projection_`` for an estimator).
     learned : AttentionLayer or fitted estimator
         Any number of heads. An estimator without ``attention_``/``projection_``
-        but with ``predict`` (e.g. a random-feature baseline) is evaluated through
-        ``predict(X)``.
+        but with a per-token ``predict`` is evaluated through ``predict(X)``.
     X : array-like of shape (n_samples, n_tokens * n_features) or \
             (n_samples, n_tokens, n_features)
         Inputs on which to compare; ``n_tokens`` is taken from a 3-D X, else from
@@ -239,6 +223,15 @@ def prediction_error(true_layer, learned, X):
         k_est = getattr(learned, "n_tokens_", None)
         X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
         Y_hat = np.asarray(learned.predict(X3.reshape(X3.shape[0], -1)), float)
+        expected = X3.shape[0] * X3.shape[1] * W.shape[2]
+        if Y_hat.size != expected:
+            raise ValueError(
+                f"learned predicts {Y_hat.size // X3.shape[0]} values per sequence "
+                f"but true_layer outputs {X3.shape[1]} tokens x {W.shape[2]} = "
+                f"{expected // X3.shape[0]}; prediction_error compares per-token "
+                f"outputs (a learner with one output per sequence, such as "
+                f"RandomFeatureAttentionRegressor, needs another metric)."
+            )
         Y_hat = Y_hat.reshape(X3.shape[0], X3.shape[1], -1)
         if Y_hat.shape[2] != W.shape[2]:
             raise ValueError(
@@ -309,10 +302,41 @@ def attention_pattern_error(true_layer, learned, X):
     X3 = _sequences(X, _common_n_tokens(true[2], est[2]), true[0].shape[1])
     P = attention_patterns(X3, true[0])  # (n, m, k, k)
     P_hat = attention_patterns(X3, est[0])  # (n, m', k, k)
-    m, m_hat = P.shape[1], P_hat.shape[1]
-    cost = np.empty((m, m_hat))
-    for i in range(m):
-        for j in range(m_hat):
-            cost[i, j] = 0.5 * np.abs(P[:, i] - P_hat[:, j]).sum(axis=-1).mean()
+    cost = _pattern_distances(P, P_hat)
     rows, cols = linear_sum_assignment(cost)
     return float(cost[rows, cols].mean())
+
+
+def _pattern_distances(patterns_true, patterns_learned):
+    """Mean total-variation distance between every pair of heads' patterns.
+
+    Each row of a pattern is a distribution over tokens; the distance between two
+    heads is the total variation ``0.5 * sum_a |p_a - q_a|`` averaged over samples
+    and rows, so it lies in ``[0, 1]`` (0: the heads attend identically).
+
+    Parameters
+    ----------
+    patterns_true : ndarray of shape (n_samples, n_heads_true, n_tokens, n_tokens)
+    patterns_learned : ndarray of shape (n_samples, n_heads_learned, n_tokens, \
+n_tokens)
+
+    Returns
+    -------
+    distances : ndarray of shape (n_heads_true, n_heads_learned)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> P = np.array([[[[1.0, 0.0], [0.0, 1.0]], [[0.5, 0.5], [0.5, 0.5]]]])
+    >>> _pattern_distances(P, P[:, ::-1])
+    array([[0.5, 0. ],
+           [0. , 0.5]])
+    """
+    # One true head at a time keeps the intermediate at (n, m_learned, k, k).
+    return np.stack(
+        [
+            0.5
+            * np.abs(head[:, None] - patterns_learned).sum(axis=-1).mean(axis=(0, 2))
+            for head in np.moveaxis(patterns_true, 1, 0)
+        ]
+    )

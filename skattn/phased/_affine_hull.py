@@ -27,6 +27,7 @@ import cvxpy as cp
 import numpy as np
 from sklearn.utils import check_random_state
 
+from ._errors import CertificationError, CertificationWarning
 from ._projection_sum import (
     _certify_batch,
     _check_certifiable,
@@ -278,14 +279,14 @@ def fit_affine_hull(stats, n_heads, *, method="lstsq", huber_delta=None):
         raise ValueError(f"n_heads={m} exceeds the number of unknowns d^2={d2}.")
     needed = d2 + m
     if stats["n_equations"] < needed:
-        raise ValueError(_too_few(stats, needed))
+        raise CertificationError(_too_few(stats, needed))
     normal, rhs = stats["normal"], stats["rhs"]
     evals, evecs = np.linalg.eigh(normal)
     top = max(evals[-1], np.finfo(float).tiny)
     directions = evecs[:, : m - 1]
     rest_vals, rest_vecs = evals[m - 1 :], evecs[:, m - 1 :]
     if rest_vals[0] <= 1e-12 * top:
-        raise ValueError(
+        raise CertificationError(
             "The certified constraints do not determine the affine hull: the normal "
             f"matrix has {int(np.sum(evals <= 1e-12 * top))} null directions, more "
             f"than n_heads - 1 = {m - 1}. Certify more diverse rows: relax the "
@@ -328,7 +329,9 @@ def _huber_point(stats, point, directions, delta):
     """Huber fit of the point on the kept equations, orthogonal to the directions."""
     A, b = stats["equations"], stats["targets"]
     if A.shape[0] < A.shape[1]:
-        raise ValueError(_too_few({**stats, "n_equations": A.shape[0]}, A.shape[1]))
+        raise CertificationError(
+            _too_few({**stats, "n_equations": A.shape[0]}, A.shape[1])
+        )
     if delta is None:
         # 1.5 x the median absolute residual, floored so that clean constraints
         # (residuals ~ 0) do not make the scaled problem ill conditioned.
@@ -526,13 +529,13 @@ def sculpt_hull(
             else:
                 m = int(n_heads)
             (point, directions), hinfo = fit_affine_hull(stats, m, method=method)
-        except ValueError as exc:
+        except CertificationError as exc:
             if result is None:
                 raise
             warnings.warn(
                 f"sculpt_hull stopped at round {r} (tol={tol_r:.3g}): {exc} "
                 f"Returning round {r - 1}; set tol_final >= {tols[r - 1]:.3g}.",
-                UserWarning,
+                CertificationWarning,
                 stacklevel=2,
             )
             W_sum = result[0]

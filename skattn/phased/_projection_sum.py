@@ -19,7 +19,9 @@ All functions take token tensors ``X`` of shape ``(n, k, d)`` and ``Y`` of shape
 
 import numpy as np
 
+from .._optimize import _factor, _solve_psd
 from .._sequences import check_finite
+from ._errors import CertificationError
 
 
 def _check_token_arrays(X, Y, sample_weight=None):
@@ -67,12 +69,16 @@ def _check_projection_sum(W_sum, d, d_out):
     return W_sum
 
 
-def _solve_normal(gram, cross):
-    """Solve ``gram @ W = cross`` (symmetric PSD), least squares if singular."""
-    try:
-        return np.linalg.solve(gram, cross)
-    except np.linalg.LinAlgError:
-        return np.linalg.lstsq(gram, cross, rcond=None)[0]
+def _row_keys(rows):
+    """Pseudo-random 64-bit keys of global row indices (the splitmix64 finaliser).
+
+    A fixed function of the row index ``n * k + l`` alone, so a subsample "the
+    rows with the smallest keys" does not depend on how samples are batched.
+    """
+    z = np.asarray(rows, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def crude_projection_sum(X, Y, sample_weight=None):
@@ -114,7 +120,7 @@ def crude_projection_sum(X, Y, sample_weight=None):
     # W_sum = (U^T w U)^{-1} U^T w V
     gram = (u * w[:, None]).T @ u
     cross = (u * w[:, None]).T @ v
-    W_sum = _solve_normal(gram, cross)
+    W_sum = _solve_psd(gram, cross)
     resid = v - u @ W_sum
     eig = np.linalg.eigvalsh(gram)
     info = {
@@ -191,8 +197,9 @@ def _gauss_newton_step(gram, grad, U, D, max_cg=50, cg_tol=1e-8):
     ``Pi_l`` term is estimated on the subsample ``U`` (r, d), ``D`` (r, k-1, o)
     and rescaled to the full ``gram``.
     """
+    factor = _factor(gram)
     if U.shape[0] == 0:
-        return _solve_normal(gram, grad)
+        return _solve_psd(gram, grad, factor)
     G_inv = np.linalg.pinv(np.einsum("rio,rjo->rij", D, D))
     scale = np.trace(gram) / max(np.sum(U * U), 1e-300)
 
@@ -203,7 +210,7 @@ def _gauss_newton_step(gram, grad, U, D, max_cg=50, cg_tol=1e-8):
 
     x = np.zeros_like(grad)
     r = grad.copy()
-    z = _solve_normal(gram, r)
+    z = _solve_psd(gram, r, factor)
     p = z.copy()
     rz = np.sum(r * z)
     norm0 = np.sqrt(np.sum(grad * grad))
@@ -219,7 +226,7 @@ def _gauss_newton_step(gram, grad, U, D, max_cg=50, cg_tol=1e-8):
         r -= alpha * Hp
         if np.sqrt(np.sum(r * r)) <= cg_tol * norm0:
             break
-        z = _solve_normal(gram, r)
+        z = _solve_psd(gram, r, factor)
         rz_new = np.sum(r * z)
         p = z + (rz_new / rz) * p
         rz = rz_new
@@ -354,7 +361,7 @@ def refine_projection_sum(
         Stop when ``||W_new - W|| / ||W||`` falls below this.
     min_rows : int, default=None
         Fewest certified rows to refit ``W_sum`` (default ``4 * n_features``);
-        fewer raise a ``ValueError`` naming ``tol``.
+        fewer raise a ``CertificationError`` (a ``ValueError``) naming ``tol``.
     batch_size : int, default=4096
         Samples certified at a time (memory is bounded by the batch).
     rcond : float, default=1e-8
@@ -374,8 +381,10 @@ def refine_projection_sum(
         d_out=8, one head: error 0.20 -> 0.013 in 8 alternations, -> 1e-5 in 8
         Gauss-Newton steps).
     hessian_rows : int, default=4000
-        Certified rows (a regular subsample) used for the curvature term and the
-        safeguard of the Gauss-Newton step.
+        Certified rows used for the curvature term and the safeguard of the
+        Gauss-Newton step: the ``hessian_rows`` certified rows with the smallest
+        pseudo-random keys of their global index (a uniform subsample that does
+        not depend on ``batch_size``; all certified rows when there are fewer).
 
     Returns
     -------
@@ -409,12 +418,15 @@ def refine_projection_sum(
     history_rows, history_change = [], []
     converged = False
     candidates = np.arange(n)
-    expected_rows = n * k  # certified rows expected in this pass (for subsampling)
     for _ in range(max_iter):
         gram = np.zeros((d, d))
         cross = np.zeros((d, d_out))
         n_cert, res_sum = 0, 0.0
-        keep, sub_u, sub_D, sub_rows = [], [], [], []
+        keep = []
+        # curvature subsample: certified rows with the smallest keys so far
+        sub_key = np.empty(0, dtype=np.uint64)
+        sub_row = np.empty(0, dtype=np.int64)
+        sub_u = np.empty((0, d))
         for start in range(0, len(candidates), batch_size):
             idx = candidates[start : start + batch_size]
             Xb, Yb = X[idx], Y[idx]
@@ -429,21 +441,17 @@ def refine_projection_sum(
             res_sum += float(residual[cert].sum())
             keep.append(idx[np.min(residual, axis=1) < screen * tol])
             if solver == "gauss-newton":
-                # Every `stride`-th certified row feeds the curvature term.
                 s_idx, r_idx = np.nonzero(cert)
-                pick = slice(None, None, max(1, expected_rows // hessian_rows))
-                s_idx, r_idx = s_idx[pick], r_idx[pick]
-                Zs = Xb[s_idx] @ W_sum  # (r, k, o)
-                sub_u.append(
-                    np.sqrt(w[idx][s_idx])[:, None]
-                    * np.einsum("ra,rad->rd", P[s_idx, r_idx], Xb[s_idx])
-                )
-                sub_D.append(Zs[:, :-1] - Zs[:, -1:])
-                sub_rows.append((idx[s_idx], r_idx))
+                rows = idx[s_idx] * k + r_idx  # global row index
+                sub_key = np.concatenate([sub_key, _row_keys(rows)])
+                sub_row = np.concatenate([sub_row, rows])
+                sub_u = np.concatenate([sub_u, np.sqrt(wc)[:, None] * U])
+                if sub_key.size > hessian_rows:
+                    best = np.argpartition(sub_key, hessian_rows - 1)[:hessian_rows]
+                    sub_key, sub_row, sub_u = sub_key[best], sub_row[best], sub_u[best]
         # Later alternations only revisit samples with a row near the tolerance.
         candidates = np.concatenate(keep)
         history_rows.append(n_cert)
-        expected_rows = n_cert
         if n_cert < min_rows:
             if n * k < min_rows:  # no tolerance can help
                 fix = (
@@ -452,19 +460,22 @@ def refine_projection_sum(
                 )
             else:
                 fix = f"relax tol (e.g. tol={2 * tol:g}) or pass more samples"
-            raise ValueError(
+            raise CertificationError(
                 f"Phase 3 certified only {n_cert} of {n * k} rows at tol={tol:g} "
                 f"(need at least {min_rows}); {fix}."
             )
-        W_new = _solve_normal(gram, cross)
-        if solver == "gauss-newton" and sub_u:
+        W_new = _solve_psd(gram, cross)
+        if solver == "gauss-newton" and sub_row.size:
+            # in global row order, so the sums do not depend on the batching
+            order = np.argsort(sub_row)
+            sub_row, sub_u = sub_row[order], sub_u[order]
+            s_idx, r_idx = np.divmod(sub_row, k)
+            Zs = X[s_idx] @ W_sum  # (r, k, o)
             step = _gauss_newton_step(
-                gram, cross - gram @ W_sum, np.concatenate(sub_u), np.concatenate(sub_D)
+                gram, cross - gram @ W_sum, sub_u, Zs[:, :-1] - Zs[:, -1:]
             )
             # Safeguard: keep the best of the alternating step and the (halved)
             # Gauss-Newton step on the subsampled certified rows.
-            s_idx = np.concatenate([r[0] for r in sub_rows])
-            r_idx = np.concatenate([r[1] for r in sub_rows])
             trials = [W_new, W_sum + step, W_sum + 0.5 * step]
             losses = [
                 _row_loss(X[s_idx], Y[s_idx], r_idx, w[s_idx], trial, rcond)

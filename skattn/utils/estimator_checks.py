@@ -17,6 +17,7 @@ checks that only make sense for estimators of token sequences:
 """
 
 import pickle
+import warnings
 from functools import partial
 
 import numpy as np
@@ -159,8 +160,17 @@ def check_recovers_planted_layer(name, estimator_orig):
         )
 
 
+class SkattnCheckSkipped(UserWarning):
+    """An expected-to-fail skattn check that :func:`check_estimator` skipped."""
+
+
 def check_head_permutation_invariance(name, estimator_orig):
-    """Permuting the learned heads (Theta_i and W_i together) keeps predictions."""
+    """Permuting the learned heads (Theta_i and W_i together) keeps predictions.
+
+    This checks ``predict``: that it depends on the learned heads only through
+    the layer they form (no state tied to the order of the heads).  Whether the
+    heads were learned correctly is :func:`check_recovers_planted_layer`'s job.
+    """
     X, Y, _, _ = _planted_problem(300, n_heads=2)
     est = _with_params(estimator_orig, n_tokens=_N_TOKENS, n_heads=2, random_state=0)
     est.fit(_flat(X), _flat(Y))
@@ -328,7 +338,14 @@ def check_estimator(estimator, *, expected_failed_checks=None):
             estimator, expected_failed_checks=expected_failed_checks
         )
     for est, check in skattn_checks_generator(estimator):
-        if expected_failed_checks and check.func.__name__ in expected_failed_checks:
+        name = check.func.__name__
+        if expected_failed_checks and name in expected_failed_checks:
+            warnings.warn(
+                f"Skipping {name} for {type(est).__name__}: "
+                f"{expected_failed_checks[name]}",
+                SkattnCheckSkipped,
+                stacklevel=2,
+            )
             continue
         check(est)
 
