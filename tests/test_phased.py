@@ -166,3 +166,20 @@ def test_bit_identical_refits():
     first = est.fit(X, y).predict(X[:50])
     second = est.fit(X, y).predict(X[:50])
     np.testing.assert_array_equal(first, second)
+
+
+def test_batch_size_only_bounds_memory():
+    """The phased estimate (before the polish) does not depend on batch_size."""
+    X, y, _ = _planted(2, n=8000)
+    fits = [
+        MultiHeadAttentionRegressor(
+            n_heads=2, n_tokens=4, polish=False, batch_size=b, random_state=0
+        ).fit(X, y)
+        for b in (4096, 1000)
+    ]
+    np.testing.assert_allclose(
+        fits[0].projection_sum_, fits[1].projection_sum_, rtol=1e-9, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        fits[0].predict(X[:100]), fits[1].predict(X[:100]), rtol=1e-8, atol=1e-10
+    )

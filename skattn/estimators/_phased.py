@@ -47,8 +47,10 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
        ``W_sum`` and each row's pattern);
     4. phases 2-3 repeated ``n_rounds`` times with the tolerance tightening
        geometrically from ``certify_tol`` to ``certify_tol_final``;
-    5. the span of the hull (and, with ``n_heads="auto"``, the number of heads from
-       the spectral gap of the constraint system);
+    5. the span of the hull, reported (its rank) but not used further: phase 6
+       works in hull coordinates, which need fewer unknowns (with
+       ``n_heads="auto"`` the number of heads comes from the spectral gap of the
+       constraint system, in phases 2-4);
     6. an epsilon-net over the hull with the ``W_i`` solved by least squares for
        each candidate, then (``polish=True``) a Levenberg-Marquardt polish by
        variable projection, which leaves the hull.
