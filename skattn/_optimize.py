@@ -597,7 +597,13 @@ def _varpro_lbfgs(X, Y, attention, sample_weight, alpha, hull, max_iter, tol):
     result = _lbfgs(fun, x0, max_iter, tol)
     theta = to_theta(result.x)
     projection = solve_projections(X, Y, theta, sample_weight, alpha)
-    info = {
+    info = _lbfgs_info(result, loss_start)
+    return theta, projection, info
+
+
+def _lbfgs_info(result, loss_start):
+    """The report of one L-BFGS-B stage (a scipy OptimizeResult)."""
+    return {
         "method": "lbfgs",
         "n_iter": int(result.nit),
         "n_evaluations": int(result.nfev),
@@ -606,7 +612,6 @@ def _varpro_lbfgs(X, Y, attention, sample_weight, alpha, hull, max_iter, tol):
         "converged": bool(result.success),
         "message": str(result.message),
     }
-    return theta, projection, info
 
 
 def _full_lbfgs(X, Y, attention, projection, sample_weight, alpha, max_iter, tol):
@@ -624,15 +629,7 @@ def _full_lbfgs(X, Y, attention, projection, sample_weight, alpha, max_iter, tol
     x0 = np.concatenate([attention.reshape(-1), projection.reshape(-1)])
     loss_start = fun(x0)[0]
     result = _lbfgs(fun, x0, max_iter, tol)
-    info = {
-        "method": "lbfgs",
-        "n_iter": int(result.nit),
-        "n_evaluations": int(result.nfev),
-        "loss_start": float(loss_start),
-        "loss": float(result.fun),
-        "converged": bool(result.success),
-        "message": str(result.message),
-    }
+    info = _lbfgs_info(result, loss_start)
     return (
         result.x[:split].reshape(m, d, d),
         result.x[split:].reshape(m, d, d_out),
