@@ -343,12 +343,12 @@ n_features_per_token)
                 stacklevel=3,
             )
 
-    def _run(self, phase, bar, func, *args, round=0, **kwargs):
+    def _run(self, phase, bar, func, *args, **kwargs):
         """Run one phase function, time it, record its report, return its estimate."""
         start = time.perf_counter()
         *estimate, info = func(*args, **kwargs)
         self.phase_report_.append(
-            PhaseReport(phase, round, time.perf_counter() - start, info)
+            PhaseReport(phase, 0, time.perf_counter() - start, info)
         )
         _advance(bar, phase)
         return estimate[0] if len(estimate) == 1 else tuple(estimate)
