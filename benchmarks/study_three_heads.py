@@ -51,9 +51,9 @@ import warnings
 
 import numpy as np
 from scipy.stats import spearmanr
+from study_phases import _plant  # same planted problems as the phase study
 
 from skattn._layer import attention_patterns
-from skattn.datasets import make_attention_regression
 from skattn.phased._affine_hull import (
     fit_affine_hull,
     hull_constraints,
@@ -61,26 +61,6 @@ from skattn.phased._affine_hull import (
     sculpt_hull,
 )
 from skattn.phased._projection_sum import _certify_batch
-
-
-def _plant(n, k, d, m, d_out, distribution, scale, seed):
-    X, y, layer = make_attention_regression(
-        n,
-        k,
-        d,
-        m,
-        n_outputs=d_out,
-        distribution=distribution,
-        attention_scale=scale,
-        random_state=seed,
-        return_layer=True,
-    )
-    return (
-        X.reshape(n, k, d),
-        y.reshape(n, k, d_out),
-        layer.attention,
-        layer.projection.sum(0),
-    )
 
 
 def _row_equations(tokens, x_row, p, omega):
