@@ -9,7 +9,7 @@ are needed) on the first ``min(n, --gradient-samples)`` of them (default 5000:
 enough to identify the layer, and full-batch L-BFGS costs time linear in n; use
 ``--gradient-samples 0`` for the same n as the phased learner).  A control,
 ``varpro-LM``, runs the phased learner's polish alone (Levenberg-Marquardt on the
-variable-projection problem, :func:`skattn._optimize.polish`) from the gradient
+variable-projection problem, :func:`skattn.solvers.polish`) from the gradient
 baseline's random start on the same examples as the gradient baseline: it tells
 whether a success of the phased learner is owed to phases 1-6 or to its
 optimiser.  A fit is a success when both head-matched relative parameter errors
@@ -49,7 +49,7 @@ from skattn import (
     parameter_error,
 )
 from skattn._layer import forward
-from skattn._optimize import polish
+from skattn.solvers import polish
 from skattn.datasets import make_attention_layer, sample_inputs
 from skattn.layer import AttentionLayer
 
@@ -83,7 +83,7 @@ class VarproFromRandomStart:
     """Control: the phased learner's polish alone, from a random start.
 
     Levenberg-Marquardt on the variable-projection problem
-    (:func:`skattn._optimize.polish`) from Theta_i with i.i.d.
+    (:func:`skattn.solvers.polish`) from Theta_i with i.i.d.
     ``N(0, 1/d^2)`` entries (the gradient baseline's start), no phases 1-6.
     """
 

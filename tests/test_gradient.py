@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
 
-import skattn._optimize as optimize
+import skattn.solvers._objective as optimize
 from skattn._layer import forward
 from skattn.datasets import make_attention_regression
 from skattn.estimators._gradient import (

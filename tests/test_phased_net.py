@@ -5,7 +5,7 @@ import pytest
 from scipy.optimize import linear_sum_assignment
 
 from skattn._layer import forward
-from skattn._optimize import projection_normal_equations, solve_projections
+from skattn.solvers import projection_normal_equations, solve_projections
 from skattn.phased._net import (
     _candidate_residuals,
     fit_from_hull,

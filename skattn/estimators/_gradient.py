@@ -24,7 +24,8 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_sample_weight, validate_data
 from tqdm.auto import tqdm
 
-from .._optimize import _lbfgs, _loss_chunk_size, _loss_gradient, solve_projections
+from ..solvers._lbfgs import _lbfgs
+from ..solvers._objective import _loss_chunk_size, _loss_gradient, solve_projections
 from .._sequences import (
     check_fitted_tokens,
     flatten_tokens,
@@ -55,7 +56,7 @@ def _objective(X, Y, attention, projection, sample_weight, alpha, chunk_size=Non
     """The training objective J and its gradient, accumulated over sample chunks.
 
     ``J = sum_n w_n ||F(X_n) - Y_n||^2 / (2 sum_n w_n) + alpha/2 (||Theta||^2 +
-    ||W||^2)``, by :func:`skattn._optimize._loss_gradient` (the ridge on both
+    ||W||^2)``, by :func:`skattn.solvers._objective._loss_gradient` (the ridge on both
     Theta and W); ``chunk_size=None`` picks the chunks from its memory budget.
 
     Returns
@@ -398,8 +399,8 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     starts recovered the layer with ``init_scale=0.1``, all 18 with 0.3, 1 or 3,
     and all 40 with the default 1 over attention scales 2-8).
 
-    **Memory.** The objective (:func:`skattn._optimize._loss_gradient`) and the
-    least-squares W of a start (:func:`skattn._optimize.solve_projections`) are
+    **Memory.** The objective (:func:`skattn.solvers._objective._loss_gradient`) and the
+    least-squares W of a start (:func:`skattn.solvers.solve_projections`) are
     accumulated over chunks of samples so that no intermediate array
     (``n_chunk * m * k * max(k, d, d_out)`` entries) exceeds 16 MiB; the result
     does not depend on the chunking beyond rounding.

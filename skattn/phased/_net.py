@@ -4,7 +4,7 @@ Every Theta_i lies on the affine hull ``{c + sum_j C_j D_j}`` found by phases 2-
 (``c`` a point, ``D_j`` orthonormal directions).  The net tries candidate head
 positions on a grid of hull coordinates; for each m-subset of grid points the W_i are
 one least-squares solve away, and the subset with the smallest residual wins.  The
-winner then seeds a local polish (:func:`skattn._optimize.polish`), which is not
+winner then seeds a local polish (:func:`skattn.solvers.polish`), which is not
 restricted to the hull, so a slightly wrong hull is corrected there.
 
 Speed comes from sharing work across candidates: the head features ``S(Theta_g) X``
@@ -22,8 +22,12 @@ from itertools import combinations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from .._optimize import _loss, _normalized_weights, projection_normal_equations
-from .._optimize import polish as _polish
+from ..solvers._objective import (
+    _loss,
+    _normalized_weights,
+    projection_normal_equations,
+)
+from ..solvers import polish as _polish
 
 # Largest Gram matrix of the grid, (n_grid d)^2 floats, and largest candidate batch.
 _MAX_GRID_GRAM = 2**24
@@ -366,7 +370,7 @@ def fit_from_hull(
     point, directions, n_heads, resolution, radius, sample_weight, max_candidates
         As in :func:`net_search`.
     polish : bool, default=True
-        Polish the net's winner with :func:`skattn._optimize.polish` (not restricted
+        Polish the net's winner with :func:`skattn.solvers.polish` (not restricted
         to the hull).
     n_net_samples : int, default=1000
         Examples used by the net.

@@ -19,7 +19,7 @@ All functions take token tensors ``X`` of shape ``(n, k, d)`` and ``Y`` of shape
 
 import numpy as np
 
-from .._optimize import _factor, _solve_psd
+from ..solvers._objective import _factor, _solve_psd
 from .._sequences import check_finite
 from ._errors import CertificationError
 

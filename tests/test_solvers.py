@@ -5,16 +5,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import skattn._optimize as optimize
-from skattn._layer import forward, squared_loss_gradient
-from skattn._optimize import (
-    _gauss_newton_system,
-    _loss_gradient,
+import skattn.solvers._lbfgs as lbfgs
+import skattn.solvers._objective as optimize
+from skattn._layer import attention_patterns, forward, squared_loss_gradient
+from skattn.solvers import (
     polish,
     projection_normal_equations,
     reduced_loss_gradient,
     solve_projections,
 )
+from skattn.solvers._dense import _gauss_newton_system
+from skattn.solvers._objective import _loss_gradient
 
 
 def planted(n, k, d, m, d_out=None, scale=2.0, seed=0, gaussian=False):
@@ -60,7 +61,7 @@ def test_solve_projections_ridge_matches_explicit_design():
     Y = Y + np.random.default_rng(5).normal(size=Y.shape)
     alpha = 0.3
     n, k, d = X.shape
-    feats = np.matmul(optimize.attention_patterns(X, attention), X[:, None])
+    feats = np.matmul(attention_patterns(X, attention), X[:, None])
     A = feats.transpose(0, 2, 1, 3).reshape(n * k, -1) / np.sqrt(n)
     # min ||A W - Y/sqrt(n)||^2 / 2 + alpha ||W||^2 / 2, by an augmented lstsq
     aug = np.vstack([A, np.sqrt(alpha) * np.eye(A.shape[1])])
@@ -136,7 +137,7 @@ def test_solvers_do_not_depend_on_chunking(monkeypatch):
     weight = np.random.default_rng(15).uniform(0.5, 2.0, size=60)
     W_whole = solve_projections(X, Y, attention, weight, alpha=0.1)
     reduced_whole = reduced_loss_gradient(X, Y, attention, weight, alpha=0.1)
-    full_whole = optimize._full_lbfgs(X, Y, attention, W_whole, weight, 0.1, 5, 0.0)
+    full_whole = lbfgs._full_lbfgs(X, Y, attention, W_whole, weight, 0.1, 5, 0.0)
     monkeypatch.setattr(optimize, "_CHUNK_FLOATS", 100)
     assert optimize._loss_chunk_size(60, 3, 4, 3, 2) < 10
     W_chunked = solve_projections(X, Y, attention, weight, alpha=0.1)
@@ -144,7 +145,7 @@ def test_solvers_do_not_depend_on_chunking(monkeypatch):
     reduced_chunked = reduced_loss_gradient(X, Y, attention, weight, alpha=0.1)
     for a, b in zip(reduced_chunked, reduced_whole, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
-    full_chunked = optimize._full_lbfgs(X, Y, attention, W_whole, weight, 0.1, 5, 0.0)
+    full_chunked = lbfgs._full_lbfgs(X, Y, attention, W_whole, weight, 0.1, 5, 0.0)
     np.testing.assert_allclose(full_chunked[0], full_whole[0], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(full_chunked[1], full_whole[1], rtol=1e-9, atol=1e-12)
     loss_whole = squared_loss_gradient(X, Y, attention, W_whole, weight)[0]

@@ -1,0 +1,39 @@
+"""Solvers for the parameters of an attention layer: pure functions, no estimators.
+
+One module per concern:
+
+* :mod:`._objective`: the weighted squared loss and its gradient, the normal
+  equations and least-squares projections ``W*(Theta)``, the reduced (variable
+  projection) loss;
+* :mod:`._parametrization`: full ``Theta_i`` or low rank ``Q_i K_i^T``, with the
+  logits' Jacobian-vector and vector-Jacobian products;
+* :mod:`._dense`: Levenberg-Marquardt with the Gauss-Newton matrix formed (small
+  layers);
+* :mod:`._matrix_free`: Levenberg-Marquardt from Jacobian products
+  (``scipy.optimize.least_squares`` with LSMR; large layers);
+* :mod:`._lbfgs`: L-BFGS-B stages;
+* :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size.
+"""
+
+from ._matrix_free import VarproProblem, varpro_least_squares
+from ._objective import (
+    projection_normal_equations,
+    reduced_loss_gradient,
+    solve_projections,
+)
+from ._parametrization import FullRank, LowRank, balanced_factors, make_parametrization
+from ._polish import choose_solver, polish
+
+__all__ = [
+    "FullRank",
+    "LowRank",
+    "VarproProblem",
+    "balanced_factors",
+    "choose_solver",
+    "make_parametrization",
+    "polish",
+    "projection_normal_equations",
+    "reduced_loss_gradient",
+    "solve_projections",
+    "varpro_least_squares",
+]

@@ -1,0 +1,335 @@
+"""Matrix-free second-order steps for large layers.
+
+The variable-projection problem (the W_i eliminated by least squares) is solved by
+``scipy.optimize.least_squares`` (trust-region reflective, ``tr_solver="lsmr"``) with
+its Jacobian given only through products: :class:`VarproProblem` evaluates the
+residual at a point and returns the Jacobian as a ``scipy.sparse.linalg.
+LinearOperator`` whose ``matvec`` / ``rmatvec`` each cost about one forward or
+backward pass over the examples.  No ``(m d^2)^2`` matrix is ever formed: memory
+is that of a few residual vectors and the per-sample patterns.
+
+The Jacobian is Kaufman's: with the design ``A(Theta)`` of the projections
+(row ``(n, l)`` = ``sqrt(w_n) [(S_1 X_n)_l, ..., (S_m X_n)_l]``) and ``P`` the
+orthogonal projector onto its columns,
+
+    J v = (I - P) dA[v] W*,   dA[v] W* = sum_i sqrt(w) dS_i[v] X W_i,
+    dS_i[v] = S_i * (dL_i - rowsum(S_i * dL_i)),  dL_i = the logits' derivative,
+
+the Gauss-Newton matrix ``J^T J`` being the Schur complement that the dense solver
+(:mod:`skattn.solvers._dense`) forms explicitly.  The logits' derivatives come from a
+parametrization (:mod:`skattn.solvers._parametrization`): full Theta_i or low rank
+``Q_i K_i^T``.
+"""
+
+import numpy as np
+from scipy import linalg
+from scipy.optimize import least_squares
+from scipy.sparse.linalg import LinearOperator
+
+from .._layer import softmax
+from ._parametrization import _token_maps
+from ._objective import _CHUNK_FLOATS, _chunks, _normalized_weights, _solve_psd
+
+
+def _softmax_jvp(patterns, d_logits):
+    """Derivative of the row softmax: ``S * (dL - rowsum(S * dL))``."""
+    return patterns * (d_logits - np.sum(patterns * d_logits, axis=-1, keepdims=True))
+
+
+class VarproProblem:
+    """Residual and Jacobian products of the reduced (variable projection) problem.
+
+    The residual at parameters ``p`` is ``r(p) = sqrt(w) (A(p) W*(p) - Y)``,
+    flattened from ``(n, k, d_out)``, with ``W*`` the least-squares projections
+    (one step of iterative refinement on the normal equations), so that
+    ``||r||^2 / 2`` is the loss of :func:`skattn.solvers.reduced_loss_gradient`.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    sample_weight : ndarray of shape (n,) or None
+    parametrization : FullRank or LowRank
+        See :mod:`skattn.solvers._parametrization`.
+
+    Attributes
+    ----------
+    n_products : int
+        Jacobian products (matvec plus rmatvec) computed so far.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> from skattn.solvers._parametrization import FullRank
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.choice([-1.0, 1.0], size=(50, 3, 4))
+    >>> th = rng.normal(size=(1, 4, 4)); W = rng.normal(size=(1, 4, 2))
+    >>> problem = VarproProblem(X, forward(X, th, W), None, FullRank(1, 4))
+    >>> residual = problem.residual(th.reshape(-1))
+    >>> residual.shape, bool(np.abs(residual).max() < 1e-12)
+    ((300,), True)
+    >>> problem.jacobian(th.reshape(-1)).shape
+    (300, 16)
+    """
+
+    def __init__(self, X, Y, sample_weight, parametrization):
+        n, k, d = X.shape
+        self.X, self.Y = X, Y
+        self.par = parametrization
+        self.m = parametrization.n_heads
+        self.d_out = Y.shape[2]
+        self.root = np.sqrt(_normalized_weights(n, sample_weight))
+        r = getattr(parametrization, "rank", 0)
+        per_sample = self.m * k * (2 * k + 2 * d + 2 * self.d_out + 2 * r)
+        self.slices = _chunks(n, per_sample)
+        # keep per-chunk patterns, features and values when they fit the budget
+        self._keep = n * per_sample <= 16 * _CHUNK_FLOATS
+        self.shape = (n * k * self.d_out, parametrization.size)
+        self.n_products = 0
+        self._params = None
+        self._cached = None
+
+    # -- evaluation at a point -------------------------------------------------
+    def _chunk_state(self, rows, params):
+        """Parametrization cache, patterns and the weighted design, one chunk.
+
+        The design's rows are ``(n, l)`` and its columns ``(i, p)``: row
+        ``sqrt(w_n) (S_i X_n)_l``, laid out for one GEMM per product.
+        """
+        x = self.X[rows]
+        c, k, d = x.shape
+        cache = self.par.cache(x, params)
+        patterns = softmax(self.par.logits(x, params, cache), axis=-1)
+        features = np.matmul(patterns, x[:, None])  # (c, m, k, d)
+        design = features.transpose(0, 2, 1, 3).reshape(c * k, self.m * d)
+        design *= np.repeat(self.root[rows], k)[:, None]
+        return {"cache": cache, "patterns": patterns, "design": design}
+
+    def _states(self):
+        """Per-chunk states at the current point (kept, or recomputed)."""
+        if self._cached is not None:
+            yield from zip(self.slices, self._cached)
+            return
+        for rows in self.slices:
+            yield rows, self._chunk_state(rows, self._params)
+
+    def _evaluate(self, params):
+        """Patterns, ``W*``, its Gram factor and the residual at ``params``."""
+        if self._params is not None and np.array_equal(params, self._params):
+            return
+        m, d = self.m, self.X.shape[2]
+        md, o = m * d, self.d_out
+        self._params = np.array(params, copy=True)
+        self._cached = None
+        states = [] if self._keep else None
+        gram = np.zeros((md, md))
+        rhs = np.zeros((md, o))
+        for rows in self.slices:
+            state = self._chunk_state(rows, self._params)
+            if states is not None:
+                states.append(state)
+            gram += state["design"].T @ state["design"]
+            rhs += state["design"].T @ self._target(rows)
+        self._cached = states
+        self._gram, self._factor = gram, _cho_or_none(gram)
+        flat = _solve_psd(gram, rhs, self._factor)
+        # one step of iterative refinement from the data's residual
+        flat = flat - _solve_psd(
+            gram, self._design_transpose(self._residual_for(flat)), self._factor
+        )
+        self.projection = flat.reshape(m, d, o)
+        self._residual = self._residual_for(flat)
+
+    def _target(self, rows):
+        """``sqrt(w) Y`` on a chunk, as rows ``(n, l)``: ``(c k, d_out)``."""
+        y = self.Y[rows]
+        return (y * self.root[rows, None, None]).reshape(-1, self.d_out)
+
+    def _residual_for(self, flat):
+        """``sqrt(w) (A W - Y)`` as rows ``(n, l)``: ``(n k, d_out)``."""
+        out = np.empty((self.shape[0] // self.d_out, self.d_out))
+        k = self.X.shape[1]
+        for rows, state in self._states():
+            block = slice(rows.start * k, rows.stop * k)
+            out[block] = state["design"] @ flat - self._target(rows)
+        return out
+
+    def _design_transpose(self, rows_out):
+        """``A^T u`` for ``u`` as rows ``(n k, d_out)``: ``(m d, d_out)``."""
+        out = np.zeros((self.m * self.X.shape[2], self.d_out))
+        k = self.X.shape[1]
+        for rows, state in self._states():
+            out += state["design"].T @ rows_out[rows.start * k : rows.stop * k]
+        return out
+
+    def _project_out(self, rows_out):
+        """``(I - P) u``: remove the part of ``u`` that the projections can fit."""
+        coef = _solve_psd(self._gram, self._design_transpose(rows_out), self._factor)
+        out = rows_out.copy()
+        k = self.X.shape[1]
+        for rows, state in self._states():
+            out[rows.start * k : rows.stop * k] -= state["design"] @ coef
+        return out
+
+    def _values(self, rows, state):
+        """``X W*_i`` on a chunk: ``(c, m, k, d_out)`` (kept with the chunk's state)."""
+        values = state.get("values")
+        if values is None:
+            values = _token_maps(self.X[rows], self.projection)
+            if self._cached is not None:
+                state["values"] = values
+        return values
+
+    # -- public ------------------------------------------------------------------
+    def residual(self, params):
+        """The weighted residual at ``params``, flat ``(n k d_out,)``."""
+        self._evaluate(params)
+        return self._residual.reshape(-1)
+
+    def matvec(self, params, direction):
+        """``J v``, flat ``(n k d_out,)``."""
+        self._evaluate(params)
+        self.n_products += 1
+        k = self.X.shape[1]
+        out = np.empty((self.shape[0] // self.d_out, self.d_out))
+        for rows, state in self._states():
+            x = self.X[rows]
+            d_patterns = _softmax_jvp(
+                state["patterns"],
+                self.par.logits_jvp(x, self._params, direction, state["cache"]),
+            )
+            change = np.matmul(d_patterns, self._values(rows, state)).sum(axis=1)  # (c, k, o)
+            change *= self.root[rows, None, None]
+            out[rows.start * k : rows.stop * k] = change.reshape(-1, self.d_out)
+        return self._project_out(out).reshape(-1)
+
+    def rmatvec(self, params, vector):
+        """``J^T u``, flat ``(p,)``."""
+        self._evaluate(params)
+        self.n_products += 1
+        k = self.X.shape[1]
+        projected = self._project_out(vector.reshape(-1, self.d_out))
+        grad = np.zeros(self.par.size)
+        for rows, state in self._states():
+            x = self.X[rows]
+            scaled = projected[rows.start * k : rows.stop * k].reshape(
+                -1, 1, k, self.d_out
+            ) * self.root[rows, None, None, None]
+            d_patterns = np.matmul(scaled, np.swapaxes(self._values(rows, state), 2, 3))
+            d_logits = _softmax_jvp(state["patterns"], d_patterns)
+            grad += self.par.logits_vjp(x, self._params, d_logits, state["cache"])
+        return grad
+
+    def jacobian(self, params):
+        """The Jacobian at ``params`` as a ``LinearOperator``."""
+        self._evaluate(params)
+        p = np.array(params, copy=True)
+        return LinearOperator(
+            self.shape,
+            matvec=lambda v: self.matvec(p, np.ravel(v)),
+            rmatvec=lambda u: self.rmatvec(p, np.ravel(u)),
+            dtype=float,
+        )
+
+
+def _cho_or_none(matrix):
+    try:
+        return linalg.cho_factor(matrix, lower=False, check_finite=False)
+    except linalg.LinAlgError:
+        return None
+
+
+def varpro_least_squares(
+    X,
+    Y,
+    params,
+    parametrization,
+    sample_weight=None,
+    *,
+    max_iter=100,
+    tol=1e-10,
+    max_products=None,
+):
+    """Minimise the reduced loss matrix-free: scipy's ``least_squares``, TRF + LSMR.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    params : ndarray of shape (p,)
+        Starting parameters of ``parametrization``.
+    parametrization : FullRank or LowRank
+    sample_weight : ndarray of shape (n,) or None
+    max_iter : int, default=100
+        Residual evaluations (``max_nfev``).
+    tol : float, default=1e-10
+        Relative step tolerance (``xtol``); ``ftol`` and ``gtol`` are set at the
+        rounding floor so the solver stops on the step or at machine precision.
+    max_products : int or None
+        Cap on the LSMR iterations of one step (``None``: ``min(p, 200)``).
+
+    Returns
+    -------
+    params : ndarray of shape (p,)
+    projection : ndarray of shape (m, d, d_out)
+    info : dict
+        ``method``, ``n_iter`` (Jacobian evaluations), ``n_evaluations``,
+        ``n_products`` (Jacobian-vector products: the linear solver's work),
+        ``loss_start``, ``loss``, ``converged``, ``stop_reason``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> from skattn.solvers._parametrization import FullRank
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.choice([-1.0, 1.0], size=(300, 3, 4))
+    >>> th = rng.normal(size=(1, 4, 4)); W = rng.normal(size=(1, 4, 4))
+    >>> p, W_hat, info = varpro_least_squares(
+    ...     X, forward(X, th, W), (th + 0.05).reshape(-1), FullRank(1, 4)
+    ... )
+    >>> bool(np.allclose(p, th.reshape(-1), atol=1e-8)), info["converged"]
+    (True, True)
+    """
+    problem = VarproProblem(X, Y, sample_weight, parametrization)
+    x0 = np.asarray(params, dtype=float)
+    start = problem.residual(x0)
+    loss_start = 0.5 * float(start @ start)
+    if max_products is None:
+        max_products = min(parametrization.size, 200)
+    eps = np.finfo(float).eps
+    result = least_squares(
+        problem.residual,
+        x0,
+        jac=lambda p: problem.jacobian(p),
+        method="trf",
+        tr_solver="lsmr",
+        tr_options={"maxiter": max_products},
+        ftol=eps,
+        xtol=max(tol, eps),
+        gtol=eps,
+        max_nfev=max_iter,
+        x_scale=1.0,
+    )
+    final = problem.residual(result.x)
+    info = {
+        "method": "matrix-free",
+        "n_iter": int(result.njev),
+        "n_evaluations": int(result.nfev),
+        "n_products": int(problem.n_products),
+        "loss_start": loss_start,
+        "loss": 0.5 * float(final @ final),
+        "converged": result.status > 0,
+        "stop_reason": _STATUS.get(result.status, str(result.message)),
+    }
+    return result.x, problem.projection, info
+
+
+_STATUS = {
+    0: "max_iter",
+    1: "gradient",
+    2: "no_decrease",
+    3: "step",
+    4: "no_decrease",
+}

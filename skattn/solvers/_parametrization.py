@@ -1,0 +1,178 @@
+"""Parametrizations of the attention matrices: full Theta_i or low rank Q_i K_i^T.
+
+A parametrization maps a flat parameter vector ``p`` to the logits of every head,
+``(n, m, k, k)``, and gives the logits' Jacobian-vector and vector-Jacobian
+products; the rest of the model (softmax, projections) is shared.  Shapes:
+
+* ``FullRank(m, d)``: ``p`` holds Theta ``(m, d, d)``; logits ``X Theta_i X^T``.
+* ``LowRank(m, d, r)``: ``p`` holds Q ``(m, d, r)`` then K ``(m, d, r)``; logits
+  ``(X Q_i)(X K_i)^T``, so Theta_i = Q_i K_i^T.  The factors are defined up to the
+  gauge ``(Q_i G, K_i G^{-T})`` (``r^2`` directions per head along which the logits
+  do not change); only the products are identifiable.
+
+The products cost ``O(n k d^2)`` per head for the full parametrization and
+``O(n k d r + n k^2 r)`` for the low-rank one.  ``cache(X, p)`` precomputes what
+the products at ``p`` reuse (the token maps ``X Q_i``, ``X K_i``).
+"""
+
+import numpy as np
+
+
+class FullRank:
+    """Theta_i in full: ``m d^2`` parameters.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> par = FullRank(2, 3)
+    >>> par.size
+    18
+    >>> par.logits(np.ones((1, 4, 3)), np.zeros(18)).shape
+    (1, 2, 4, 4)
+    """
+
+    def __init__(self, n_heads, n_features):
+        self.n_heads, self.n_features = n_heads, n_features
+        self.size = n_heads * n_features * n_features
+
+    def attention(self, params):
+        """Theta ``(m, d, d)`` from the flat parameters."""
+        m, d = self.n_heads, self.n_features
+        return params.reshape(m, d, d)
+
+    def from_attention(self, attention):
+        """Flat parameters of the attention matrices ``(m, d, d)``."""
+        return np.asarray(attention, dtype=float).reshape(-1).copy()
+
+    def cache(self, X, params):
+        """Nothing to precompute for the full parametrization."""
+        return None
+
+    def logits(self, X, params, cache=None):
+        """``X Theta_i X^T``: ``(n, k, d) -> (n, m, k, k)``."""
+        return _bilinear(X, self.attention(params), X)
+
+    def logits_jvp(self, X, params, direction, cache=None):
+        """Directional derivative of the logits: ``X V_i X^T``."""
+        return _bilinear(X, self.attention(direction), X)
+
+    def logits_vjp(self, X, params, cotangent, cache=None):
+        """Pull a cotangent ``G (n, m, k, k)`` back: ``sum_n X^T G_i X``, flat."""
+        return _pull_back(X, np.matmul(cotangent, X[:, None])).reshape(-1)
+
+
+class LowRank:
+    """Theta_i = Q_i K_i^T with Q_i, K_i of shape ``(d, r)``: ``2 m d r`` parameters.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> par = LowRank(2, 3, 1)
+    >>> par.size
+    12
+    >>> theta = par.attention(np.arange(12.0))
+    >>> theta.shape, int(np.linalg.matrix_rank(theta[0]))
+    ((2, 3, 3), 1)
+    """
+
+    def __init__(self, n_heads, n_features, rank):
+        self.n_heads, self.n_features, self.rank = n_heads, n_features, rank
+        self.size = 2 * n_heads * n_features * rank
+
+    def factors(self, params):
+        """``Q, K``, each ``(m, d, r)``."""
+        m, d, r = self.n_heads, self.n_features, self.rank
+        half = m * d * r
+        return params[:half].reshape(m, d, r), params[half:].reshape(m, d, r)
+
+    def attention(self, params):
+        """``Theta_i = Q_i K_i^T``: ``(m, d, d)``."""
+        Q, K = self.factors(params)
+        return np.matmul(Q, np.swapaxes(K, 1, 2))
+
+    def from_attention(self, attention):
+        """Balanced factors of the best rank-r approximation of each Theta_i."""
+        return np.concatenate(
+            [f.reshape(-1) for f in balanced_factors(attention, self.rank)]
+        )
+
+    def cache(self, X, params):
+        """The token maps ``X Q_i`` and ``X K_i``, each ``(n, m, k, r)``."""
+        Q, K = self.factors(params)
+        return _token_maps(X, Q), _token_maps(X, K)
+
+    def logits(self, X, params, cache=None):
+        """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)``."""
+        xq, xk = self.cache(X, params) if cache is None else cache
+        return np.matmul(xq, np.swapaxes(xk, 2, 3))
+
+    def logits_jvp(self, X, params, direction, cache=None):
+        """``(X dQ_i)(X K_i)^T + (X Q_i)(X dK_i)^T``."""
+        xq, xk = self.cache(X, params) if cache is None else cache
+        dxq, dxk = self.cache(X, direction)
+        return np.matmul(dxq, np.swapaxes(xk, 2, 3)) + np.matmul(
+            xq, np.swapaxes(dxk, 2, 3)
+        )
+
+    def logits_vjp(self, X, params, cotangent, cache=None):
+        """``dQ_i = sum_n X^T G_i (X K_i)``, ``dK_i = sum_n X^T G_i^T (X Q_i)``."""
+        xq, xk = self.cache(X, params) if cache is None else cache
+        g_q = _pull_back(X, np.matmul(cotangent, xk))
+        g_k = _pull_back(X, np.matmul(np.swapaxes(cotangent, 2, 3), xq))
+        return np.concatenate([g_q.reshape(-1), g_k.reshape(-1)])
+
+
+def balanced_factors(matrices, rank):
+    """Factors ``A (m, p, r)``, ``B (m, q, r)`` with ``A_i B_i^T`` the best rank-r
+    approximation of ``matrices[i]`` (``(m, p, q)``), balanced: ``A = U sqrt(s)``,
+    ``B = V sqrt(s)`` from the SVD.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> M = np.outer([1.0, 2.0], [3.0, 4.0, 5.0])[None]
+    >>> A, B = balanced_factors(M, 1)
+    >>> bool(np.allclose(A[0] @ B[0].T, M[0]))
+    True
+    """
+    U, s, Vt = np.linalg.svd(np.asarray(matrices, dtype=float), full_matrices=False)
+    root = np.sqrt(s[:, :rank])
+    return U[:, :, :rank] * root[:, None, :], np.swapaxes(Vt[:, :rank], 1, 2) * root[
+        :, None, :
+    ]
+
+
+def make_parametrization(n_heads, n_features, head_rank=None):
+    """``FullRank`` when ``head_rank`` is None or ``>= n_features``, else ``LowRank``.
+
+    Examples
+    --------
+    >>> type(make_parametrization(2, 8, 4)).__name__
+    'LowRank'
+    >>> type(make_parametrization(2, 8)).__name__
+    'FullRank'
+    """
+    if head_rank is None or head_rank >= n_features:
+        return FullRank(n_heads, n_features)
+    return LowRank(n_heads, n_features, head_rank)
+
+
+def _token_maps(X, maps):
+    """``X M_i`` for ``X (n, k, d)``, ``maps (m, d, r)``: ``(n, m, k, r)``, one GEMM."""
+    n, k, d = X.shape
+    m, _, r = maps.shape
+    flat = X.reshape(n * k, d) @ maps.transpose(1, 0, 2).reshape(d, m * r)
+    return flat.reshape(n, k, m, r).transpose(0, 2, 1, 3)
+
+
+def _pull_back(X, tensor):
+    """``sum_n X_n^T T_ni`` for ``T (n, m, k, r)``: ``(m, d, r)``, one GEMM."""
+    n, k, d = X.shape
+    m, r = tensor.shape[1], tensor.shape[3]
+    flat = tensor.transpose(0, 2, 1, 3).reshape(n * k, m * r)
+    return (X.reshape(n * k, d).T @ flat).reshape(d, m, r).transpose(1, 0, 2)
+
+
+def _bilinear(left, middle, right):
+    """``left Theta_i right^T``: ``(n, k, d), (m, d, d), (n, k, d) -> (n, m, k, k)``."""
+    return np.matmul(_token_maps(left, middle), np.swapaxes(right, 1, 2)[:, None])
