@@ -159,9 +159,9 @@ def _tiny_checkpoint(d=8, heads=2, seed=0):
     t["bert.embeddings.position_embeddings.weight"] = rng.normal(size=(6, d)).astype(
         np.float32
     )
-    t["bert.embeddings.token_type_embeddings.weight"] = rng.normal(
-        size=(2, d)
-    ).astype(np.float32)
+    t["bert.embeddings.token_type_embeddings.weight"] = rng.normal(size=(2, d)).astype(
+        np.float32
+    )
     t["bert.embeddings.LayerNorm.weight"] = np.ones(d, np.float32)
     t["bert.embeddings.LayerNorm.bias"] = np.zeros(d, np.float32)
     return t
