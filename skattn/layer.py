@@ -330,15 +330,20 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         Examples
         --------
         >>> import numpy as np, torch
+        >>> from skattn import AttentionLayer
         >>> from skattn.datasets import make_attention_layer
-        >>> layer = make_attention_layer(2, 4, random_state=0)
-        >>> mha = layer.to_torch()
+        >>> _ = torch.manual_seed(0)
+        >>> layer = AttentionLayer.from_torch(torch.nn.MultiheadAttention(4, 2))
+        >>> mha = layer.to_torch()  # rank-2 heads fit head_dim = 2
         >>> type(mha).__name__
         'MultiheadAttention'
         >>> x = torch.randn(3, 5, 4, dtype=torch.float64)
         >>> out = mha(x, x, x, need_weights=False)[0].detach().numpy()
         >>> bool(np.allclose(out, layer.transform(x.numpy()).reshape(3, 5, 4)))
         True
+        >>> full = make_attention_layer(2, 4, random_state=0)  # full-rank heads
+        >>> type(full.to_torch()).__name__
+        'AttentionLayerModule'
         """
         from ._torch import import_torch, parameters_to_torch
 

@@ -199,7 +199,11 @@ n_features_per_token)
     The fitted ``attention_``/``projection_`` are then ``Theta_i``/``W_i``, with
     ``key_bias_`` the ``u_i`` and ``intercept_`` the ``c``; ``hull_point_``,
     ``hull_directions_`` and ``projection_sum_`` stay in the augmented
-    coordinates (one more feature).
+    coordinates (one more feature).  Only this gauge is pinned: inputs confined
+    to an affine hyperplane (e.g. LayerNorm outputs, ``w^T x = const``) add
+    further null directions (``Theta~_i + a w~^T`` and ``w~ b^T``), which phases
+    2-4 report as a ``CertificationError``; ``GradientAttentionRegressor`` is
+    not affected.
 
     When the hull's spectral evidence is weak (augmented gap ratio below 3, as
     for three heads at k = 4 on 3e4 examples), a ``ConvergenceWarning`` says so:
