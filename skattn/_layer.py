@@ -1,12 +1,15 @@
 """The math of a multi-head attention layer, as pure functions on arrays.
 
-    F(X) = sum_i softmax(X Theta_i X^T) X W_i
+    F(X) = sum_i softmax(X Theta_i X^T + 1 (X u_i)^T) X W_i + 1 c^T
 
-Shapes used throughout (float64):
+(the key biases ``u_i`` and the intercept ``c`` are optional: ``None`` means 0, the
+bias-free model).  Shapes used throughout (float64):
 
 * ``X``: ``(n, k, d)`` -- n sequences of k tokens with d features;
 * ``attention``: ``(m, d, d)`` -- the Theta_i;
 * ``projection``: ``(m, d, d_out)`` -- the W_i;
+* ``key_bias``: ``(m, d)`` or None -- the u_i (logit term ``u_i^T x_a`` of key a);
+* ``intercept``: ``(d_out,)`` or None -- the constant output shift c;
 * patterns: ``(n, m, k, k)`` -- row l of head i is softmax_a(x_l^T Theta_i x_a);
 * head features: ``(n, m, k, d)`` -- S_i X, so that F(X) = sum_i (S_i X) W_i.
 
@@ -30,8 +33,11 @@ def softmax(logits, axis=-1):
     return expo / np.sum(expo, axis=axis, keepdims=True)
 
 
-def attention_logits(X, attention):
-    """Logits ``X Theta_i X^T``: ``(n, k, d), (m, d, d) -> (n, m, k, k)``.
+def attention_logits(X, attention, key_bias=None):
+    """Logits ``X Theta_i X^T + 1 (X u_i)^T``: ``(n, k, d), (m, d, d) -> (n, m, k, k)``.
+
+    ``key_bias`` (m, d), when given, adds ``u_i^T x_a`` to every row's logit of key
+    token ``a`` (the query bias of a real layer, mapped through the key weights).
 
     Examples
     --------
@@ -41,11 +47,17 @@ def attention_logits(X, attention):
     """
     # (x_l^T Theta_i) for every token l, then dot with every token a.
     left = np.einsum("nkd,mde->nmke", X, attention, optimize=True)
-    return np.matmul(left, np.swapaxes(X, 1, 2)[:, None])
+    logits = np.matmul(left, np.swapaxes(X, 1, 2)[:, None])
+    if key_bias is not None:
+        # u_i^T x_a, the same for every query row l
+        logits += np.einsum("nad,md->nma", X, key_bias, optimize=True)[:, :, None, :]
+    return logits
 
 
-def attention_patterns(X, attention):
-    """Row-stochastic patterns ``softmax(X Theta_i X^T)``: ``-> (n, m, k, k)``.
+def attention_patterns(X, attention, key_bias=None):
+    """Row-stochastic patterns ``softmax(X Theta_i X^T + 1 (X u_i)^T)``.
+
+    Shape ``-> (n, m, k, k)``; ``key_bias`` as in :func:`attention_logits`.
 
     Examples
     --------
@@ -54,10 +66,10 @@ def attention_patterns(X, attention):
     array([[0.5, 0.5],
            [0.5, 0.5]])
     """
-    return softmax(attention_logits(X, attention), axis=-1)
+    return softmax(attention_logits(X, attention, key_bias), axis=-1)
 
 
-def head_features(X, attention, patterns=None):
+def head_features(X, attention, patterns=None, key_bias=None):
     """Per-head token features ``S_i X``: ``-> (n, m, k, d)``.
 
     F is linear in the projections given these: ``F(X) = sum_i (S_i X) W_i``.
@@ -69,12 +81,16 @@ def head_features(X, attention, patterns=None):
     (4, 2, 2, 3)
     """
     if patterns is None:
-        patterns = attention_patterns(X, attention)
+        patterns = attention_patterns(X, attention, key_bias)
     return np.matmul(patterns, X[:, None])
 
 
-def forward(X, attention, projection, features=None):
+def forward(X, attention, projection, features=None, key_bias=None, intercept=None):
     """The layer's output ``sum_i softmax(X Theta_i X^T) X W_i``: ``-> (n, k, d_out)``.
+
+    With ``key_bias`` (m, d) the logits gain ``u_i^T x_a``; with ``intercept``
+    (d_out,) every output token gains ``c`` (value and output biases of a real
+    layer: each attention row sums to 1, so they add a constant).
 
     Examples
     --------
@@ -84,8 +100,11 @@ def forward(X, attention, projection, features=None):
     array([3., 3.])
     """
     if features is None:
-        features = head_features(X, attention)
-    return np.einsum("nmkd,mdo->nko", features, projection, optimize=True)
+        features = head_features(X, attention, key_bias=key_bias)
+    out = np.einsum("nmkd,mdo->nko", features, projection, optimize=True)
+    if intercept is not None:
+        out += intercept
+    return out
 
 
 def squared_loss_gradient(X, Y, attention, projection, sample_weight=None):

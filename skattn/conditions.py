@@ -34,6 +34,15 @@ norms are Frobenius unless marked ``_2`` for the spectral norm):
 ``identifiability``             ``d_out > m k``.
 =============================== ===================================================
 
+**Biases.** A layer with key biases ``u_i`` (see :class:`skattn.AttentionLayer`) is
+learned on tokens with a constant coordinate appended, where head i's logit map is
+``Theta_i`` with ``u_i^T`` appended as a last row (``fit_intercept=True``).  The
+attention-side quantities (incoherence, independence, separation, stable rank, norm
+ratio) are then measured on these ``(d + 1) x d`` matrices, so that two heads
+differing only in their key biases count as distinct; the diagonal weight stays
+that of ``Theta_i`` (the self-logit ``x^T Theta_i x``).  The intercept is one
+constant shift of the output and enters no condition.
+
 Why each matters (see also :class:`ConditionReport`):
 
 * **Incoherence, independence, separation of the Theta_i.** Phases 2-5 recover the
@@ -85,7 +94,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .metrics._recovery import _layer_parameters
+from .metrics._recovery import _layer_biases, _layer_parameters
 
 __all__ = [
     "THRESHOLDS",
@@ -497,7 +506,9 @@ def check_conditions(layer, n_tokens=None):
     Parameters
     ----------
     layer : AttentionLayer or fitted estimator
-        The layer; an estimator must expose ``attention_`` and ``projection_``.
+        The layer; an estimator must expose ``attention_`` and ``projection_``
+        (and ``key_bias_`` when fitted with an intercept).  Key biases are
+        handled as the module docstring's "Biases" paragraph says.
     n_tokens : int, default=None
         Sequence length k; ``None`` takes it from the layer (``n_tokens_`` or
         ``n_tokens``).
@@ -534,25 +545,32 @@ def check_conditions(layer, n_tokens=None):
         raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}.")
     n_tokens = int(n_tokens)
     m, d, d_out = projection.shape
+    key_bias = _layer_biases(layer, attention, projection)[0]
+    # with key biases: the logit map on [x, 1] tokens, Theta_i with u_i^T appended
+    logit_maps = (
+        np.concatenate([attention, key_bias[:, None, :]], axis=1)
+        if np.any(key_bias)
+        else attention
+    )
 
-    th_cos = cosine_matrix(attention)
+    th_cos = cosine_matrix(logit_maps)
     values = {
         "attention_incoherence": (_max_offdiag(th_cos), None),
         "attention_independence": (
             float(np.sqrt(max(np.linalg.eigvalsh(th_cos)[0], 0.0))),
             None,
         ),
-        "attention_separation": (min_separation(attention), None),
+        "attention_separation": (min_separation(logit_maps), None),
         "projection_incoherence": (_max_offdiag(cosine_matrix(projection)), None),
     }
     for name, per_head, worst in [
-        ("attention_stable_rank", stable_ranks(attention), np.min),
+        ("attention_stable_rank", stable_ranks(logit_maps), np.min),
         ("projection_stable_rank", stable_ranks(projection), np.min),
         ("diagonal_weight", diagonal_weights(attention), np.max),
         ("projection_column_share", column_shares(projection), np.max),
     ]:
         values[name] = (float(worst(per_head)), per_head)
-    values["attention_norm_ratio"] = (_norm_ratio(attention), None)
+    values["attention_norm_ratio"] = (_norm_ratio(logit_maps), None)
     values["projection_norm_ratio"] = (_norm_ratio(projection), None)
     values["projection_sum_conditioning"] = (
         _sum_conditioning(projection, n_tokens),

@@ -8,6 +8,7 @@ from sklearn.utils import check_array
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._convert import projections_to_parameters
 from ._layer import attention_patterns, forward
 from ._sequences import check_finite, flatten_tokens, layer_sequences
 
@@ -58,8 +59,46 @@ def check_layer_parameters(attention, projection):
     return attention, projection
 
 
+def check_layer_biases(key_bias, intercept, n_heads, n_features, n_outputs):
+    """Validate the key biases u_i (m, d) and the intercept c (d_out,).
+
+    ``None`` stays ``None`` (no bias); anything else is returned as float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> u, c = check_layer_biases(np.zeros((2, 3)), None, 2, 3, 4)
+    >>> u.shape, c
+    ((2, 3), None)
+    """
+    if key_bias is not None:
+        key_bias = np.asarray(key_bias, dtype=float)
+        if key_bias.ndim == 1 and n_heads == 1:
+            key_bias = key_bias[None]
+        if key_bias.shape != (n_heads, n_features):
+            raise ValueError(
+                f"key_bias must have shape (n_heads, n_features) = ({n_heads}, "
+                f"{n_features}), one vector u_i per head, got {key_bias.shape}."
+            )
+        check_finite(key_bias, "key_bias")
+    if intercept is not None:
+        intercept = np.asarray(intercept, dtype=float)
+        if intercept.shape != (n_outputs,):
+            raise ValueError(
+                f"intercept must have shape (n_outputs,) = ({n_outputs},), got "
+                f"{intercept.shape}."
+            )
+        check_finite(intercept, "intercept")
+    return key_bias, intercept
+
+
 class AttentionLayer(TransformerMixin, BaseEstimator):
     """A multi-head attention layer ``F(X) = sum_i softmax(X Theta_i X^T) X W_i``.
+
+    With biases, ``F(X) = sum_i softmax(X Theta_i X^T + 1 (X u_i)^T) X W_i +
+    1 c^T``: the exact form of a real attention sub-layer with query, key, value
+    and output biases (the query bias gives the key term ``u_i``, the key bias
+    cancels in the softmax, value and output biases add the constant ``c``).
 
     A fixed function: use it as a planted teacher (``transform`` gives the labels),
     as the result of a learner (``estimator.layer_``), or as a step of a Pipeline.
@@ -74,6 +113,11 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
     n_tokens : int, default=None
         Tokens per sequence.  ``None`` infers it from a 3-D input, else from the
         width of a 2-D input divided by ``n_features``.
+    key_bias : array-like of shape (n_heads, n_features), default=None
+        The key-bias vectors u_i: head i's logit of key token a gains
+        ``u_i^T x_a``.  ``None``: no such term.
+    intercept : array-like of shape (n_outputs,), default=None
+        Constant ``c`` added to every output token.  ``None``: zero.
 
     Attributes
     ----------
@@ -85,6 +129,8 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
     See Also
     --------
     skattn.datasets.make_attention_layer : plant a random layer.
+    AttentionLayer.from_torch : a layer from ``torch.nn.MultiheadAttention``.
+    AttentionLayer.from_projections : a layer from raw (checkpoint) weights.
 
     Examples
     --------
@@ -100,12 +146,221 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         "attention": ["array-like"],
         "projection": ["array-like"],
         "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
+        "key_bias": ["array-like", None],
+        "intercept": ["array-like", None],
     }
 
-    def __init__(self, attention, projection, *, n_tokens=None):
+    def __init__(
+        self, attention, projection, *, n_tokens=None, key_bias=None, intercept=None
+    ):
         self.attention = attention
         self.projection = projection
         self.n_tokens = n_tokens
+        self.key_bias = key_bias
+        self.intercept = intercept
+
+    def _parameters(self):
+        """Validated ``(attention, projection, key_bias, intercept)``."""
+        attention, projection = check_layer_parameters(self.attention, self.projection)
+        key_bias, intercept = check_layer_biases(
+            self.key_bias, self.intercept, *projection.shape
+        )
+        return attention, projection, key_bias, intercept
+
+    @classmethod
+    def from_projections(
+        cls,
+        query,
+        key,
+        value,
+        output,
+        n_heads,
+        *,
+        biases=None,
+        scale=None,
+        n_tokens=None,
+    ):
+        """The layer of raw attention weights, exactly (biases included).
+
+        The weights follow the ``(out_features, in_features)`` convention of
+        PyTorch and BERT-style checkpoints, so tensors read from a
+        ``.safetensors`` file with ``safetensors.numpy`` (no torch needed) map
+        directly.  Head i uses rows ``i*h:(i+1)*h`` of ``query``, ``key`` and
+        ``value`` (``h = width / n_heads``) and the same columns of ``output``:
+
+        * ``Theta_i = scale * query_i^T key_i``;
+        * ``u_i = scale * key_i^T b_query_i`` (the key bias cancels in the softmax);
+        * ``W_i = value_i^T output_i^T``;
+        * ``c = output @ b_value + b_output``.
+
+        Parameters
+        ----------
+        query, key : array-like of shape (n_heads * head_dim, n_features)
+            Query and key weights.
+        value : array-like of shape (n_heads * value_dim, n_features)
+            Value weights.
+        output : array-like of shape (n_outputs, n_heads * value_dim)
+            Output (dense) weights.
+        n_heads : int
+            Number of heads; must divide the widths.
+        biases : dict, default=None
+            Any of ``"query"``, ``"key"``, ``"value"``, ``"output"`` (vectors of
+            the matching widths); missing or ``None`` means zero.  Without
+            biases the layer has ``key_bias=None`` and ``intercept=None``.
+        scale : float, default=None
+            Logit scale; ``None`` is ``1 / sqrt(head_dim)``, as in PyTorch and BERT.
+        n_tokens : int, default=None
+            Passed to the layer.
+
+        Returns
+        -------
+        layer : AttentionLayer
+
+        Raises
+        ------
+        ValueError
+            On shapes that do not fit together, ``n_heads`` not dividing the
+            width, or non-finite weights, naming the argument.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from skattn import AttentionLayer
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v, o = rng.normal(size=(4, 6, 6))
+        >>> layer = AttentionLayer.from_projections(
+        ...     q, k, v, o, 2, biases={"query": np.ones(6)})
+        >>> layer.attention.shape, layer.key_bias.shape, layer.intercept.shape
+        ((2, 6, 6), (2, 6), (6,))
+        """
+        attention, projection, key_bias, intercept = projections_to_parameters(
+            query, key, value, output, n_heads, biases=biases, scale=scale
+        )
+        if biases is None:
+            key_bias = intercept = None
+        return cls(
+            attention,
+            projection,
+            n_tokens=n_tokens,
+            key_bias=key_bias,
+            intercept=intercept,
+        )
+
+    @classmethod
+    def from_torch(cls, module, *, n_tokens=None):
+        """The layer computed by a ``torch.nn.MultiheadAttention``, exactly.
+
+        ``module(x, x, x, need_weights=False)[0]`` equals ``transform`` of this
+        layer (in eval mode: dropout is a training-time perturbation and is not
+        part of the function).  ``batch_first`` only changes the tensor layout
+        and is handled by the caller; the layer always takes
+        ``(n_samples, n_tokens, n_features)``.  A module returned by
+        :meth:`to_torch` is converted back as well.  Requires torch
+        (``pip install "skattn[torch]"``).
+
+        Parameters
+        ----------
+        module : torch.nn.MultiheadAttention
+            With or without bias.  ``add_bias_kv=True``, ``add_zero_attn=True`` and
+            ``kdim``/``vdim`` different from ``embed_dim`` are not supported (a
+            ValueError names the option); masks are arguments of the module's
+            forward, not part of the layer: the layer attends over all tokens.
+        n_tokens : int, default=None
+            Passed to the layer.
+
+        Returns
+        -------
+        layer : AttentionLayer
+            With ``key_bias`` and ``intercept`` when the module has biases.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from skattn import AttentionLayer
+        >>> _ = torch.manual_seed(0)
+        >>> mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+        >>> x = torch.randn(5, 3, 8, dtype=torch.float64)
+        >>> layer = AttentionLayer.from_torch(mha)
+        >>> expected = mha(x, x, x, need_weights=False)[0].detach().numpy()
+        >>> diff = layer.transform(x.numpy()) - expected.reshape(5, -1)
+        >>> bool(abs(diff).max() < 1e-12)
+        True
+        """
+        from ._torch import torch_parameters
+
+        attention, projection, key_bias, intercept = torch_parameters(module)
+        bias_free = not (np.any(key_bias) or np.any(intercept))
+        if bias_free and getattr(module, "in_proj_bias", 0) is None:
+            key_bias = intercept = None
+        return cls(
+            attention,
+            projection,
+            n_tokens=n_tokens,
+            key_bias=key_bias,
+            intercept=intercept,
+        )
+
+    def to_torch(self, *, batch_first=True, dtype=None, module="auto"):
+        """A torch module whose forward equals this layer's ``transform``.
+
+        When the heads fit its shapes (``n_heads`` divides ``n_features``,
+        ``n_outputs == n_features``, and for every head ``rank [Theta_i^T, u_i]
+        <= head_dim`` and ``rank W_i <= head_dim``, ``head_dim = n_features /
+        n_heads``) the result is a standard ``torch.nn.MultiheadAttention`` (with
+        bias, in eval mode): call it as ``mha(x, x, x, need_weights=False)[0]``.
+        Otherwise it is a small skattn ``torch.nn.Module`` holding ``attention``,
+        ``projection``, ``key_bias`` and ``intercept`` as parameters, called the
+        same way (self-attention only; masks raise a ValueError).  Requires
+        torch (``pip install "skattn[torch]"``).
+
+        Parameters
+        ----------
+        batch_first : bool, default=True
+            Layout of the module's input and output: ``(batch, tokens,
+            features)`` when True, ``(tokens, batch, features)`` when False.
+        dtype : torch.dtype, default=None
+            ``None`` is ``torch.float64``.
+        module : {"auto", "skattn"}, default="auto"
+            ``"skattn"`` always returns skattn's module.
+
+        Returns
+        -------
+        module : torch.nn.Module
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from skattn import AttentionLayer
+        >>> from skattn.datasets import make_attention_layer
+        >>> _ = torch.manual_seed(0)
+        >>> layer = AttentionLayer.from_torch(torch.nn.MultiheadAttention(4, 2))
+        >>> mha = layer.to_torch()  # rank-2 heads fit head_dim = 2
+        >>> type(mha).__name__
+        'MultiheadAttention'
+        >>> x = torch.randn(3, 5, 4, dtype=torch.float64)
+        >>> out = mha(x, x, x, need_weights=False)[0].detach().numpy()
+        >>> bool(np.allclose(out, layer.transform(x.numpy()).reshape(3, 5, 4)))
+        True
+        >>> full = make_attention_layer(2, 4, random_state=0)  # full-rank heads
+        >>> type(full.to_torch()).__name__
+        'AttentionLayerModule'
+        """
+        from ._torch import import_torch, parameters_to_torch
+
+        torch = import_torch()
+        if module not in ("auto", "skattn"):
+            raise ValueError(f'module must be "auto" or "skattn", got {module!r}.')
+        attention, projection, key_bias, intercept = self._parameters()
+        m, d, d_out = projection.shape
+        return parameters_to_torch(
+            attention,
+            projection,
+            np.zeros((m, d)) if key_bias is None else key_bias,
+            np.zeros(d_out) if intercept is None else intercept,
+            batch_first=batch_first,
+            dtype=torch.float64 if dtype is None else dtype,
+            force_module=module == "skattn",
+        )
 
     @property
     def n_heads(self):
@@ -151,7 +406,7 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         -------
         self : AttentionLayer
         """
-        check_layer_parameters(self.attention, self.projection)
+        self._parameters()
         X3 = self._sequences(X, reset=True)
         self.n_tokens_ = X3.shape[1]
         return self
@@ -168,9 +423,9 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         -------
         Y : ndarray of shape (n_samples, n_tokens * n_outputs)
         """
-        attention, projection = check_layer_parameters(self.attention, self.projection)
+        attention, projection, key_bias, intercept = self._parameters()
         X3 = self._sequences(X, reset=False)
-        Y = forward(X3, attention, projection)
+        Y = forward(X3, attention, projection, key_bias=key_bias, intercept=intercept)
         return Y.reshape(X3.shape[0], -1)
 
     def attention_patterns(self, X):
@@ -184,10 +439,11 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         Returns
         -------
         patterns : ndarray of shape (n_samples, n_heads, n_tokens, n_tokens)
-            Row l of head i is the distribution softmax_a(x_l^T Theta_i x_a).
+            Row l of head i is the distribution softmax_a(x_l^T Theta_i x_a +
+            u_i^T x_a).
         """
-        attention, _ = check_layer_parameters(self.attention, self.projection)
-        return attention_patterns(self._sequences(X, reset=False), attention)
+        attention, _, key_bias, _ = self._parameters()
+        return attention_patterns(self._sequences(X, reset=False), attention, key_bias)
 
     def get_feature_names_out(self, input_features=None):
         """Output names ``token{t}_out{j}``, token-major.

@@ -4,7 +4,11 @@
   distributions with ``sample`` and batch-size-invariant ``iter_batches``;
 * :func:`make_attention_layer`: a planted :class:`~skattn.AttentionLayer`;
 * :func:`make_attention_regression`: examples ``(X, F(X) + noise)`` of one;
-* :func:`sample_inputs`: draw from a distribution given by name.
+* :func:`sample_inputs`: draw from a distribution given by name;
+* :class:`EmbeddedTokens`: embedded vocabulary tokens (real token distributions);
+* :func:`load_bert_attention`: a pretrained BERT-style attention layer and its
+  embedded tokens, from a ``.safetensors`` checkpoint (e.g. all-MiniLM-L6-v2,
+  :func:`minilm_checkpoint_path`).
 """
 
 from ._distributions import (
@@ -16,14 +20,18 @@ from ._distributions import (
     sample_inputs,
 )
 from ._generators import make_attention_layer, make_attention_regression
+from ._pretrained import EmbeddedTokens, load_bert_attention, minilm_checkpoint_path
 
 __all__ = [
     "BooleanTokens",
+    "EmbeddedTokens",
     "GaussianTokens",
     "TokenDistribution",
     "TokenizedMixture",
+    "load_bert_attention",
     "make_attention_layer",
     "make_attention_regression",
+    "minilm_checkpoint_path",
     "resolve_distribution",
     "sample_inputs",
 ]

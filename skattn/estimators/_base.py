@@ -42,6 +42,78 @@ def check_weights(sample_weight):
     return sample_weight
 
 
+def augment_tokens(X):
+    """Append the constant coordinate 1 to every token: ``(n, k, d) -> (n, k, d+1)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> augment_tokens(np.zeros((1, 2, 1)))[0]
+    array([[0., 1.],
+           [0., 1.]])
+    """
+    return np.concatenate([X, np.ones(X.shape[:2] + (1,))], axis=2)
+
+
+def split_augmented(attention, projection):
+    """A layer on augmented tokens ``[x, 1]`` as ``(Theta, u, W, c)`` on ``x``.
+
+    With ``Theta~_i = [[Theta_i, g_i], [u_i^T, t_i]]`` and ``W~_i = [W_i; w0_i]``
+    the logits on ``[x, 1]`` tokens are ``x_l^T Theta_i x_a + u_i^T x_a`` plus
+    terms constant in ``a`` (the last column: a gauge, dropped) and the output
+    gains ``c = sum_i w0_i`` (only the sum is identifiable).
+
+    Parameters
+    ----------
+    attention : ndarray of shape (m, d + 1, d + 1)
+    projection : ndarray of shape (m, d + 1, d_out)
+
+    Returns
+    -------
+    attention : ndarray of shape (m, d, d)
+    key_bias : ndarray of shape (m, d)
+    projection : ndarray of shape (m, d, d_out)
+    intercept : ndarray of shape (d_out,)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> th, u, W, c = split_augmented(np.ones((2, 3, 3)), np.ones((2, 3, 4)))
+    >>> th.shape, u.shape, W.shape, c
+    ((2, 2, 2), (2, 2), (2, 2, 4), array([2., 2., 2., 2.]))
+    """
+    return (
+        attention[:, :-1, :-1].copy(),
+        attention[:, -1, :-1].copy(),
+        projection[:, :-1].copy(),
+        projection[:, -1].sum(axis=0),
+    )
+
+
+def join_augmented(attention, key_bias, projection, intercept):
+    """Inverse of :func:`split_augmented` in the gauge ``g_i = t_i = 0``,
+    ``w0_i = c / m``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> th, W = join_augmented(np.eye(2)[None], np.ones((1, 2)), np.eye(2)[None],
+    ...                        np.ones(2))
+    >>> th[0]
+    array([[1., 0., 0.],
+           [0., 1., 0.],
+           [1., 1., 0.]])
+    """
+    m, d, d_out = projection.shape
+    theta = np.zeros((m, d + 1, d + 1))
+    theta[:, :d, :d] = attention
+    theta[:, d, :d] = key_bias
+    W = np.concatenate(
+        [projection, np.broadcast_to(intercept / m, (m, 1, d_out))], axis=1
+    )
+    return theta, W
+
+
 class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
     """Base class of regressors whose model is a multi-head attention layer.
 
@@ -49,7 +121,13 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
     :meth:`_validate_fit_data` first and :meth:`_set_layer` last; ``predict`` and
     ``score`` come from here.  Fitted attributes set by this class:
     ``n_features_in_``, ``n_tokens_``, ``n_features_per_token_``,
-    ``n_outputs_per_token_``, ``attention_``, ``projection_``, ``layer_``.
+    ``n_outputs_per_token_``, ``attention_``, ``projection_``, ``key_bias_``,
+    ``intercept_``, ``layer_``.
+
+    Subclasses with a ``fit_intercept`` parameter learn the biased model
+    ``sum_i softmax(X Theta_i X^T + 1 (X u_i)^T) X W_i + 1 c^T`` on augmented
+    tokens ``[x, 1]`` (:meth:`_model_tokens`); :meth:`_set_layer` maps the
+    augmented parameters back (:func:`split_augmented`).
     """
 
     # Per-token outputs: skattn's estimator checks treat this as an attention regressor.
@@ -121,12 +199,42 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         check_fitted_tokens(k3, self.n_tokens_)
         return unflatten_tokens(X, self.n_tokens_)
 
+    def _model_tokens(self, X3):
+        """The tokens the model sees: ``[x, 1]`` when fitting an intercept."""
+        return augment_tokens(X3) if getattr(self, "fit_intercept", False) else X3
+
+    def _model_parameters(self):
+        """The fitted parameters in the model's coordinates (augmented or not)."""
+        if getattr(self, "fit_intercept", False):
+            return join_augmented(
+                self.attention_, self.key_bias_, self.projection_, self.intercept_
+            )
+        return self.attention_.copy(), self.projection_.copy()
+
     def _set_layer(self, attention, projection):
-        """Store the learned parameters and the matching ``AttentionLayer``."""
-        self.attention_ = np.asarray(attention, dtype=np.float64)
-        self.projection_ = np.asarray(projection, dtype=np.float64)
+        """Store the learned parameters and the matching ``AttentionLayer``.
+
+        ``attention`` and ``projection`` are in the model's coordinates: on
+        augmented tokens when ``fit_intercept`` is True.
+        """
+        attention = np.asarray(attention, dtype=np.float64)
+        projection = np.asarray(projection, dtype=np.float64)
+        fit_intercept = getattr(self, "fit_intercept", False)
+        if fit_intercept:
+            attention, key_bias, projection, intercept = split_augmented(
+                attention, projection
+            )
+        else:
+            m, d, d_out = projection.shape
+            key_bias, intercept = np.zeros((m, d)), np.zeros(d_out)
+        self.attention_, self.projection_ = attention, projection
+        self.key_bias_, self.intercept_ = key_bias, intercept
         self.layer_ = AttentionLayer(
-            self.attention_, self.projection_, n_tokens=self.n_tokens_
+            self.attention_,
+            self.projection_,
+            n_tokens=self.n_tokens_,
+            key_bias=key_bias if fit_intercept else None,
+            intercept=intercept if fit_intercept else None,
         )
 
     def predict(self, X):
@@ -143,5 +251,11 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
             1-D when the training target was 1-D.
         """
         X3 = self._validate_predict_data(X)
-        Y = forward(X3, self.attention_, self.projection_).reshape(X3.shape[0], -1)
+        Y = forward(
+            X3,
+            self.attention_,
+            self.projection_,
+            key_bias=getattr(self, "key_bias_", None),
+            intercept=getattr(self, "intercept_", None),
+        ).reshape(X3.shape[0], -1)
         return Y.ravel() if self._y_1d else Y

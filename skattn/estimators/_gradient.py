@@ -311,6 +311,13 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     n_tokens : int, default=None
         Tokens per sequence k.  ``None`` takes k from a 3-D X, else k = 1 (then
         every softmax is 1 and the model is linear: ``y = x sum_i W_i``).
+    fit_intercept : bool, default=False
+        Also learn key biases ``u_i`` and an output intercept ``c`` (the model
+        ``sum_i softmax(X Theta_i X^T + 1 (X u_i)^T) X W_i + 1 c^T`` of real
+        layers with biases), by training on tokens with a constant coordinate
+        1 appended and mapping the result back (see
+        :class:`MultiHeadAttentionRegressor`'s Notes).  ``alpha`` then also
+        penalises the ``u_i`` and the per-head shares of ``c``.
     solver : {"lbfgs", "adam"}, default="lbfgs"
         ``"lbfgs"``: scipy's L-BFGS-B on all samples at once (deterministic, the
         accurate choice for up to ~10^5 samples).  ``"adam"``: shuffled
@@ -357,6 +364,10 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     projection_ : ndarray of shape (n_heads, `n_features_per_token_`, \
 `n_outputs_per_token_`)
         The learned W_i.
+    key_bias_ : ndarray of shape (n_heads, `n_features_per_token_`)
+        Learned key biases u_i (zeros when ``fit_intercept=False``).
+    intercept_ : ndarray of shape (`n_outputs_per_token_`,)
+        Learned output intercept c (zeros when ``fit_intercept=False``).
     layer_ : AttentionLayer
         The learned layer as a transformer.
     loss_ : float
@@ -434,6 +445,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     _parameter_constraints = {
         **BaseAttentionRegressor._parameter_constraints,
         "n_heads": [Interval(Integral, 1, None, closed="left")],
+        "fit_intercept": ["boolean"],
         "solver": [StrOptions({"lbfgs", "adam"})],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
@@ -456,6 +468,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         n_heads=1,
         n_tokens=None,
         *,
+        fit_intercept=False,
         solver="lbfgs",
         alpha=0.0,
         max_iter=500,
@@ -471,6 +484,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     ):
         self.n_heads = n_heads
         self.n_tokens = n_tokens
+        self.fit_intercept = fit_intercept
         self.solver = solver
         self.alpha = alpha
         self.max_iter = max_iter
@@ -492,14 +506,15 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     def _previous_solution(self, d, d_out):
         """The fitted parameters, checked against the new data's shapes."""
         expected = (self.n_heads, d, d, d_out)
-        found = self.attention_.shape + self.projection_.shape[2:]
+        attention, projection = self._model_parameters()
+        found = attention.shape + projection.shape[2:]
         if found != expected:
             raise ValueError(
                 f"warm_start=True but the previous solution has (n_heads, n_features,"
                 f" n_features, n_outputs) = {found} while the new fit needs "
                 f"{expected}; refit with warm_start=False."
             )
-        return self.attention_.copy(), self.projection_.copy()
+        return attention, projection
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None):
@@ -522,6 +537,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         """
         warm = self.warm_start and hasattr(self, "attention_")
         X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
+        X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
         n, k, d = X3.shape
         d_out = Y3.shape[2]
         previous = self._previous_solution(d, d_out) if warm else None
@@ -669,6 +685,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
             X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
         else:
             X3, Y3, sample_weight = self._validate_partial_fit_data(X, y, sample_weight)
+        X3 = self._model_tokens(X3)
         check_weights(sample_weight)
         n, k, d = X3.shape
         d_out = Y3.shape[2]
@@ -686,7 +703,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
             )
             self.loss_curve_, self.n_iter_ = [], 0
         else:
-            attention, projection = self.attention_, self.projection_
+            attention, projection = self._model_parameters()
         if getattr(self, "_adam", None) is None:
             self._adam = _adam_state(attention, projection)
         attention, projection, epoch_loss = _adam_epoch(

@@ -67,6 +67,12 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         ``"boolean"`` verifies that every input is +-1, the setting of Chen & Li's
         guarantee, and raises otherwise; ``"gaussian"`` accepts any finite real
         tokens (the Gaussian extension).  The algorithm is the same.
+    fit_intercept : bool, default=False
+        Also learn key biases ``u_i`` and an output intercept ``c``: the model
+        ``sum_i softmax(X Theta_i X^T + 1 (X u_i)^T) X W_i + 1 c^T`` of real
+        layers with biases.  The phases then run on tokens with a constant
+        coordinate 1 appended (see Notes); ``input_distribution="boolean"``
+        checks the given X, not that coordinate.
     certify_tol : float, default=0.3
         Relative residual below which a row counts as certified (all heads agree)
         in the first round.  Raise it when too few rows certify.
@@ -140,6 +146,10 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         Learned Theta_i.
     projection_ : ndarray of shape (n_heads, n_features_per_token, n_outputs_per_token)
         Learned W_i.
+    key_bias_ : ndarray of shape (n_heads, n_features_per_token)
+        Learned key biases u_i (zeros when ``fit_intercept=False``).
+    intercept_ : ndarray of shape (n_outputs_per_token,)
+        Learned output intercept c (zeros when ``fit_intercept=False``).
     layer_ : AttentionLayer
         The learned layer.
     n_heads_ : int
@@ -177,6 +187,24 @@ n_features_per_token)
     the phases are skipped, ``attention_`` is zero and ``projection_`` holds the
     least-squares ``W_sum`` divided equally among the heads.
 
+    With ``fit_intercept=True`` every phase sees the tokens ``[x, 1]``, so it
+    learns ``Theta~_i = [[Theta_i, g_i], [u_i^T, t_i]]`` and ``W~_i = [W_i;
+    w0_i]``: the logits on ``[x, 1]`` are those of the biased model plus terms
+    constant in the key token, and the output gains ``sum_i w0_i = c`` because
+    attention rows sum to 1.  The last column ``(g_i, t_i)`` is a gauge (null in
+    every hull equation, since it multiplies ``x_a - x_b``'s constant coordinate,
+    0): phases 2-4 pin it to 0 explicitly
+    (``gauge_features`` of :func:`~skattn.phased._affine_hull.hull_constraints`)
+    so that it neither counts as a hull direction nor disturbs the spectral gap.
+    The fitted ``attention_``/``projection_`` are then ``Theta_i``/``W_i``, with
+    ``key_bias_`` the ``u_i`` and ``intercept_`` the ``c``; ``hull_point_``,
+    ``hull_directions_`` and ``projection_sum_`` stay in the augmented
+    coordinates (one more feature).  Only this gauge is pinned: inputs confined
+    to an affine hyperplane (e.g. LayerNorm outputs, ``w^T x = const``) add
+    further null directions (``Theta~_i + a w~^T`` and ``w~ b^T``), which phases
+    2-4 report as a ``CertificationError``; ``GradientAttentionRegressor`` is
+    not affected.
+
     When the hull's spectral evidence is weak (augmented gap ratio below 3, as
     for three heads at k = 4 on 3e4 examples), a ``ConvergenceWarning`` says so:
     the net then searches a wrong hull and any recovery is the polish's.
@@ -199,6 +227,7 @@ n_features_per_token)
         **BaseAttentionRegressor._parameter_constraints,
         "n_heads": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "input_distribution": [StrOptions({"gaussian", "boolean"})],
+        "fit_intercept": ["boolean"],
         "certify_tol": [Interval(Real, 0, None, closed="neither")],
         "certify_tol_final": [Interval(Real, 0, None, closed="neither")],
         "n_rounds": [Interval(Integral, 1, None, closed="left")],
@@ -227,6 +256,7 @@ n_features_per_token)
         n_tokens=None,
         *,
         input_distribution="gaussian",
+        fit_intercept=False,
         certify_tol=0.3,
         certify_tol_final=0.02,
         n_rounds=5,
@@ -251,6 +281,7 @@ n_features_per_token)
         self.n_heads = n_heads
         self.n_tokens = n_tokens
         self.input_distribution = input_distribution
+        self.fit_intercept = fit_intercept
         self.certify_tol = certify_tol
         self.certify_tol_final = certify_tol_final
         self.n_rounds = n_rounds
@@ -293,6 +324,7 @@ n_features_per_token)
         X3, Y3, weights = self._validate_fit_data(X, y, sample_weight)
         if self.input_distribution == "boolean":
             BooleanTokens(*X3.shape[1:]).check(X3.reshape(len(X3), -1))
+        X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
         rng = check_random_state(self.random_state)
         self.phase_report_ = []
         if self.n_tokens_ == 1:
@@ -417,6 +449,7 @@ n_features_per_token)
             batch_size=self.batch_size,
             max_heads=self.max_heads,
             random_state=rng.randint(np.iinfo(np.int32).max),
+            gauge_features=(X3.shape[2] - 1,) if self.fit_intercept else (),
         )
 
     def _phase6(self, X3, Y3, weights, point, directions, rng, bar):

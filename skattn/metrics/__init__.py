@@ -11,7 +11,12 @@
 """
 
 from ._plot import AttentionPatternDisplay, RecoveryCurveDisplay
-from ._recovery import attention_pattern_error, parameter_error, prediction_error
+from ._recovery import (
+    attention_pattern_error,
+    parameter_error,
+    prediction_error,
+    reached_directions,
+)
 from ._scorers import make_recovery_scorer, relative_prediction_error
 
 __all__ = [
@@ -21,5 +26,6 @@ __all__ = [
     "make_recovery_scorer",
     "parameter_error",
     "prediction_error",
+    "reached_directions",
     "relative_prediction_error",
 ]

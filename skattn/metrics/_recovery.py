@@ -12,7 +12,7 @@ from sklearn.utils import Bunch, check_array
 
 from .._layer import attention_patterns, forward
 from .._sequences import flatten_tokens, layer_sequences
-from ..layer import AttentionLayer, check_layer_parameters
+from ..layer import AttentionLayer, check_layer_biases, check_layer_parameters
 
 
 def _layer_parameters(layer, name):
@@ -34,6 +34,71 @@ def _layer_parameters(layer, name):
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from exc
     return attention, projection, n_tokens
+
+
+def _layer_biases(layer, attention, projection):
+    """``(key_bias, intercept)`` of a layer or fitted estimator, zeros when absent."""
+    if isinstance(layer, AttentionLayer):
+        key_bias, intercept = layer.key_bias, layer.intercept
+    else:
+        key_bias = getattr(layer, "key_bias_", None)
+        intercept = getattr(layer, "intercept_", None)
+    m, d, d_out = projection.shape
+    key_bias, intercept = check_layer_biases(key_bias, intercept, m, d, d_out)
+    return (
+        np.zeros((m, d)) if key_bias is None else key_bias,
+        np.zeros(d_out) if intercept is None else intercept,
+    )
+
+
+def reached_directions(X, n_features, tol=1e-10):
+    """Mean token and projector onto the directions the tokens of X reach.
+
+    The tokens of X lie in an affine subspace ``mu + range(R)``: ``mu`` is their
+    mean and ``R`` the orthogonal projector onto the eigenvectors of their
+    covariance with eigenvalue above ``tol`` times the largest.  For LayerNorm
+    outputs, e.g., ``range(R)`` is a hyperplane (d - 1 directions).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_tokens * n_features) or \
+(n_samples, n_tokens, n_features)
+    n_features : int
+    tol : float, default=1e-10
+
+    Returns
+    -------
+    mean : ndarray of shape (n_features,)
+    projector : ndarray of shape (n_features, n_features)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[1.0, 0.0, 0.0, 0.0, 1.0, 0.0], [2.0, 0.0, 0.0, -1.0, 1.0, 0.0]])
+    >>> mean, R = reached_directions(X, 3)
+    >>> int(round(np.trace(R)))
+    2
+    """
+    tokens = np.asarray(X, dtype=float).reshape(-1, n_features)
+    mean = tokens.mean(axis=0)
+    centred = tokens - mean
+    evals, evecs = np.linalg.eigh(centred.T @ centred)
+    keep = evecs[:, evals > tol * max(evals[-1], np.finfo(float).tiny)]
+    return mean, keep @ keep.T
+
+
+def _identifiable_parts(attention, projection, key_bias, intercept, mean, R):
+    """The parts of a layer its outputs on reached tokens determine.
+
+    With tokens ``x = mu + r`` (``r`` in range R) the logits, up to terms constant
+    in the key token, are ``r_l^T (R Theta_i R) r_a + (R (Theta_i^T mu + u_i))^T
+    r_a`` and the output is ``sum_i r^T (R W_i) + (sum_i W_i^T mu + c)``.
+    """
+    theta = R @ attention @ R
+    key = (np.einsum("mde,d->me", attention, mean) + key_bias) @ R
+    proj = R @ projection
+    shift = np.einsum("mdo,d->o", projection, mean) + intercept
+    return theta, key, proj, shift
 
 
 def _check_compatible(true, learned, *, name_true="true_layer", name_learned="learned"):
@@ -69,7 +134,7 @@ def _pairwise_sq_distances(true, learned):
     return np.maximum(sq, 0.0)
 
 
-def parameter_error(true_layer, learned):
+def parameter_error(true_layer, learned, X=None):
     """Head-matched relative errors of the attention and projection matrices.
 
     The true heads ``(Theta_i, W_i)`` are matched to learned heads
@@ -83,15 +148,32 @@ def parameter_error(true_layer, learned):
     (Hungarian algorithm). If ``learned`` has more heads than the truth, the best
     subset is matched and the other learned heads are ignored by the errors (they
     are listed in ``unmatched``); use :func:`prediction_error` to judge the function
-    they compute.
+    they compute.  Key biases ``u_i`` (when either layer has them) add
+    ``||hat u_sigma(i) - u_i||^2 / ||u||^2`` to the matching cost.
+
+    With ``X``, everything is measured on what inputs like X can tell apart.  Its
+    tokens lie in ``mu + range(R)`` (:func:`reached_directions`: ``mu`` the mean
+    token, ``R`` the projector onto the directions the tokens span after
+    centring, e.g. the hyperplane of LayerNorm outputs); up to terms constant in
+    the key token (which cancel in the softmax) the logits are ``r_l^T (R Theta_i
+    R) r_a + (R (Theta_i^T mu + u_i))^T r_a`` and the output is ``sum_i r^T (R
+    W_i) + (sum_i W_i^T mu + c)``, so the errors compare ``R Theta_i R``, the
+    effective key bias ``R (Theta_i^T mu + u_i)``, ``R W_i`` and the effective
+    intercept ``sum_i W_i^T mu + c``: the parts that the layer's outputs on such
+    inputs determine.
 
     Parameters
     ----------
     true_layer : AttentionLayer or fitted estimator
-        The truth; an estimator must expose ``attention_`` and ``projection_``.
+        The truth; an estimator must expose ``attention_`` and ``projection_``
+        (and ``key_bias_``, ``intercept_`` when fitted with an intercept).
     learned : AttentionLayer or fitted estimator
         The layer to compare, with at least as many heads as ``true_layer`` and the
         same ``n_features`` and ``n_outputs``.
+    X : array-like of shape (n_samples, n_tokens * n_features) or \
+(n_samples, n_tokens, n_features), default=None
+        Inputs whose reached subspace the errors are measured on (see above);
+        ``None`` compares the raw parameters.
 
     Returns
     -------
@@ -105,6 +187,11 @@ def parameter_error(true_layer, learned):
             Per true head: ``||hat Theta_sigma(i) - Theta_i||_F / ||Theta_i||_F``.
         projection_errors : ndarray of shape (n_heads,)
             Per true head, the same for ``W_i``.
+        key_bias_error : float
+            The relative error of the stacked key biases ``u_i`` (0 when neither
+            layer has them).
+        intercept_error : float
+            ``||hat c - c|| / ||c||`` (0 when both are zero).
         assignment : ndarray of shape (n_heads,)
             ``sigma(i)``: the learned head matched to true head ``i``.
         unmatched : ndarray
@@ -140,15 +227,27 @@ def parameter_error(true_layer, learned):
     true = _layer_parameters(true_layer, "true_layer")
     est = _layer_parameters(learned, "learned")
     _check_compatible(true, est)
-    (th, W, _), (th_hat, W_hat, _) = true, est
-    th_norm, W_norm = np.linalg.norm(th), np.linalg.norm(W)
+    (th, W, k_true), (th_hat, W_hat, k_est) = true, est
+    u, c = _layer_biases(true_layer, th, W)
+    u_hat, c_hat = _layer_biases(learned, th_hat, W_hat)
+    if X is not None:
+        X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
+        mean, R = reached_directions(X3, th.shape[1])
+        th, u, W, c = _identifiable_parts(th, W, u, c, mean, R)
+        th_hat, u_hat, W_hat, c_hat = _identifiable_parts(
+            th_hat, W_hat, u_hat, c_hat, mean, R
+        )
+    th_norm, W_norm, u_norm = (np.linalg.norm(a) for a in (th, W, u))
     cost = _pairwise_sq_distances(th, th_hat) / (th_norm**2 if th_norm > 0 else 1.0)
     cost += _pairwise_sq_distances(W, W_hat) / (W_norm**2 if W_norm > 0 else 1.0)
+    cost += _pairwise_sq_distances(u, u_hat) / (u_norm**2 if u_norm > 0 else 1.0)
     rows, cols = linear_sum_assignment(cost)
     assignment = cols[np.argsort(rows)]
     th_diff = th_hat[assignment] - th
     W_diff = W_hat[assignment] - W
     return Bunch(
+        key_bias_error=float(_ratio(np.linalg.norm(u_hat[assignment] - u), u_norm)),
+        intercept_error=float(_ratio(np.linalg.norm(c_hat - c), np.linalg.norm(c))),
         attention_error=float(_ratio(np.linalg.norm(th_diff), th_norm)),
         projection_error=float(_ratio(np.linalg.norm(W_diff), W_norm)),
         attention_errors=_ratio(
@@ -247,8 +346,10 @@ def prediction_error(true_layer, learned, X):
                 f"{W.shape[1:]}; both layers need the same n_features and n_outputs."
             )
         X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
-        Y_hat = forward(X3, th_hat, W_hat)
-    Y = forward(X3, th, W)
+        u_hat, c_hat = _layer_biases(learned, th_hat, W_hat)
+        Y_hat = forward(X3, th_hat, W_hat, key_bias=u_hat, intercept=c_hat)
+    u, c = _layer_biases(true_layer, th, W)
+    Y = forward(X3, th, W, key_bias=u, intercept=c)
     return float(_ratio(np.linalg.norm(Y_hat - Y), np.linalg.norm(Y)))
 
 
@@ -300,8 +401,10 @@ def attention_pattern_error(true_layer, learned, X):
             f"heads as true ones. Compare the functions with prediction_error."
         )
     X3 = _sequences(X, _common_n_tokens(true[2], est[2]), true[0].shape[1])
-    P = attention_patterns(X3, true[0])  # (n, m, k, k)
-    P_hat = attention_patterns(X3, est[0])  # (n, m', k, k)
+    u = _layer_biases(true_layer, *true[:2])[0]
+    u_hat = _layer_biases(learned, *est[:2])[0]
+    P = attention_patterns(X3, true[0], u)  # (n, m, k, k)
+    P_hat = attention_patterns(X3, est[0], u_hat)  # (n, m', k, k)
     cost = _pattern_distances(P, P_hat)
     rows, cols = linear_sum_assignment(cost)
     return float(cost[rows, cols].mean())

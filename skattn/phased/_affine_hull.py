@@ -54,6 +54,7 @@ def hull_constraints(
     random_state=None,
     confidence_floor=None,
     keep_rows=False,
+    gauge_features=(),
 ):
     """Phase 2, step 2: affine constraints on ``vec(Theta)`` from certified rows.
 
@@ -103,6 +104,14 @@ def hull_constraints(
         Also keep the rows used (tokens, patterns and weights, in
         ``stats["rows"]``; ``max_rows * n_tokens * n_features`` floats), which
         ``fit_affine_hull(..., reweight_iter > 0)`` needs.
+    gauge_features : tuple of int, default=()
+        Token features that are constant (the coordinate 1 appended by
+        ``fit_intercept=True``).  Column ``j`` of Theta for such a feature only adds
+        a term constant in the key token, which cancels in the softmax: it is a
+        gauge, null in every equation.  Its entries are pinned to 0 (a diagonal
+        term equal to the normal matrix's largest diagonal entry, at most its top
+        eigenvalue), so they neither count as hull directions nor disturb the
+        spectral gap; the Huber fit constrains them to 0.
 
     Returns
     -------
@@ -210,6 +219,7 @@ def hull_constraints(
         pick = rng.choice(equations.shape[0], n_keep_equations, replace=False)
         equations, targets = equations[pick], targets[pick]
     stats = {
+        "gauge_features": tuple(int(j) for j in gauge_features),
         "normal": normal,
         "rhs": rhs,
         "rhs_norm2": rhs_norm2,
@@ -221,6 +231,8 @@ def hull_constraints(
         "equations": equations,
         "targets": targets,
     }
+    stats["normal"] = _pin_gauge(normal, stats["gauge_features"], d)
+    stats["rhs"][_gauge_indices(stats["gauge_features"], d)] = 0.0
     if keep_rows:
         names = ("tokens", "x_row", "p", "omega", "row_weight")
         shapes = ((0, k, d), (0, d), (0, k), (0, k), (0,))
@@ -297,7 +309,30 @@ def _reweighted_stats(stats, row_factor):
     omega = rows["omega"] * (rows["row_weight"] * row_factor)[:, None]
     v, beta = _row_equations(rows["tokens"], rows["p"], omega)
     normal, rhs, rhs_norm2 = _normal_equations(rows["x_row"], v, beta)
+    normal = _pin_gauge(normal, stats.get("gauge_features", ()), stats["n_features"])
     return {**stats, "normal": normal, "rhs": rhs, "rhs_norm2": rhs_norm2}
+
+
+def _gauge_indices(gauge_features, d):
+    """Flat indices in ``vec(Theta)`` (row-major) of the gauge columns."""
+    return np.array([i * d + j for j in gauge_features for i in range(d)], dtype=int)
+
+
+def _pin_gauge(normal, gauge_features, d):
+    """``normal`` with the gauge entries of ``vec(Theta)`` pinned to 0.
+
+    Their rows and columns are (up to rounding) zero; they become exact zeros and
+    the diagonal gets the largest diagonal entry of ``normal``.
+    """
+    idx = _gauge_indices(gauge_features, d)
+    if idx.size == 0:
+        return normal
+    normal = normal.copy()
+    pin = max(float(np.max(np.diag(normal))), np.finfo(float).tiny)
+    normal[idx, :] = 0.0
+    normal[:, idx] = 0.0
+    normal[idx, idx] = pin
+    return normal
 
 
 def _too_few(stats, needed):
@@ -484,6 +519,9 @@ def _huber_point(stats, point, directions, delta):
     theta = cp.Variable(A.shape[1])
     objective = cp.Minimize(cp.sum(cp.huber((A @ theta - b) / delta, 1.0)))
     constraints = [directions.T @ theta == 0] if directions.shape[1] else []
+    gauge = _gauge_indices(stats.get("gauge_features", ()), stats["n_features"])
+    if gauge.size:
+        constraints.append(theta[gauge] == 0)
     problem = cp.Problem(objective, constraints)
     try:
         problem.solve(solver=cp.CLARABEL)
@@ -554,6 +592,7 @@ def sculpt_hull(
     random_state=None,
     confidence_floor=None,
     reweight_iter=0,
+    gauge_features=(),
 ):
     """Phases 2-4: refine ``W_sum`` and fit the hull with a tightening tolerance.
 
@@ -601,6 +640,8 @@ def sculpt_hull(
         See :func:`hull_constraints` (``None``: equal row weights).
     reweight_iter : int, default=0
         See :func:`fit_affine_hull` (0: no reweighting).
+    gauge_features : tuple of int, default=()
+        Constant token features; see :func:`hull_constraints`.
 
     Returns
     -------
@@ -671,6 +712,7 @@ def sculpt_hull(
                 random_state=random_state,
                 confidence_floor=confidence_floor,
                 keep_rows=reweight_iter > 0,
+                gauge_features=gauge_features,
             )
             if auto:
                 m, _ = estimate_n_heads(

@@ -1,0 +1,227 @@
+"""A pretrained teacher: learn heads of all-MiniLM-L6-v2's layer 0 back from examples.
+
+The teacher is the real attention sub-layer (self-attention plus output dense, with
+all its biases, exactly: ``AttentionLayer`` with ``key_bias`` and ``intercept``)
+restricted to ``--n-heads`` of its 12 heads; the inputs are sequences of
+``--n-tokens`` i.i.d. vocabulary tokens embedded by the model itself (word +
+position + token type 0, then LayerNorm).  A learner with ``fit_intercept=True``
+fits ``--n-samples`` labelled sequences; the script prints
+
+* ``check_conditions`` of the real heads;
+* the held-out relative prediction error ``||F_hat(X) - F(X)|| / ||F(X)||`` on
+  fresh sequences;
+* head-matched relative errors of Theta_i, W_i, the key biases and the intercept
+  measured on the subspace the inputs reach (``parameter_error(..., X=X_test)``:
+  LayerNorm outputs lie on an affine hyperplane ``mu + range(R)``, R of rank
+  d - 1, and the errors compare ``R Theta_i R``, ``R W_i``, the effective key bias
+  ``R (Theta_i^T mu + u_i)`` and the effective intercept ``sum_i W_i^T mu + c``,
+  exactly what the outputs on such inputs determine);
+* the wall time; and, with ``--plot FILE``, real vs learned attention patterns.
+
+At d = 384 this needs a matrix-free solver: the dense Gauss-Newton polish of
+``skattn._optimize`` builds a matrix of ``(m (d+1)^2)^2`` entries (for 2 heads
+~1.6e11 values), so the script refuses to start it there (``--force`` overrides).
+``--planted D`` replaces the teacher by a random planted layer with biases on a
+random D-dimensional embedding table with LayerNorm (the same pipeline at a size
+the dense solver handles), for checking the script end to end.
+
+Examples::
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_minilm_teacher.py --n-heads 2 \
+        --n-samples 20000 --max-time 600 --plot minilm.png
+    OMP_NUM_THREADS=1 python benchmarks/bench_minilm_teacher.py --planted 6 \
+        --n-heads 2 --n-tokens 4 --n-samples 3000 --max-time 120
+"""
+
+import argparse
+import signal
+import time
+import warnings
+
+import numpy as np
+
+from skattn import (
+    AttentionLayer,
+    GradientAttentionRegressor,
+    MultiHeadAttentionRegressor,
+    check_conditions,
+)
+from skattn.datasets import EmbeddedTokens, load_bert_attention, make_attention_layer
+from skattn.metrics import (
+    attention_pattern_error,
+    parameter_error,
+    prediction_error,
+    reached_directions,
+)
+
+# Largest dense Gauss-Newton matrix (float64 entries) the script lets the current
+# solver build: 2.5e8 entries = 2 GB.
+_MAX_DENSE_ENTRIES = 2.5e8
+
+
+class _Timeout(Exception):
+    pass
+
+
+def teacher(args):
+    """The teacher layer restricted to the chosen heads, and its input distribution."""
+    if args.planted:
+        d = args.planted
+        rng = np.random.default_rng(args.seed)
+        base = make_attention_layer(
+            args.n_heads,
+            d,
+            n_outputs=max(d, args.n_heads * args.n_tokens + 1),
+            random_state=args.seed,
+        )
+        full = AttentionLayer(
+            base.attention,
+            base.projection,
+            key_bias=rng.normal(size=(args.n_heads, d)),
+            intercept=rng.normal(size=base.n_outputs),
+        )
+        dist = EmbeddedTokens(
+            rng.normal(size=(500, d)),
+            args.n_tokens,
+            positions=0.3 * rng.normal(size=(args.n_tokens, d)),
+            layer_norm=(rng.uniform(0.5, 1.5, d), 0.1 * rng.normal(size=d)),
+        )
+        heads = np.arange(args.n_heads)
+        name = f"planted d={d} layer with biases"
+    else:
+        full, dist = load_bert_attention(layer=args.layer, n_tokens=args.n_tokens)
+        heads = np.asarray(args.heads or range(args.n_heads))
+        name = f"all-MiniLM-L6-v2 layer {args.layer}, heads {heads.tolist()}"
+    layer = AttentionLayer(
+        full.attention[heads],
+        full.projection[heads],
+        key_bias=full.key_bias[heads],
+        intercept=full.intercept,
+        n_tokens=args.n_tokens,
+    )
+    return layer, dist, name
+
+
+def learner(args):
+    common = {"n_heads": args.n_heads, "n_tokens": args.n_tokens}
+    if args.learner == "phased":
+        return MultiHeadAttentionRegressor(
+            **common, fit_intercept=True, random_state=args.seed
+        )
+    return GradientAttentionRegressor(
+        **common,
+        fit_intercept=True,
+        max_iter=args.max_iter,
+        tol=1e-12,
+        random_state=args.seed,
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n-heads", type=int, default=2, help="heads learned")
+    parser.add_argument("--heads", type=int, nargs="*", help="which real heads")
+    parser.add_argument("--n-samples", type=int, default=20000)
+    parser.add_argument("--n-test", type=int, default=2000)
+    parser.add_argument("--n-tokens", type=int, default=16)
+    parser.add_argument("--layer", type=int, default=0)
+    parser.add_argument("--max-time", type=float, default=600.0, help="seconds")
+    parser.add_argument("--learner", choices=["phased", "gradient"], default="phased")
+    parser.add_argument("--max-iter", type=int, default=2000, help="gradient only")
+    parser.add_argument("--planted", type=int, default=0, metavar="D")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", metavar="FILE.png")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    if args.heads:
+        args.n_heads = len(args.heads)
+
+    true, dist, name = teacher(args)
+    d = true.n_features
+    print(f"# teacher: {name}; d={d}, d_out={true.n_outputs}, k={args.n_tokens}")
+    print(check_conditions(true, n_tokens=args.n_tokens))
+    entries = (args.n_heads * (d + 1) ** 2) ** 2
+    if entries > _MAX_DENSE_ENTRIES and not args.force:
+        print(
+            f"\nNot fitting: the dense Gauss-Newton system of the current solver "
+            f"has (m (d+1)^2)^2 = {entries:.2e} entries ({entries * 8 / 1e9:.0f} GB). "
+            f"Run with a matrix-free solver, or --force."
+        )
+        return None
+    X = dist.sample(args.n_samples, random_state=args.seed)
+    y = true.transform(X)
+    X_test = dist.sample(args.n_test, random_state=args.seed + 1)
+    mean, R = reached_directions(X_test, d)
+    print(
+        f"\ninputs reach an affine subspace of dimension {int(round(np.trace(R)))} "
+        f"(of d={d}); ||mean token|| = {np.linalg.norm(mean):.3g}"
+    )
+
+    est = learner(args)
+
+    def alarm(signum, frame):
+        raise _Timeout
+
+    signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(max(1, int(args.max_time)))
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            est.fit(X, y)
+    except _Timeout:
+        print(f"\nfit did not finish within --max-time {args.max_time:g} s")
+        return None
+    finally:
+        signal.alarm(0)
+    seconds = time.perf_counter() - start
+    for w in caught:
+        print(f"warning: {w.category.__name__}: {str(w.message)[:200]}")
+
+    err = parameter_error(true, est, X=X_test)
+    raw = parameter_error(true, est)
+    rows = [
+        ("learner", args.learner),
+        ("n_samples", args.n_samples),
+        ("time [s]", f"{seconds:.1f}"),
+        (
+            "held-out relative prediction error",
+            f"{prediction_error(true, est, X_test):.2e}",
+        ),
+        ("Theta error (reached subspace)", f"{err.attention_error:.2e}"),
+        ("W error (reached subspace)", f"{err.projection_error:.2e}"),
+        ("key-bias error (effective)", f"{err.key_bias_error:.2e}"),
+        ("intercept error (effective)", f"{err.intercept_error:.2e}"),
+        (
+            "Theta / W error (raw parameters)",
+            f"{raw.attention_error:.2e} / {raw.projection_error:.2e}",
+        ),
+        (
+            "attention pattern error (mean TV)",
+            f"{attention_pattern_error(true, est, X_test):.2e}",
+        ),
+    ]
+    print("\n| quantity | value |\n|---|---|")
+    for key, value in rows:
+        print(f"| {key} | {value} |")
+
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from skattn.metrics import AttentionPatternDisplay
+
+        display = AttentionPatternDisplay.from_layers(
+            true, est, X_test, heads=list(range(min(args.n_heads, 4)))
+        )
+        display.figure_.suptitle(f"{name}: real (top) vs learned (bottom)")
+        display.figure_.savefig(args.plot, dpi=120)
+        plt.close(display.figure_)
+        print(f"\npatterns written to {args.plot}")
+    return err
+
+
+if __name__ == "__main__":
+    main()
