@@ -118,6 +118,13 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         ``u_i^T x_a``.  ``None``: no such term.
     intercept : array-like of shape (n_outputs,), default=None
         Constant ``c`` added to every output token.  ``None``: zero.
+    head_rank : int, default=None
+        Declared rank r of every head (real transformers: the head dimension):
+        ``Theta_i = Q_i K_i^T`` and ``W_i = V_i O_i`` with ``Q_i, K_i, V_i`` of
+        shape ``(n_features, r)`` and ``O_i`` of shape ``(r, n_outputs)``.  The
+        layer still holds and applies the products; ``fit`` checks that every
+        ``Theta_i`` and ``W_i`` has rank at most r (numerically), and
+        :meth:`factors` returns factors of that size.  ``None``: full rank.
 
     Attributes
     ----------
@@ -148,16 +155,25 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
         "key_bias": ["array-like", None],
         "intercept": ["array-like", None],
+        "head_rank": [Interval(Integral, 1, None, closed="left"), None],
     }
 
     def __init__(
-        self, attention, projection, *, n_tokens=None, key_bias=None, intercept=None
+        self,
+        attention,
+        projection,
+        *,
+        n_tokens=None,
+        key_bias=None,
+        intercept=None,
+        head_rank=None,
     ):
         self.attention = attention
         self.projection = projection
         self.n_tokens = n_tokens
         self.key_bias = key_bias
         self.intercept = intercept
+        self.head_rank = head_rank
 
     def _parameters(self):
         """Validated ``(attention, projection, key_bias, intercept)``."""
@@ -362,6 +378,42 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             force_module=module == "skattn",
         )
 
+    def factors(self):
+        """Low-rank factors ``(Q, K, V, O)`` of the heads.
+
+        ``Theta_i = Q_i K_i^T`` and ``W_i = V_i O_i``, balanced (the singular
+        values split evenly between the two factors of the SVD) and of the
+        declared ``head_rank`` (``None``: full, ``min`` of the shapes).  Factors
+        are defined only up to an invertible ``r x r`` gauge; the products are
+        the layer.
+
+        Returns
+        -------
+        query : ndarray of shape (n_heads, n_features, r)
+        key : ndarray of shape (n_heads, n_features, r)
+        value : ndarray of shape (n_heads, n_features, r)
+        output : ndarray of shape (n_heads, r, n_outputs)
+
+        Examples
+        --------
+        >>> from skattn.datasets import make_attention_layer
+        >>> layer = make_attention_layer(2, 8, head_rank=3, random_state=0)
+        >>> Q, K, V, O = layer.factors()
+        >>> Q.shape, O.shape
+        ((2, 8, 3), (2, 3, 8))
+        >>> bool(np.allclose(Q @ K.transpose(0, 2, 1), layer.attention))
+        True
+        """
+        from .solvers import balanced_factors
+
+        attention, projection, _, _ = self._parameters()
+        d, d_out = attention.shape[1], projection.shape[2]
+        rank_t = d if self.head_rank is None else min(self.head_rank, d)
+        rank_w = min(d, d_out) if self.head_rank is None else min(self.head_rank, d)
+        query, key = balanced_factors(attention, rank_t)
+        value, output = balanced_factors(projection, min(rank_w, d_out))
+        return query, key, value, np.swapaxes(output, 1, 2)
+
     @property
     def n_heads(self):
         """Number of heads m (a 2-D attention matrix is one head)."""
@@ -406,7 +458,16 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         -------
         self : AttentionLayer
         """
-        self._parameters()
+        attention, projection, _, _ = self._parameters()
+        if self.head_rank is not None:
+            for name, mats in (("attention", attention), ("projection", projection)):
+                ranks = _numerical_ranks(mats)
+                if np.any(ranks > self.head_rank):
+                    raise ValueError(
+                        f"head_rank={self.head_rank} but the {name} matrices have "
+                        f"ranks {ranks.tolist()}; pass head_rank >= "
+                        f"{int(ranks.max())} or head_rank=None."
+                    )
         X3 = self._sequences(X, reset=True)
         self.n_tokens_ = X3.shape[1]
         return self
@@ -471,3 +532,10 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.requires_fit = False
         return tags
+
+
+def _numerical_ranks(matrices, rtol=1e-8):
+    """Rank of each matrix of a stack: singular values above ``rtol`` times the
+    largest of the stack."""
+    s = np.linalg.svd(matrices, compute_uv=False)
+    return np.sum(s > rtol * max(float(s.max()), np.finfo(float).tiny), axis=1)

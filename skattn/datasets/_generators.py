@@ -42,6 +42,7 @@ def _planted_attention(rng, n_heads, n_features, structure, rank, scale):
         "attention_scale": [Interval(Real, 0, None, closed="left")],
         "structure": [StrOptions({"random", "diagonal", "low_rank"})],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
+        "head_rank": [Interval(Integral, 1, None, closed="left"), None],
         "random_state": ["random_state", np.random.Generator],
     },
     prefer_skip_nested_validation=True,
@@ -54,6 +55,7 @@ def make_attention_layer(
     attention_scale=2.0,
     structure="random",
     rank=None,
+    head_rank=None,
     random_state=None,
 ):
     """Plant a random multi-head attention layer.
@@ -83,6 +85,14 @@ def make_attention_layer(
     rank : int, default=None
         Rank of the ``"low_rank"`` heads, at most ``n_features``; ``None`` means
         ``max(1, n_features // 4)``. Ignored otherwise.
+    head_rank : int, default=None
+        Plant low-rank heads, the shape of real transformers: ``Theta_i = Q_i
+        K_i^T`` (as ``structure="low_rank"`` with ``rank=head_rank``) and
+        ``W_i = V_i O_i`` with ``V_i`` of shape ``(n_features, head_rank)`` with
+        i.i.d. ``N(0, 1)`` entries and ``O_i`` of shape ``(head_rank, n_outputs)``
+        with i.i.d. ``N(0, 1/(head_rank n_features))`` entries (so the entries of
+        ``W_i`` have variance ``1/d`` as in the full-rank case).  The layer's
+        ``head_rank`` is set.  ``None``: full-rank heads as ``structure`` says.
     random_state : int, RandomState instance, Generator or None, default=None
         Seed of the parameters.
 
@@ -132,6 +142,19 @@ def make_attention_layer(
     """
     d = n_features
     d_out = d if n_outputs is None else n_outputs
+    if head_rank is not None:
+        if structure == "diagonal" or (rank is not None and rank != head_rank):
+            raise ValueError(
+                f"head_rank={head_rank} plants Theta_i = Q_i K_i^T of rank "
+                f"head_rank; it cannot be combined with structure={structure!r}"
+                f" and rank={rank}. Pass only head_rank."
+            )
+        if head_rank > min(d, d_out):
+            raise ValueError(
+                f"head_rank={head_rank} exceeds min(n_features, n_outputs) = "
+                f"{min(d, d_out)}."
+            )
+        structure, rank = "low_rank", head_rank
     if structure == "low_rank":
         rank = max(1, d // 4) if rank is None else rank
         if rank > d:
@@ -158,8 +181,13 @@ def make_attention_layer(
             break
     else:  # pragma: no cover - probability ~2**-100 for the cases allowed above
         raise RuntimeError("could not draw distinct heads; use another random_state.")
-    projection = rng.standard_normal((n_heads, d, d_out)) / np.sqrt(d)
-    return AttentionLayer(attention, projection)
+    if head_rank is None:
+        projection = rng.standard_normal((n_heads, d, d_out)) / np.sqrt(d)
+    else:
+        value = rng.standard_normal((n_heads, d, head_rank))
+        output = rng.standard_normal((n_heads, head_rank, d_out))
+        projection = value @ output / np.sqrt(head_rank * d)
+    return AttentionLayer(attention, projection, head_rank=head_rank)
 
 
 @validate_params(
@@ -173,6 +201,7 @@ def make_attention_layer(
         "noise": [Interval(Real, 0, None, closed="left")],
         "attention_scale": [Interval(Real, 0, None, closed="left")],
         "structure": [StrOptions({"random", "diagonal", "low_rank"})],
+        "head_rank": [Interval(Integral, 1, None, closed="left"), None],
         "random_state": ["random_state", np.random.Generator],
         "return_layer": ["boolean"],
     },
@@ -189,6 +218,7 @@ def make_attention_regression(
     noise=0.0,
     attention_scale=2.0,
     structure="random",
+    head_rank=None,
     random_state=None,
     return_layer=False,
 ):
@@ -222,6 +252,9 @@ def make_attention_regression(
         distinct independent tokens (see :func:`make_attention_layer`).
     structure : {"random", "diagonal", "low_rank"}, default="random"
         Structure of the ``Theta_i`` (see :func:`make_attention_layer`).
+    head_rank : int, default=None
+        Low-rank heads ``Theta_i = Q_i K_i^T``, ``W_i = V_i O_i`` of this rank
+        (see :func:`make_attention_layer`).  ``None``: full rank.
     random_state : int, RandomState instance, Generator or None, default=None
         Seed of the layer, the inputs and the noise.
     return_layer : bool, default=False
@@ -259,9 +292,15 @@ def make_attention_regression(
         n_outputs=n_outputs,
         attention_scale=attention_scale,
         structure=structure,
+        head_rank=head_rank,
         random_state=rng,
     )
-    layer = AttentionLayer(planted.attention, planted.projection, n_tokens=n_tokens)
+    layer = AttentionLayer(
+        planted.attention,
+        planted.projection,
+        n_tokens=n_tokens,
+        head_rank=head_rank,
+    )
     dist = resolve_distribution(distribution, n_tokens, n_features)
     X = dist.sample(n_samples, random_state=rng)
     y = forward(
