@@ -295,16 +295,17 @@ def head_redundancy(X, Y, attention, projection, tol):
     total = forward(X, attention, projection)
     norm_total = float(np.linalg.norm(total)) or 1.0
     features = np.matmul(attention_patterns(X, attention), X[:, None])  # (n,m,k,d)
-    share = np.array(
-        [float(np.linalg.norm(features[:, i] @ projection[i])) for i in range(m)]
-    ) / norm_total
+    share = (
+        np.array(
+            [float(np.linalg.norm(features[:, i] @ projection[i])) for i in range(m)]
+        )
+        / norm_total
+    )
     drop = np.full(m, np.inf)
     if m > 1:
         for i in range(m):
             others = np.delete(attention, i, axis=0)
-            drop[i] = _relative_rms(
-                X, Y, others, solve_projections(X, Y, others)
-            )
+            drop[i] = _relative_rms(X, Y, others, solve_projections(X, Y, others))
     flat = attention.reshape(m, -1)
     redundant, notes = [], []
     for i in range(m):

@@ -40,8 +40,13 @@ def test_exact_recovery_is_exact_and_identifiable(planted):
     assert cert.verdict == "exact and identifiable"
     text = str(cert)
     assert "verdict: exact and identifiable" in text
-    for item in ("1. training residual", "2. local identifiability", "3. held-out",
-                 "4. redundancy", "5. non-degeneracy"):
+    for item in (
+        "1. training residual",
+        "2. local identifiability",
+        "3. held-out",
+        "4. redundancy",
+        "5. non-degeneracy",
+    ):
         assert item in text
 
 

@@ -16,7 +16,13 @@ from skattn.phased._model_selection import (
 
 def _tokens(m, k, d, n, noise=0.0, seed=0, distribution="boolean"):
     X, y = make_attention_regression(
-        n, k, d, m, n_outputs=m * k + 4, noise=noise, random_state=seed,
+        n,
+        k,
+        d,
+        m,
+        n_outputs=m * k + 4,
+        noise=noise,
+        random_state=seed,
         distribution=distribution,
     )
     return X.reshape(n, k, d), y.reshape(n, k, -1)

@@ -346,7 +346,9 @@ def select_n_heads(
         attention = add_head(
             Xf, Yf, attention, n_candidates=n_candidates, random_state=rng
         )
-        attention, projection, pinfo = _polish_once(Xf, Yf, attention, wf, max_iter, tol)
+        attention, projection, pinfo = _polish_once(
+            Xf, Yf, attention, wf, max_iter, tol
+        )
         err, interval, losses = held_out_error(Xh, Yh, attention, projection, wh)
         record = {
             "n_heads": m,
