@@ -77,6 +77,11 @@ API_SECTIONS = [
         "Diagnostics of a layer against the assumptions of the guarantee.",
     ),
     (
+        "skattn.certificate",
+        "Certificates",
+        "Is a fit exact, locally unique, and how well does it predict held out.",
+    ),
+    (
         "skattn.metrics",
         "Metrics and displays",
         "How close a learned layer is to the truth, and plots of it.",

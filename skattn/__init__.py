@@ -6,6 +6,7 @@ examples, and learns them back: with the provable phased learner of Chen & Li
 (``MultiHeadAttentionRegressor``) and two baselines from the same literature.
 """
 
+from .certificate import Certificate, certify
 from .conditions import ConditionReport, check_conditions
 from .datasets import make_attention_layer, make_attention_regression
 from .estimators import (
@@ -21,6 +22,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "AttentionLayer",
+    "Certificate",
     "ConditionReport",
     "GradientAttentionRegressor",
     "MultiHeadAttentionRegressor",
@@ -28,6 +30,7 @@ __all__ = [
     "RandomFeatureAttentionRegressor",
     "__version__",
     "attention_pattern_error",
+    "certify",
     "check_conditions",
     "make_attention_layer",
     "make_attention_regression",

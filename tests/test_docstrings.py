@@ -38,6 +38,7 @@ PUBLIC_MODULES = [
     ("skattn.estimators", None),
     ("skattn.phased", None),
     ("skattn.conditions", None),
+    ("skattn.certificate", None),
     ("skattn.utils.estimator_checks", None),
     ("skattn.utils.discovery", ["all_estimators"]),
 ]

@@ -14,6 +14,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ..datasets import BooleanTokens
 from ..phased._affine_hull import sculpt_hull
 from ..phased._errors import CertificationError, CertificationWarning
+from ..phased._model_selection import polish_on_all, select_n_heads
 from ..phased._net import _MAX_GRID_GRAM, fit_from_hull
 from ..phased._projection_sum import crude_projection_sum
 from ..phased._report import PhaseReport
@@ -58,9 +59,16 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     Parameters
     ----------
     n_heads : int or "auto", default=1
-        Number of heads m.  ``"auto"`` estimates it from the spectral gap of the
-        hull's constraint system (the hull of m heads has dimension m - 1), up to
-        ``max_heads``; the evidence is in ``phase_report_``.
+        Number of heads m.  ``"auto"`` selects it from data, up to ``max_heads``:
+        m = 1, 2, ... heads are fitted on a training part of the examples, each
+        from the previous fit plus one new head (Levenberg-Marquardt polish), and
+        the search stops at the first m whose held-out error is at machine
+        precision (noise-free data) or that m + 1 heads do not improve
+        significantly (a one-sided paired test at 3 standard errors on the
+        per-example held-out losses); the selected fit is then polished on all
+        examples.  Phases 2-4 still run and their spectral gap (the hull of m
+        heads has dimension m - 1) is recorded as a second opinion; phase 6 is
+        skipped.  Every candidate and the decision are in ``model_selection_``.
     n_tokens : int, default=None
         Tokens per sequence k.  ``None``: from a 3-D X, else 1 (F is then linear).
     input_distribution : {"gaussian", "boolean"}, default="gaussian"
@@ -104,6 +112,18 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         cvxpy that resists mis-certified rows.
     max_heads : int, default=6
         Largest number of heads ``n_heads="auto"`` may return.
+    validation_fraction : float, default=0.2
+        ``n_heads="auto"`` only: share of the examples held out to select m.
+    selection_samples : int, default=400
+        ``n_heads="auto"`` only: training examples each candidate m is polished
+        on (a random subset of the training part; the selected fit is then
+        polished on all examples).  Every Levenberg-Marquardt iteration costs
+        time linear in them.
+    certificate : bool, default=False
+        Compute ``certificate_`` (:func:`skattn.certify` on the training data)
+        at the end of ``fit``.  Opt-in because its Jacobian costs ``O(P^3)`` for
+        ``P = m (d^2 + d d_out)`` parameters: about 0.2 s at P = 400, several
+        seconds at P = 1200.
     net_resolution : int, default=None
         Net points per hull coordinate.  ``None``: 41 for 2 heads, 7 for 3, 5 for
         4, coarser beyond.
@@ -153,12 +173,26 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     layer_ : AttentionLayer
         The learned layer.
     n_heads_ : int
-        Number of heads used (estimated when ``n_heads="auto"``).
+        Number of heads used (selected when ``n_heads="auto"``).
+    model_selection_ : dict
+        ``n_heads="auto"`` only (absent otherwise): ``n_heads`` (selected),
+        ``reason`` ("exact", "no_significant_drop" or "max_heads"), ``candidates``
+        (one dict per m tried: ``n_heads``, ``train_error``, ``held_out_error``,
+        ``held_out_interval``, ``drop_statistic``, ``significant_drop``,
+        ``exact``, ``n_iter``, ``converged``, ``seconds``), the selected fit's
+        ``held_out_error``, ``held_out_interval``, ``n_held_out`` and
+        ``confidence_level``, and ``spectral`` (the second opinion of phases
+        2-4: ``n_heads``, ``augmented_gap_ratio``, ``strong`` (ratio >= 3),
+        ``agrees``, or ``available=False`` with the reason).
+    certificate_ : Certificate
+        With ``certificate=True`` only: :func:`skattn.certify` of the fit on the
+        training data (the held-out error from ``model_selection_``).
     phase_report_ : list of PhaseReport
         One record per phase (and per round of phases 2-4): what it saw, decided
         and handed on, and its wall time.
     hull_point_ : ndarray of shape (n_features_per_token, n_features_per_token)
-        A point of the estimated affine hull of the Theta_i.
+        A point of the estimated affine hull of the Theta_i (``None`` when
+        ``n_heads="auto"`` and phases 2-4 certified too few rows).
     hull_directions_ : ndarray of shape (n_heads - 1, n_features_per_token, \
 n_features_per_token)
         Orthonormal directions of the estimated hull (none when ``n_tokens_ == 1``).
@@ -237,6 +271,9 @@ n_features_per_token)
         "max_rows": [Interval(Integral, 1, None, closed="left")],
         "hull_method": [StrOptions({"lstsq", "huber"})],
         "max_heads": [Interval(Integral, 1, None, closed="left")],
+        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
+        "selection_samples": [Interval(Integral, 1, None, closed="left")],
+        "certificate": ["boolean"],
         "net_resolution": [Interval(Integral, 2, None, closed="left"), None],
         "net_radius": [Interval(Real, 0, None, closed="neither"), None],
         "net_samples": [Interval(Integral, 1, None, closed="left")],
@@ -266,6 +303,9 @@ n_features_per_token)
         max_rows=20000,
         hull_method="lstsq",
         max_heads=6,
+        validation_fraction=0.2,
+        selection_samples=400,
+        certificate=False,
         net_resolution=None,
         net_radius=None,
         net_samples=1000,
@@ -291,6 +331,9 @@ n_features_per_token)
         self.max_rows = max_rows
         self.hull_method = hull_method
         self.max_heads = max_heads
+        self.validation_fraction = validation_fraction
+        self.selection_samples = selection_samples
+        self.certificate = certificate
         self.net_resolution = net_resolution
         self.net_radius = net_radius
         self.net_samples = net_samples
@@ -328,7 +371,19 @@ n_features_per_token)
         rng = check_random_state(self.random_state)
         self.phase_report_ = []
         if self.n_tokens_ == 1:
-            return self._fit_linear(X3, Y3, weights)
+            self._fit_linear(X3, Y3, weights)
+        elif self.n_heads == "auto":
+            self._fit_auto(X3, Y3, weights, rng)
+        else:
+            self._fit_phased(X3, Y3, weights, rng)
+        if self.certificate:
+            from ..certificate import certify
+
+            self.certificate_ = certify(self, X3, Y3)
+        return self
+
+    def _fit_phased(self, X3, Y3, weights, rng):
+        """Phases 1-6 for a given number of heads."""
         self._check_learnable()
         with _progress(self.verbose, total=6) as bar:
             W_sum = self._run(
@@ -345,7 +400,95 @@ n_features_per_token)
         self.hull_point_, self.hull_directions_ = point, directions
         self._warn_if_weak(hull_info)
         self._set_layer(attention, projection)
-        return self
+
+    def _fit_auto(self, X3, Y3, weights, rng):
+        """n_heads="auto": phases 1-5 as a second opinion, then the head search."""
+        self._check_learnable()
+        with _progress(self.verbose, total=6) as bar:
+            W_sum = self._run(
+                "1-crude-projection-sum", bar, crude_projection_sum, X3, Y3, weights
+            )
+            # the phases are a second opinion here: their warnings go to the record
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    W_sum, point, directions, hull_info = self._sculpt(
+                        X3, Y3, weights, W_sum, rng, bar
+                    )
+                except CertificationError as exc:
+                    hull_info = {"error": str(exc)}
+            notes = [str(w.message) for w in caught]
+            if "error" in hull_info:
+                spectral = {"available": False, "reason": hull_info["error"]}
+                point = directions = None
+                self.n_iter_ = 0
+            else:
+                self._run("5-span", bar, hull_span, point, directions)
+                ratio = float(hull_info["augmented_gap_ratio"])
+                spectral = {
+                    "available": True,
+                    "n_heads": int(hull_info["n_heads"]),
+                    "augmented_gap_ratio": ratio,
+                    "strong": bool(ratio >= _WEAK_GAP_RATIO),
+                }
+            spectral["warnings"] = notes
+            start = time.perf_counter()
+            attention, projection, info = select_n_heads(
+                X3,
+                Y3,
+                max_heads=self.max_heads,
+                sample_weight=weights,
+                validation_fraction=self.validation_fraction,
+                n_fit_samples=self.selection_samples,
+                max_iter=min(self.polish_max_iter, 30),
+                tol=self.polish_tol,
+                random_state=rng.randint(np.iinfo(np.int32).max),
+            )
+            seconds = time.perf_counter() - start
+            m = info["n_heads"]
+            if spectral["available"]:
+                spectral["agrees"] = spectral["n_heads"] == m
+            chosen = info["candidates"][m - 1]
+            held = info["held_out_indices"]
+            self.model_selection_ = {
+                "n_heads": m,
+                "reason": info["reason"],
+                "candidates": info["candidates"],
+                "held_out_error": chosen["held_out_error"],
+                "held_out_interval": chosen["held_out_interval"],
+                "n_held_out": int(held.size),
+                "confidence_level": 0.95,
+                "validation_fraction": self.validation_fraction,
+                "n_fit_samples": info["n_fit_samples"],
+                "spectral": spectral,
+            }
+            self.phase_report_.append(
+                PhaseReport(
+                    "auto-select-heads",
+                    0,
+                    seconds,
+                    {k: v for k, v in self.model_selection_.items()},
+                )
+            )
+            _advance(bar, "auto-select-heads")
+            start = time.perf_counter()
+            attention, projection, pinfo = polish_on_all(
+                X3,
+                Y3,
+                attention,
+                weights,
+                max_iter=self.polish_max_iter,
+                tol=self.polish_tol,
+            )
+            pinfo = {k: v for k, v in pinfo.items() if k != "stages"}
+            self.phase_report_.append(
+                PhaseReport("auto-polish-all", 0, time.perf_counter() - start, pinfo)
+            )
+            _advance(bar, "auto-polish-all")
+        self.n_heads_ = m
+        self.projection_sum_ = W_sum
+        self.hull_point_, self.hull_directions_ = point, directions
+        self._set_layer(attention, projection)
 
     def _check_learnable(self):
         k, d, d_out = (
@@ -531,7 +674,6 @@ n_features_per_token)
         self.projection_sum_ = W_sum
         self.hull_point_, self.hull_directions_ = np.zeros((d, d)), np.zeros((0, d, d))
         self._set_layer(np.zeros((m, d, d)), np.repeat(W_sum[None] / m, m, axis=0))
-        return self
 
 
 class _NoBar:

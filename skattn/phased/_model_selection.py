@@ -1,0 +1,435 @@
+"""The number of heads from data: fit m = 1, 2, ... and stop at the noise floor.
+
+Pure functions on token tensors (``X`` of shape ``(n, k, d)``, ``Y`` of shape
+``(n, k, d_out)``); :class:`skattn.MultiHeadAttentionRegressor` with
+``n_heads="auto"`` orchestrates them and keeps what they report in
+``model_selection_``.
+
+The search (:func:`select_n_heads`):
+
+1. split the examples into a training and a held-out part (:func:`split_indices`);
+2. for m = 1, 2, ... up to ``max_heads``: start from the fit with m - 1 heads plus
+   one new head (:func:`add_head`: the best of a few random candidates, scored by
+   the least-squares W), polish all heads jointly on (a subset of) the training
+   part (Levenberg-Marquardt on the variable-projection problem), and measure the
+   relative error on the held-out part (:func:`held_out_error`);
+3. stop at the first m whose held-out error is at machine precision (noise-free
+   data: a zero residual is a global minimum, more heads cannot help), or whose
+   successor m + 1 brings no significant drop (:func:`significant_drop`: a one-sided
+   paired test on the per-example held-out losses).
+
+Why here and not in a public ``skattn.model_selection``: the functions follow the
+phase contract of :mod:`skattn.phased` (arrays in, estimate and an info dict out,
+recorded by the estimator), and a public module of that name would suggest
+scikit-learn's cross-validation tools, which work unchanged on skattn's estimators
+(``GridSearchCV(est, {"n_heads": [1, 2, 3]})`` selects the same m).  All polishing
+goes through :func:`_polish_once`, the only caller of :func:`skattn.solvers.polish`
+in this module.
+"""
+
+import math
+import time
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from .._layer import forward
+from ..solvers import solve_projections
+from ..solvers._objective import _normalized_weights
+from ..solvers import polish as _polish
+
+# Relative RMS held-out error at or below which a fit counts as exact (machine
+# precision for float64 fits measured 1e-16-1e-13; the polish stops at a relative
+# step of 1e-10).  Also the two-stage polish's "realisable" test.
+EXACT_RESIDUAL = 1e-10
+
+# First Levenberg-Marquardt damping (relative) when polishing from a fit that is
+# already at (or next to) the optimum.
+_WARM_DAMPING = 1e-6
+
+
+def split_indices(n_samples, validation_fraction, random_state=None):
+    """A random split of ``range(n_samples)`` into training and held-out indices.
+
+    Parameters
+    ----------
+    n_samples : int
+    validation_fraction : float
+        Share of the examples held out, in (0, 1); at least one example goes to
+        each side.
+    random_state : int, RandomState instance or None
+
+    Returns
+    -------
+    train : ndarray of shape (n_train,)
+    held_out : ndarray of shape (n_held_out,)
+        Sorted, disjoint, covering ``range(n_samples)``.
+
+    Examples
+    --------
+    >>> train, held_out = split_indices(10, 0.2, random_state=0)
+    >>> len(train), len(held_out), sorted([*train, *held_out]) == list(range(10))
+    (8, 2, True)
+    """
+    if n_samples < 2:
+        raise ValueError(
+            f"Selecting the number of heads needs at least 2 examples (one to fit, "
+            f"one held out), got n_samples={n_samples}."
+        )
+    rng = check_random_state(random_state)
+    n_held = min(n_samples - 1, max(1, int(round(validation_fraction * n_samples))))
+    order = rng.permutation(n_samples)
+    return np.sort(order[n_held:]), np.sort(order[:n_held])
+
+
+def held_out_error(X, Y, attention, projection, sample_weight=None, level=0.95):
+    """Relative RMS error of a layer on examples, with a confidence interval.
+
+    The error is ``sqrt(R)`` with the ratio ``R = sum_n w_n e_n / sum_n w_n q_n``,
+    ``e_n = ||F(X_n) - Y_n||^2`` and ``q_n = ||Y_n||^2``.  The interval is the
+    delta-method interval of the ratio of two means (examples i.i.d.),
+    ``R +- z se(R)`` with ``se(R)^2 = sum_n w_n^2 (e_n - R q_n)^2 / (sum_n w_n
+    q_n)^2``, clipped at 0 and mapped through the square root.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m, d, d)
+    projection : ndarray of shape (m, d, d_out)
+    sample_weight : ndarray of shape (n,) or None
+    level : float, default=0.95
+        Two-sided confidence level of the interval.
+
+    Returns
+    -------
+    error : float
+        Relative RMS error.
+    interval : tuple of float
+        ``(low, high)`` bounds of the relative RMS error.
+    losses : ndarray of shape (n,)
+        Per-example squared errors ``e_n`` (for paired comparisons).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(400, 3, 4))
+    >>> th, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 4))
+    >>> Y = forward(X, th, W) + 0.1 * rng.normal(size=(400, 3, 4))
+    >>> err, (low, high), losses = held_out_error(X, Y, th, W)
+    >>> bool(low < err < high), losses.shape
+    (True, (400,))
+    """
+    from scipy.stats import norm
+
+    omega = _normalized_weights(X.shape[0], sample_weight)
+    losses = np.sum((forward(X, attention, projection) - Y) ** 2, axis=(1, 2))
+    q = np.sum(Y**2, axis=(1, 2))
+    denom = float(omega @ q)
+    if denom <= 0:
+        err = math.sqrt(float(omega @ losses))
+        return err, (err, err), losses
+    ratio = float(omega @ losses) / denom
+    se = math.sqrt(float(np.sum((omega * (losses - ratio * q)) ** 2))) / denom
+    z = float(norm.ppf(0.5 + level / 2))
+    low, high = max(ratio - z * se, 0.0), ratio + z * se
+    return math.sqrt(ratio), (math.sqrt(low), math.sqrt(high)), losses
+
+
+def significant_drop(losses_before, losses_after, sample_weight=None, z=3.0):
+    """Whether a second fit lowers the held-out loss significantly (paired test).
+
+    One-sided test on the per-example differences ``D_n = before_n - after_n``:
+    significant when ``mean(D) > z se(mean(D))`` (weighted) and ``mean(D) > 0``.
+    With ``z = 3`` a fit that only adds parameters to noise passes with
+    probability about 0.1 % (normal approximation).
+
+    Parameters
+    ----------
+    losses_before, losses_after : ndarray of shape (n,)
+        Per-example squared errors of the two fits on the same held-out examples.
+    sample_weight : ndarray of shape (n,) or None
+    z : float, default=3.0
+        One-sided critical value.
+
+    Returns
+    -------
+    significant : bool
+    statistic : float
+        ``mean(D) / se(mean(D))`` (``inf`` when every difference is equal and
+        positive, 0 when they are all 0).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> noise = rng.normal(size=1000) ** 2
+    >>> significant_drop(noise + 1.0, noise)[0]
+    True
+    >>> significant_drop(noise, rng.normal(size=1000) ** 2)[0]
+    False
+    """
+    omega = _normalized_weights(len(losses_before), sample_weight)
+    diff = np.asarray(losses_before, float) - np.asarray(losses_after, float)
+    mean = float(omega @ diff)
+    se = math.sqrt(float(np.sum(omega**2 * (diff - mean) ** 2)))
+    if se == 0.0:
+        statistic = math.inf if mean > 0 else 0.0
+    else:
+        statistic = mean / se
+    return bool(mean > 0 and statistic > z), float(statistic)
+
+
+def add_head(X, Y, attention, *, n_candidates=8, scale=None, random_state=None):
+    """Warm start for m heads: the m - 1 heads of ``attention`` plus one new head.
+
+    ``n_candidates`` random Gaussian ``Theta`` (Frobenius norm ``scale``) are each
+    appended to the existing heads; the W of every head is solved by least squares
+    and the candidate with the smallest residual is kept.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m - 1, d, d)
+        The heads of the previous fit (``m - 1 = 0`` allowed).
+    n_candidates : int, default=8
+    scale : float or None
+        Norm of the new head; ``None``: the mean norm of the existing heads, or 1
+        when there are none.
+    random_state : int, RandomState instance or None
+
+    Returns
+    -------
+    attention : ndarray of shape (m, d, d)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 3, 4))
+    >>> th, W = rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4, 4))
+    >>> add_head(X, forward(X, th, W), th[:1], random_state=0).shape
+    (2, 4, 4)
+    """
+    rng = check_random_state(random_state)
+    d = X.shape[2]
+    if scale is None:
+        norms = np.linalg.norm(attention, axis=(1, 2))
+        scale = float(np.mean(norms)) if len(norms) and np.mean(norms) > 0 else 1.0
+    best, best_loss = None, np.inf
+    for _ in range(n_candidates):
+        new = rng.standard_normal((d, d))
+        new *= scale / np.linalg.norm(new)
+        trial = np.concatenate([attention, new[None]])
+        projection = solve_projections(X, Y, trial)
+        loss = float(np.sum((forward(X, trial, projection) - Y) ** 2))
+        if loss < best_loss:
+            best, best_loss = trial, loss
+    return best
+
+
+def _polish_once(X, Y, attention, sample_weight, max_iter, tol, damping=1e-3):
+    """The one call of :func:`skattn.solvers.polish` (varpro LM) in this module."""
+    return _polish(
+        X,
+        Y,
+        attention,
+        None,
+        sample_weight=sample_weight,
+        max_iter=max_iter,
+        tol=tol,
+        damping=damping,
+    )
+
+
+def _relative_rms(X, Y, attention, projection, sample_weight):
+    omega = _normalized_weights(X.shape[0], sample_weight)
+    err = np.sum((forward(X, attention, projection) - Y) ** 2, axis=(1, 2))
+    y_sq = float(omega @ np.sum(Y**2, axis=(1, 2)))
+    return math.sqrt(float(omega @ err) / y_sq) if y_sq > 0 else math.sqrt(omega @ err)
+
+
+def select_n_heads(
+    X,
+    Y,
+    *,
+    max_heads=6,
+    sample_weight=None,
+    validation_fraction=0.2,
+    n_fit_samples=1000,
+    n_candidates=8,
+    max_iter=30,
+    tol=1e-10,
+    z=3.0,
+    exact_residual=EXACT_RESIDUAL,
+    random_state=None,
+):
+    """Fit m = 1, 2, ... heads with warm starts; stop at the held-out noise floor.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    max_heads : int, default=6
+        Largest m tried.
+    sample_weight : ndarray of shape (n,) or None
+    validation_fraction : float, default=0.2
+        Share of the examples held out.
+    n_fit_samples : int or None, default=1000
+        Training examples used by each candidate's polish (a random subset of the
+        training part; ``None``: all of it).
+    n_candidates : int, default=8
+        Random candidates for each new head (:func:`add_head`).
+    max_iter : int, default=30
+        Levenberg-Marquardt iterations per candidate m.
+    tol : float, default=1e-10
+        Relative step tolerance of the polish.
+    z : float, default=3.0
+        Critical value of :func:`significant_drop`.
+    exact_residual : float, default=1e-10
+        Held-out relative RMS error at or below which a fit is exact: the search
+        stops there without trying m + 1.
+    random_state : int, RandomState instance or None
+
+    Returns
+    -------
+    attention : ndarray of shape (m, d, d)
+    projection : ndarray of shape (m, d, d_out)
+        The selected fit (on the training part).
+    info : dict
+        ``n_heads`` (selected m), ``reason`` (why the search stopped),
+        ``candidates`` (one dict per m tried: ``n_heads``, ``train_error``,
+        ``held_out_error``, ``held_out_interval``, ``drop_statistic`` (of this m
+        against m - 1), ``significant_drop``, ``exact``, ``n_iter``,
+        ``converged``, ``seconds``), ``train_indices``, ``held_out_indices``,
+        ``held_out_losses`` (per-example, of the selected fit) and
+        ``validation_fraction``.
+
+    Notes
+    -----
+    Noise-free (realisable) data: the fit with the planted m reaches machine
+    precision on the held-out part and the search stops there.  With noise the
+    held-out error of m + 1 heads is compared with that of m; the search stops at
+    the first m that m + 1 does not improve significantly (``z`` standard errors
+    of the paired differences), which costs one fit more than the selected m.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(600, 3, 4))
+    >>> th, W = rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4, 8))
+    >>> th_hat, W_hat, info = select_n_heads(X, forward(X, th, W), random_state=0)
+    >>> info["n_heads"], info["reason"]
+    (2, 'exact')
+    """
+    rng = check_random_state(random_state)
+    n = X.shape[0]
+    train, held = split_indices(n, validation_fraction, rng)
+    fit_rows = train
+    if n_fit_samples is not None and train.size > n_fit_samples:
+        fit_rows = np.sort(rng.choice(train, size=n_fit_samples, replace=False))
+    Xf, Yf = X[fit_rows], Y[fit_rows]
+    wf = None if sample_weight is None else sample_weight[fit_rows]
+    Xh, Yh = X[held], Y[held]
+    wh = None if sample_weight is None else sample_weight[held]
+    d = X.shape[2]
+    candidates, fits = [], []
+    attention = np.zeros((0, d, d))
+    reason, chosen = "max_heads", None
+    for m in range(1, max_heads + 1):
+        start = time.perf_counter()
+        attention = add_head(
+            Xf, Yf, attention, n_candidates=n_candidates, random_state=rng
+        )
+        attention, projection, pinfo = _polish_once(
+            Xf, Yf, attention, wf, max_iter, tol
+        )
+        err, interval, losses = held_out_error(Xh, Yh, attention, projection, wh)
+        record = {
+            "n_heads": m,
+            "train_error": _relative_rms(Xf, Yf, attention, projection, wf),
+            "held_out_error": err,
+            "held_out_interval": interval,
+            "drop_statistic": np.nan,
+            "significant_drop": None,
+            "exact": bool(err <= exact_residual),
+            "n_iter": int(pinfo["n_iter"]),
+            "converged": bool(pinfo["converged"]),
+        }
+        if fits:
+            record["significant_drop"], record["drop_statistic"] = significant_drop(
+                fits[-1][2], losses, wh, z
+            )
+        record["seconds"] = time.perf_counter() - start
+        candidates.append(record)
+        fits.append((attention, projection, losses))
+        if record["exact"]:
+            reason, chosen = "exact", m - 1
+            break
+        if len(fits) > 1 and not record["significant_drop"]:
+            reason, chosen = "no_significant_drop", m - 2
+            break
+    if chosen is None:
+        chosen = len(fits) - 1
+    attention, projection, losses = fits[chosen]
+    info = {
+        "n_heads": chosen + 1,
+        "reason": reason,
+        "candidates": candidates,
+        "train_indices": train,
+        "held_out_indices": held,
+        "held_out_losses": losses,
+        "validation_fraction": float(validation_fraction),
+        "n_fit_samples": int(fit_rows.size),
+    }
+    return attention, projection, info
+
+
+def polish_on_all(X, Y, attention, sample_weight=None, max_iter=100, tol=1e-10):
+    """Refit the selected heads on all examples, from the selection's fit.
+
+    Skipped when the fit is already exact on all of them (relative RMS residual
+    at most ``EXACT_RESIDUAL``: only a forward pass is paid); otherwise a
+    Levenberg-Marquardt polish with little initial damping (a warm start).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m, d, d)
+    sample_weight : ndarray of shape (n,) or None
+    max_iter : int, default=100
+    tol : float, default=1e-10
+
+    Returns
+    -------
+    attention : ndarray of shape (m, d, d)
+    projection : ndarray of shape (m, d, d_out)
+    info : dict
+        ``ran`` (whether the polish ran), ``residual`` (relative RMS on all
+        examples before it), and the polish's info when it ran.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn._layer import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(300, 3, 4))
+    >>> th, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 4))
+    >>> polish_on_all(X, forward(X, th, W), th)[2]["ran"]
+    False
+    """
+    projection = solve_projections(X, Y, attention, sample_weight)
+    residual = _relative_rms(X, Y, attention, projection, sample_weight)
+    if residual <= EXACT_RESIDUAL:
+        return attention, projection, {"ran": False, "residual": residual}
+    attention, projection, pinfo = _polish_once(
+        X, Y, attention, sample_weight, max_iter, tol, damping=_WARM_DAMPING
+    )
+    return attention, projection, {"ran": True, "residual": residual, **pinfo}

@@ -1,0 +1,184 @@
+"""The certificate of a fit on cases whose answer is known."""
+
+import numpy as np
+import pytest
+
+from skattn import (
+    AttentionLayer,
+    Certificate,
+    MultiHeadAttentionRegressor,
+    certify,
+    make_attention_layer,
+    make_attention_regression,
+)
+from skattn._jacobian import (
+    jacobian_singular_values,
+    layer_jacobian,
+    low_rank_tangent_basis,
+)
+from skattn._layer import forward
+
+M, K, D, D_OUT = 2, 3, 4, 10
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return make_attention_regression(
+        600, K, D, M, n_outputs=D_OUT, random_state=0, return_layer=True
+    )
+
+
+def test_exact_recovery_is_exact_and_identifiable(planted):
+    X, y, layer = planted
+    cert = certify(layer, X, y)
+    assert isinstance(cert, Certificate)
+    assert cert.exact and cert.train_residual < 1e-14
+    assert cert.n_parameters == M * (D * D + D * D_OUT)
+    assert cert.jacobian_rank == cert.n_parameters and cert.null_dimension == 0
+    assert 1e-4 < cert.smallest_singular_value <= 1
+    assert cert.locally_unique and cert.redundant_heads == ()
+    assert cert.verdict == "exact and identifiable"
+    text = str(cert)
+    assert "verdict: exact and identifiable" in text
+    for item in (
+        "1. training residual",
+        "2. local identifiability",
+        "3. held-out",
+        "4. redundancy",
+        "5. non-degeneracy",
+    ):
+        assert item in text
+
+
+def test_two_identical_heads_are_duplicates(planted):
+    X, _, layer = planted
+    attention = np.stack([layer.attention[0], layer.attention[0]])
+    twin = AttentionLayer(attention, layer.projection)
+    cert = certify(twin, X, twin.transform(X))
+    assert cert.exact
+    # the split of W between the twins is free: d * d_out directions at least
+    assert cert.null_dimension >= D * D_OUT
+    assert cert.verdict == "exact but not identifiable"
+    assert cert.redundant_heads == (0, 1)
+    assert cert.head_notes == ("duplicate of head 1", "duplicate of head 0")
+    assert "duplicate of head 1" in str(cert)
+
+
+def test_fit_with_too_many_heads_is_redundant(planted):
+    X, y, _ = planted
+    est = MultiHeadAttentionRegressor(
+        n_heads=M + 1, n_tokens=K, certificate=True, random_state=0
+    ).fit(X, y)
+    cert = est.certificate_
+    assert cert.exact and len(cert.redundant_heads) == 1
+    assert cert.null_dimension > 0 and not cert.locally_unique
+    assert cert.verdict == "exact but not identifiable"
+    assert "over-parameterised" in str(cert)
+
+
+def test_inputs_in_a_subspace_leave_theta_undetermined(planted):
+    _, _, layer = planted
+    X = np.random.default_rng(0).normal(size=(600, K, D))
+    X[..., -1] = 0.0  # tokens confined to a (D - 1)-dimensional subspace
+    cert = certify(layer, X, layer.transform(X))
+    assert cert.exact
+    # Theta_i outside the subspace's square and W_i rows outside it are free
+    assert cert.null_dimension == M * (D * D - (D - 1) ** 2) + M * D_OUT
+    assert cert.verdict == "exact but not identifiable"
+    assert "NOT locally unique" in str(cert)
+
+
+def test_truncated_fit_is_not_exact(planted):
+    X, y, _ = planted
+    est = MultiHeadAttentionRegressor(n_heads=1, n_tokens=K, random_state=0)
+    cert = certify(est.fit(X, y), X, y)
+    assert not cert.exact and cert.train_residual > 0.1
+    assert cert.verdict == "not exact"
+    assert "verdict: not exact" in str(cert)
+
+
+def test_held_out_interval_covers_the_noise_level(planted):
+    X, _, layer = planted
+    X_test = np.random.default_rng(1).choice([-1.0, 1.0], size=(2000, K * D))
+    clean = layer.transform(X_test)
+    noisy = clean + 0.05 * np.random.default_rng(2).normal(size=clean.shape)
+    expected = np.sqrt(np.sum((noisy - clean) ** 2) / np.sum(noisy**2))
+    cert = certify(layer, X, layer.transform(X), X_test=X_test, y_test=noisy)
+    low, high = cert.held_out_interval
+    assert low < expected < high and cert.held_out_error == pytest.approx(expected)
+    assert cert.n_held_out == 2000 and "X_test" in cert.held_out_source
+
+
+def test_low_rank_heads_are_certified_modulo_their_gauge():
+    rng = np.random.default_rng(0)
+    r, m, d, d_out = 2, 2, 5, 12
+    attention = rng.normal(size=(m, d, r)) @ rng.normal(size=(m, r, d))
+    projection = rng.normal(size=(m, d, r)) @ rng.normal(size=(m, r, d_out)) / d
+    layer = AttentionLayer(attention, projection)
+    X = rng.normal(size=(400, 3, d))
+    cert = certify(layer, X, layer.transform(X), head_rank=r)
+    factors = m * (2 * d * r + d * r + r * d_out)
+    assert cert.n_parameters == factors - m * 2 * r**2
+    assert cert.null_dimension == 0 and cert.verdict == "exact and identifiable"
+    assert "rank-2 heads" in str(cert)
+
+
+def test_low_rank_tangent_basis_is_the_tangent_space():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(5, 2)), rng.normal(size=(4, 2))
+    basis = low_rank_tangent_basis(a @ b.T, 2)
+    assert basis.shape == (20, 2 * (5 + 4 - 2))
+    np.testing.assert_allclose(basis.T @ basis, np.eye(basis.shape[1]), atol=1e-12)
+    # a move of the factors is in the span
+    da, db = rng.normal(size=a.shape), rng.normal(size=b.shape)
+    move = (da @ b.T + a @ db.T).ravel()
+    np.testing.assert_allclose(basis @ (basis.T @ move), move, atol=1e-10)
+
+
+def test_jacobian_matches_finite_differences_and_its_qr():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 3, 3))
+    th, W = rng.normal(size=(2, 3, 3)), rng.normal(size=(2, 3, 4))
+    J = layer_jacobian(X, th, W)
+    step = 1e-6 * rng.normal(size=J.shape[1])
+    th2 = th + step[: th.size].reshape(th.shape)
+    W2 = W + step[th.size :].reshape(W.shape)
+    change = (forward(X, th2, W2) - forward(X, th, W)).ravel()
+    np.testing.assert_allclose(J @ step, change, atol=1e-10)
+    np.testing.assert_allclose(
+        jacobian_singular_values(X, th, W),
+        np.linalg.svd(J, compute_uv=False),
+        rtol=1e-10,
+    )
+
+
+def test_certify_rejects_bad_input(planted):
+    X, y, layer = planted
+    with pytest.raises(ValueError, match=r"y must have shape \(600, 30\)"):
+        certify(layer, X, y[:, :-1])
+    with pytest.raises(ValueError, match="both X_test and y_test"):
+        certify(layer, X, y, X_test=X)
+    with pytest.raises(ValueError, match="rank_tol must be a positive float"):
+        certify(layer, X, y, rank_tol=0)
+    with pytest.raises(ValueError, match="X contains 1 NaN"):
+        bad = X.copy()
+        bad[0, 0] = np.nan
+        certify(layer, bad, y)
+    with pytest.raises(TypeError, match="fit it first"):
+        certify(MultiHeadAttentionRegressor(), X, y)
+
+
+def test_large_layers_skip_identifiability_and_say_so(planted):
+    X, y, layer = planted
+    cert = certify(layer, X, y, max_parameters=10)
+    assert cert.jacobian_rank is None and cert.locally_unique is None
+    assert cert.verdict == "exact (identifiability not computed)"
+    assert "not computed" in str(cert)
+
+
+def test_certificate_reports_conditions_and_a_wrong_layer(planted):
+    X, y, layer = planted
+    cert = certify(layer, X, y)
+    assert cert.conditions.n_heads == M and "all pass" in str(cert)
+    layer3 = make_attention_layer(1, D, n_outputs=D_OUT, random_state=3)
+    assert certify(layer3, X, y).verdict == "not exact"

@@ -1,0 +1,114 @@
+"""n_heads="auto": the head search and its record, and GridSearchCV's agreement."""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.model_selection import GridSearchCV
+
+from skattn import MultiHeadAttentionRegressor, make_attention_regression
+from skattn.phased._model_selection import (
+    select_n_heads,
+    significant_drop,
+    split_indices,
+)
+
+
+def _tokens(m, k, d, n, noise=0.0, seed=0, distribution="boolean"):
+    X, y = make_attention_regression(
+        n,
+        k,
+        d,
+        m,
+        n_outputs=m * k + 4,
+        noise=noise,
+        random_state=seed,
+        distribution=distribution,
+    )
+    return X.reshape(n, k, d), y.reshape(n, k, -1)
+
+
+def test_split_is_a_partition():
+    train, held = split_indices(101, 0.2, random_state=0)
+    assert held.size == 20 and np.intersect1d(train, held).size == 0
+    assert np.array_equal(np.sort(np.concatenate([train, held])), np.arange(101))
+    with pytest.raises(ValueError, match="at least 2 examples"):
+        split_indices(1, 0.2)
+
+
+def test_significant_drop_is_one_sided():
+    rng = np.random.default_rng(0)
+    base = rng.exponential(size=2000)
+    assert significant_drop(base + 0.1, base)[0]
+    assert not significant_drop(base, base + 0.1)[0]
+    assert not significant_drop(base, rng.exponential(size=2000))[0]
+
+
+@pytest.mark.parametrize("m, k", [(1, 4), (3, 4), (4, 2)])
+def test_noise_free_search_stops_at_the_planted_m(m, k):
+    X, Y = _tokens(m, k, 6, 1500)
+    _, _, info = select_n_heads(X, Y, max_heads=6, random_state=0)
+    assert info["n_heads"] == m and info["reason"] == "exact"
+    records = info["candidates"]
+    assert [r["n_heads"] for r in records] == list(range(1, m + 1))
+    assert records[-1]["held_out_error"] < 1e-10
+    assert all(r["held_out_error"] > 1e-3 for r in records[:-1])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_selection_and_interval_are_stable_across_seeds(seed):
+    n, sigma = 1500, 0.01
+    X, y, layer = make_attention_regression(
+        n, 3, 5, 2, n_outputs=10, noise=sigma, random_state=7, return_layer=True
+    )
+    X, Y = X.reshape(n, 3, 5), y.reshape(n, 3, -1)
+    noise = Y - layer.transform(X.reshape(n, -1)).reshape(Y.shape)
+    _, _, info = select_n_heads(X, Y, max_heads=4, random_state=seed)
+    assert info["n_heads"] == 2 and info["reason"] == "no_significant_drop"
+    assert not info["candidates"][2]["significant_drop"]
+    # the interval of every seed's split covers the noise floor on that split
+    held = info["held_out_indices"]
+    floor = np.sqrt(np.sum(noise[held] ** 2) / np.sum(Y[held] ** 2))
+    low, high = info["candidates"][1]["held_out_interval"]
+    assert low < floor < high
+
+
+def test_auto_estimator_finds_three_heads_at_k4_and_records_the_search():
+    """The case phases 2-4 cannot count (rows where three heads agree are rare)."""
+    X, Y = _tokens(3, 4, 6, 2000)
+    est = MultiHeadAttentionRegressor(
+        n_heads="auto", n_tokens=4, certificate=True, random_state=0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second opinion's warnings are recorded
+        est.fit(X.reshape(len(X), -1), Y.reshape(len(Y), -1))
+    assert est.n_heads_ == 3 and est.attention_.shape[0] == 3
+    sel = est.model_selection_
+    assert sel["n_heads"] == 3 and sel["reason"] == "exact"
+    assert [c["n_heads"] for c in sel["candidates"]] == [1, 2, 3]
+    for c in sel["candidates"]:
+        assert {"train_error", "held_out_error", "held_out_interval"} <= set(c)
+    assert "available" in sel["spectral"] and "warnings" in sel["spectral"]
+    phases = [r.phase for r in est.phase_report_]
+    assert phases[-2:] == ["auto-select-heads", "auto-polish-all"]
+    assert est.certificate_.verdict == "exact and identifiable"
+    assert "held-out part of the head selection" in str(est.certificate_)
+
+
+def test_max_heads_bounds_the_search():
+    X, Y = _tokens(3, 2, 5, 1000)
+    _, _, info = select_n_heads(X, Y, max_heads=2, random_state=0)
+    assert info["n_heads"] == 2 and info["reason"] == "max_heads"
+
+
+def test_grid_search_over_n_heads_picks_the_same_m():
+    X, Y = _tokens(2, 2, 4, 800, noise=0.01, seed=3, distribution="gaussian")
+    X, y = X.reshape(len(X), -1), Y.reshape(len(Y), -1)
+    est = MultiHeadAttentionRegressor(n_tokens=2, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        grid = GridSearchCV(est, {"n_heads": [1, 2, 3]}, cv=2).fit(X, y)
+        auto = MultiHeadAttentionRegressor(
+            n_heads="auto", n_tokens=2, random_state=0
+        ).fit(X, y)
+    assert grid.best_params_["n_heads"] == auto.n_heads_ == 2
