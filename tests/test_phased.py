@@ -62,7 +62,8 @@ def test_phase_report_records_every_phase():
     X, y, _ = _planted(2)
     est = MultiHeadAttentionRegressor(n_heads=2, n_tokens=4, random_state=0).fit(X, y)
     phases = [r.phase for r in est.phase_report_]
-    assert phases[0] == "1-crude-projection-sum"
+    assert phases[:2] == ["0-start", "1-crude-projection-sum"]
+    assert est.phase_report_[0]["init"] == "phased"
     assert phases.count("2-4-certify-refine-hull") == est.n_iter_ == 5
     assert phases[-4:] == ["2-4-hull-selected", "5-span", "6-net", "6-polish"]
     assert all(r.seconds >= 0 for r in est.phase_report_)

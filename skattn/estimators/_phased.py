@@ -19,6 +19,12 @@ from ..phased._net import _MAX_GRID_GRAM, fit_from_hull
 from ..phased._projection_sum import crude_projection_sum
 from ..phased._report import PhaseReport
 from ..phased._span import hull_span
+from ..solvers import balanced_factors
+from ..solvers._polish import (
+    REALISABLE_RESIDUAL,
+    polish_from_random_starts,
+    warmup_size,
+)
 from ._base import BaseAttentionRegressor
 
 # Appended to certification messages of phases 2-4, whose functions say tol/tol_final.
@@ -26,6 +32,10 @@ _TOLERANCE_NAMES = (
     " (In MultiHeadAttentionRegressor, tol is the first round's certify_tol and "
     "tol_final is certify_tol_final.)"
 )
+
+# init="auto" runs phases 1-5 up to this many features per token (their hull system
+# has d^2 unknowns; one round costs O(rows d^4)).
+_MAX_PHASE_FEATURES = 32
 
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
 _WEAK_GAP_RATIO = 3.0
@@ -153,6 +163,40 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         Iterations of the polish.
     polish_tol : float, default=1e-10
         Relative tolerance of the polish.
+    head_rank : int, default=None
+        Learn low-rank heads, the shape of real transformers: ``Theta_i = Q_i
+        K_i^T`` with ``Q_i, K_i`` of shape ``(d, head_rank)``, and ``W_i`` of rank
+        at most ``head_rank`` (``V_i O_i``).  The polish works on the factors
+        ``Q_i, K_i`` (matrix-free), with the ``W_i`` eliminated by least squares;
+        phases 1-5 and the net are unchanged (full rank), and their winner is
+        truncated to rank ``head_rank`` as the polish's start.  Factors are
+        identifiable only up to an invertible ``r x r`` gauge: the products are
+        in ``attention_``/``projection_``, balanced factors in ``factors_``.
+        ``None``: full rank.  Needs an integer ``n_heads``.
+    init : {"auto", "phased", "random"}, default="auto"
+        Where the polish starts.  ``"phased"``: the net's winner over the hull of
+        phases 1-5 (the paper's algorithm); a ``CertificationError`` when phases
+        2-4 certify too few rows.  ``"random"``: no phases; the polish runs from
+        up to ``n_restarts`` random starts (the first whose fit is realisable
+        wins, else the lowest residual).  ``"auto"``: ``"phased"`` when the
+        phases are affordable (``n_features_per_token <= 32``: their hull
+        system has ``d^2`` unknowns and costs ``O(rows d^4)`` per round) and
+        ``n_outputs_per_token >= n_tokens`` (phase 2's condition), else
+        ``"random"``; and when phases 2-4 fail to certify, a
+        ``CertificationWarning`` names the failure and the fit goes on from
+        random starts.  ``phase_report_`` records which start was used and
+        why.  ``polish=False`` always runs the phases.
+    n_restarts : int, default=3
+        Most random starts of ``init="random"`` (and of the fallback).
+    polish_solver : {"auto", "dense", "matrix-free"}, default="auto"
+        Levenberg-Marquardt solver of the polish: the Gauss-Newton matrix formed
+        and factored (``"dense"``: ``O((m d^2)^3)`` a step, fastest for small
+        layers) or each step solved by LSMR from Jacobian-vector products
+        (``"matrix-free"``: a few tens of passes over the examples a step, no
+        ``(m d^2)^2`` matrix).  ``"auto"``: dense when ``m d^2 <= 1200`` and
+        ``head_rank`` is None, else matrix-free
+        (:func:`skattn.solvers.choose_solver`).  ``phase_report_`` says which ran,
+        its iterations and its Jacobian products.
     batch_size : int, default=4096
         Examples processed at once in phases 2-4: memory is bounded by the batch.
     random_state : int, RandomState instance or None, default=None
@@ -172,6 +216,13 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         Learned output intercept c (zeros when ``fit_intercept=False``).
     layer_ : AttentionLayer
         The learned layer.
+    factors_ : tuple of ndarray
+        With ``head_rank`` only: balanced factors ``(Q, K, V, O)`` of shapes
+        ``(m, d, r)``, ``(m, d, r)``, ``(m, d, r)``, ``(m, r, d_out)`` with
+        ``Theta_i = Q_i K_i^T`` (exact) and ``V_i O_i`` the best rank-r
+        approximation of ``W_i`` (exact on realisable data; the ``W_i`` are
+        least-squares solutions, not rank-constrained).  Defined up to an
+        invertible ``r x r`` gauge per head.
     n_heads_ : int
         Number of heads used (selected when ``n_heads="auto"``).
     model_selection_ : dict
@@ -282,6 +333,10 @@ n_features_per_token)
         "polish_samples": [Interval(Integral, 1, None, closed="left"), None],
         "polish_max_iter": [Interval(Integral, 1, None, closed="left")],
         "polish_tol": [Interval(Real, 0, None, closed="neither")],
+        "head_rank": [Interval(Integral, 1, None, closed="left"), None],
+        "init": [StrOptions({"auto", "phased", "random"})],
+        "n_restarts": [Interval(Integral, 1, None, closed="left")],
+        "polish_solver": [StrOptions({"auto", "dense", "matrix-free"})],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
@@ -314,6 +369,10 @@ n_features_per_token)
         polish_samples=None,
         polish_max_iter=100,
         polish_tol=1e-10,
+        head_rank=None,
+        init="auto",
+        n_restarts=3,
+        polish_solver="auto",
         batch_size=4096,
         random_state=None,
         verbose=0,
@@ -342,6 +401,10 @@ n_features_per_token)
         self.polish_samples = polish_samples
         self.polish_max_iter = polish_max_iter
         self.polish_tol = polish_tol
+        self.head_rank = head_rank
+        self.init = init
+        self.n_restarts = n_restarts
+        self.polish_solver = polish_solver
         self.batch_size = batch_size
         self.random_state = random_state
         self.verbose = verbose
@@ -373,14 +436,114 @@ n_features_per_token)
         if self.n_tokens_ == 1:
             self._fit_linear(X3, Y3, weights)
         elif self.n_heads == "auto":
+            if self.head_rank is not None:
+                raise ValueError(
+                    "head_rank needs an integer n_heads; n_heads='auto' searches "
+                    "full-rank heads. Pass n_heads=m or head_rank=None."
+                )
             self._fit_auto(X3, Y3, weights, rng)
         else:
-            self._fit_phased(X3, Y3, weights, rng)
+            self._fit_fixed(X3, Y3, weights, rng)
+        if self.head_rank is not None and self.n_tokens_ > 1:
+            self.factors_ = _factors(self.attention_, self.projection_, self.head_rank)
         if self.certificate:
             from ..certificate import certify
 
             self.certificate_ = certify(self, X3, Y3)
         return self
+
+    def _choose_init(self, X3, Y3):
+        """``("phased" | "random", reason)``: where the polish starts."""
+        k, d = X3.shape[1], X3.shape[2]
+        d_out = Y3.shape[2]
+        if self.init != "auto":
+            return self.init, f"init={self.init!r}"
+        if not self.polish:
+            return "phased", "polish=False: the pure phased estimate"
+        if d > _MAX_PHASE_FEATURES:
+            return "random", (
+                f"init='auto': {d} features per token > {_MAX_PHASE_FEATURES}, "
+                f"the phases' hull system ({d * d} unknowns, O(rows d^4) a round) "
+                f"is not affordable; init='phased' forces it"
+            )
+        if d_out < k:
+            return "random", (
+                f"init='auto': phase 2 needs n_outputs_per_token >= n_tokens, got "
+                f"{d_out} < {k}"
+            )
+        return "phased", "init='auto': the phases are affordable"
+
+    def _fit_fixed(self, X3, Y3, weights, rng):
+        """A given number of heads: phases 1-6, or random starts, then the polish."""
+        if self.init == "random" and not self.polish:
+            raise ValueError(
+                "init='random' needs polish=True: without the polish a random start "
+                "is no estimate. Pass init='phased' or 'auto' for the pure phased "
+                "estimate."
+            )
+        init, reason = self._choose_init(X3, Y3)
+        self.phase_report_.append(
+            PhaseReport("0-start", 0, 0.0, {"init": init, "reason": reason})
+        )
+        if init == "phased":
+            try:
+                self._fit_phased(X3, Y3, weights, rng)
+                return
+            except CertificationError as exc:
+                if self.init == "phased":
+                    raise
+                message = str(exc)
+            warnings.warn(
+                f"Phases 2-4 failed, so the polish starts from up to "
+                f"{self.n_restarts} random starts instead of the phased estimate "
+                f"(init='phased' raises instead). What failed: {message}",
+                CertificationWarning,
+                stacklevel=3,
+            )
+            reason = f"fallback after phases 2-4 failed: {message}"
+            self.phase_report_.append(
+                PhaseReport("0-start", 1, 0.0, {"init": "random", "reason": reason})
+            )
+        self._fit_random(X3, Y3, weights, rng, reason)
+
+    def _polish_options(self, X3):
+        """Options of the polish shared by the phased and the random starts."""
+        m = int(self.n_heads)
+        return dict(
+            n_polish_samples=self.polish_samples,
+            n_warmup_samples=warmup_size(m, X3.shape[1], X3.shape[2], self.head_rank),
+            max_iter=self.polish_max_iter,
+            tol=self.polish_tol,
+            solver=self.polish_solver,
+            head_rank=self.head_rank,
+        )
+
+    def _fit_random(self, X3, Y3, weights, rng, reason):
+        """The polish from random starts (no phases)."""
+        m = int(self.n_heads)
+        start = time.perf_counter()
+        with _progress(self.verbose, total=1) as bar:
+            attention, projection, info = polish_from_random_starts(
+                X3,
+                Y3,
+                m,
+                n_starts=self.n_restarts,
+                sample_weight=weights,
+                random_state=rng.randint(np.iinfo(np.int32).max),
+                **self._polish_options(X3),
+            )
+            _advance(bar, "random-start-polish")
+        info = {key: value for key, value in info.items() if key != "stages"}
+        info["reason"] = reason
+        self.phase_report_.append(
+            PhaseReport("6-polish", 0, time.perf_counter() - start, info)
+        )
+        self._warn_if_not_converged(info)
+        self.n_heads_ = m
+        self.n_iter_ = 0
+        self.projection_sum_ = projection.sum(axis=0)
+        self.hull_point_, self.hull_directions_ = None, None
+        self._set_layer(attention, projection)
 
     def _fit_phased(self, X3, Y3, weights, rng):
         """Phases 1-6 for a given number of heads."""
@@ -597,10 +760,6 @@ n_features_per_token)
 
     def _phase6(self, X3, Y3, weights, point, directions, rng, bar):
         """Phase 6: the net over the hull, then the polish; one report each."""
-        n = len(X3)
-        polish_rows = None
-        if self.polish_samples is not None and self.polish_samples < n:
-            polish_rows = self.polish_samples
         attention, projection, info = fit_from_hull(
             X3,
             Y3,
@@ -613,33 +772,39 @@ n_features_per_token)
             sample_weight=weights,
             n_net_samples=self.net_samples,
             max_candidates=self.max_net_candidates,
-            max_iter=self.polish_max_iter,
-            tol=self.polish_tol,
-            n_polish_samples=polish_rows,
             random_state=rng.randint(np.iinfo(np.int32).max),
+            **self._polish_options(X3),
         )
         for phase, record in (("6-net", info["net"]), ("6-polish", info["polish"])):
             if record is not None:
                 record = dict(record)
                 seconds = record.pop("seconds")
                 self.phase_report_.append(PhaseReport(phase, 0, seconds, record))
-        if self.polish and not info["polish"].get("converged", True):
-            stages = info["polish"].get("stages") or [{}]
-            reason = stages[-1].get("stop_reason", stages[-1].get("message", "?"))
-            fix = (
-                "raise polish_max_iter"
-                if reason == "max_iter"
-                else "check the data for duplicated or degenerate sequences"
-            )
-            warnings.warn(
-                f"The polish did not converge (stopped: {reason}) after "
-                f"{info['polish'].get('n_iter')} iterations with polish_tol="
-                f"{self.polish_tol:g}; {fix}.",
-                ConvergenceWarning,
-                stacklevel=3,
-            )
+        if self.polish:
+            self._warn_if_not_converged(info["polish"])
         _advance(bar, "6-net-and-polish")
         return attention, projection
+
+    def _warn_if_not_converged(self, info):
+        """ConvergenceWarning when the polish stopped early short of an exact fit."""
+        if info.get("converged", True):
+            return
+        if info.get("relative_residual", 1.0) <= REALISABLE_RESIDUAL:
+            return  # at the rounding floor: nothing left to converge to
+        stages = info.get("stages") or [info]
+        reason = stages[-1].get("stop_reason", stages[-1].get("message", "?"))
+        fix = (
+            "raise polish_max_iter"
+            if reason == "max_iter"
+            else "check the data for duplicated or degenerate sequences"
+        )
+        warnings.warn(
+            f"The polish did not converge (stopped: {reason}) after "
+            f"{info.get('n_iter')} iterations with polish_tol="
+            f"{self.polish_tol:g}; {fix}.",
+            ConvergenceWarning,
+            stacklevel=4,
+        )
 
     def _warn_if_weak(self, hull_info):
         ratio = hull_info["augmented_gap_ratio"]
@@ -696,3 +861,11 @@ def _advance(bar, phase, steps=1):
     if bar is not None:
         bar.set_postfix_str(phase)
         bar.update(steps)
+
+
+def _factors(attention, projection, rank):
+    """Balanced rank-``rank`` factors ``(Q, K, V, O)`` of the fitted heads."""
+    rank = min(rank, attention.shape[1])
+    query, key = balanced_factors(attention, rank)
+    value, output = balanced_factors(projection, min(rank, projection.shape[2]))
+    return query, key, value, np.swapaxes(output, 1, 2)

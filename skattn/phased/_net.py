@@ -22,22 +22,13 @@ from itertools import combinations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ..solvers._objective import (
-    _loss,
-    _normalized_weights,
-    projection_normal_equations,
-)
-from ..solvers import polish as _polish
+from ..solvers._objective import projection_normal_equations
+from ..solvers._polish import staged_polish
 
 # Largest Gram matrix of the grid, (n_grid d)^2 floats, and largest candidate batch.
 _MAX_GRID_GRAM = 2**24
 _BATCH_FLOATS = 2**21
 
-# The two-stage polish skips its second stage when the warm-up fit leaves a relative
-# RMS residual below this on the whole polish set (realisable, noise-free data).
-_REALISABLE_RESIDUAL = 1e-10
-# First Levenberg-Marquardt damping (relative) of the second stage, a warm start.
-_WARM_DAMPING = 1e-6
 
 
 def _default_resolution(n_heads, n_features):
@@ -332,14 +323,6 @@ def net_search(
     return thetas[best], best_w[0], info
 
 
-def _relative_residual(X, Y, attention, projection, sample_weight):
-    """``sqrt(sum w ||F(X) - Y||^2 / sum w ||Y||^2)`` (0 when Y is 0)."""
-    omega = _normalized_weights(X.shape[0], sample_weight)
-    y_sq = float(np.sum(omega[:, None, None] * Y**2))
-    loss = _loss(X, Y, attention, projection, sample_weight, 0.0)
-    return math.sqrt(2.0 * loss / y_sq) if y_sq > 0 else math.sqrt(2.0 * loss)
-
-
 def fit_from_hull(
     X,
     Y,
@@ -359,6 +342,8 @@ def fit_from_hull(
     tol=1e-10,
     n_polish_samples=None,
     n_warmup_samples=1000,
+    solver="auto",
+    head_rank=None,
     random_state=None,
 ):
     """Phase 6: the epsilon-net on the hull, then a local polish of all parameters.
@@ -382,8 +367,12 @@ def fit_from_hull(
     tol : float, default=1e-10
     n_polish_samples : int or None
         Examples used by the polish (a random subset); ``None``: all.
+    solver : {"auto", "dense", "matrix-free"}, default="auto"
+        Levenberg-Marquardt solver of the polish (:func:`skattn.solvers.polish`).
+    head_rank : int or None, default=None
+        Polish low-rank heads ``Theta_i = Q_i K_i^T`` of this rank.
     n_warmup_samples : int or None, default=1000
-        Two-stage polish: when the polish set is larger, the polish first runs on
+        Two-stage polish (:func:`skattn.solvers._polish.staged_polish`): when the polish set is larger, the polish first runs on
         a random subset of this many of its examples (the warm-up: the same
         optimum on realisable data, at a fraction of the cost, since every
         Levenberg-Marquardt iteration is linear in the examples), then on the
@@ -442,44 +431,20 @@ def fit_from_hull(
         start = time.perf_counter()
         if polish_mode is None:
             polish_mode = "both" if polish_method == "lbfgs" else "varpro"
-        n = X.shape[0]
-        if n_polish_samples is not None and n > n_polish_samples:
-            rows = np.sort(rng.choice(n, size=n_polish_samples, replace=False))
-            X, Y = X[rows], Y[rows]
-            sample_weight = None if sample_weight is None else sample_weight[rows]
-        options = dict(
-            mode=polish_mode, method=polish_method, max_iter=max_iter, tol=tol
+        attention, projection, polish_info = staged_polish(
+            X,
+            Y,
+            attention,
+            sample_weight=sample_weight,
+            n_polish_samples=n_polish_samples,
+            n_warmup_samples=n_warmup_samples,
+            random_state=rng,
+            mode=polish_mode,
+            method=polish_method,
+            max_iter=max_iter,
+            tol=tol,
+            solver=solver,
+            head_rank=head_rank,
         )
-        warmup_info, final_stage = None, "none"
-        if n_warmup_samples is not None and X.shape[0] > n_warmup_samples:
-            rows = np.sort(rng.choice(X.shape[0], size=n_warmup_samples, replace=False))
-            attention, projection, warmup_info = _polish(
-                X[rows],
-                Y[rows],
-                attention,
-                None,
-                sample_weight=None if sample_weight is None else sample_weight[rows],
-                **options,
-            )
-            final_stage = "ran"
-            if _relative_residual(X, Y, attention, projection, sample_weight) <= (
-                _REALISABLE_RESIDUAL
-            ):
-                final_stage = "skipped: realisable"
-        if final_stage == "skipped: realisable":
-            polish_info = dict(warmup_info)
-        else:
-            if warmup_info is not None:
-                # a warm start: begin with (nearly) undamped Gauss-Newton steps
-                options["damping"] = _WARM_DAMPING
-            attention, projection, polish_info = _polish(
-                X, Y, attention, None, sample_weight=sample_weight, **options
-            )
-            if warmup_info is not None:
-                polish_info["n_iter"] += warmup_info["n_iter"]
-                polish_info["loss_start"] = warmup_info["loss_start"]
-        polish_info["warmup"] = warmup_info
-        polish_info["final_stage"] = final_stage
-        polish_info["n_polish_samples"] = int(X.shape[0])
         polish_info["seconds"] = time.perf_counter() - start
     return attention, projection, {"net": net_info, "polish": polish_info}

@@ -28,7 +28,8 @@ from scipy.sparse.linalg import LinearOperator
 
 from .._layer import softmax
 from ._parametrization import _token_maps
-from ._objective import _CHUNK_FLOATS, _chunks, _normalized_weights, _solve_psd
+from . import _objective
+from ._objective import _chunks, _normalized_weights, _solve_psd
 
 
 def _softmax_jvp(patterns, d_logits):
@@ -84,7 +85,7 @@ class VarproProblem:
         per_sample = self.m * k * (2 * k + 2 * d + 2 * self.d_out + 2 * r)
         self.slices = _chunks(n, per_sample)
         # keep per-chunk patterns, features and values when they fit the budget
-        self._keep = n * per_sample <= 16 * _CHUNK_FLOATS
+        self._keep = n * per_sample <= 16 * _objective._CHUNK_FLOATS
         self.shape = (n * k * self.d_out, parametrization.size)
         self.n_products = 0
         self._params = None

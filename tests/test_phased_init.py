@@ -1,0 +1,121 @@
+"""MultiHeadAttentionRegressor: where the polish starts, low-rank heads, solvers."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from skattn import MultiHeadAttentionRegressor, make_attention_regression, parameter_error
+from skattn.phased._errors import CertificationError, CertificationWarning
+
+
+def _data(n=3000, k=4, d=6, m=2, head_rank=None, distribution="boolean", seed=0):
+    return make_attention_regression(
+        n,
+        k,
+        d,
+        m,
+        n_outputs=2 * d,
+        distribution=distribution,
+        head_rank=head_rank,
+        random_state=seed,
+        return_layer=True,
+    )
+
+
+def _starts(est):
+    return [r for r in est.phase_report_ if r.phase == "0-start"]
+
+
+def test_fallback_when_phases_cannot_certify():
+    # a certification tolerance no row can meet: phases 2-4 fail
+    X, y, layer = _data()
+    est = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, certify_tol=1e-9, certify_tol_final=1e-9, random_state=0
+    )
+    with pytest.warns(CertificationWarning, match="random starts instead"):
+        est.fit(X, y)
+    starts = _starts(est)
+    assert [s["init"] for s in starts] == ["phased", "random"]
+    assert "phases 2-4 failed" in starts[-1]["reason"]
+    polish = est.phase_report_[-1]
+    assert polish.phase == "6-polish" and polish["n_starts_run"] >= 1
+    errors = parameter_error(layer, est)
+    assert errors.attention_error < 1e-8 and errors.projection_error < 1e-8
+    assert est.hull_point_ is None and est.n_iter_ == 0
+
+
+def test_init_phased_keeps_raising():
+    X, y, _ = _data()
+    est = MultiHeadAttentionRegressor(
+        n_heads=2,
+        n_tokens=4,
+        certify_tol=1e-9,
+        certify_tol_final=1e-9,
+        init="phased",
+        random_state=0,
+    )
+    with pytest.raises(CertificationError, match="certify_tol"):
+        est.fit(X, y)
+
+
+def test_init_random_skips_the_phases():
+    X, y, layer = _data(distribution="gaussian")
+    est = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, init="random", random_state=0
+    ).fit(X, y)
+    assert [r.phase for r in est.phase_report_] == ["0-start", "6-polish"]
+    assert parameter_error(layer, est).attention_error < 1e-8
+
+
+def test_init_random_needs_the_polish():
+    X, y, _ = _data(n=200)
+    est = MultiHeadAttentionRegressor(n_heads=2, n_tokens=4, init="random", polish=False)
+    with pytest.raises(ValueError, match="init='random' needs polish=True"):
+        est.fit(X, y)
+
+
+def test_auto_init_skips_phases_when_d_out_is_below_k():
+    X, y, layer = make_attention_regression(
+        2000, 6, 4, 1, n_outputs=4, random_state=0, return_layer=True
+    )
+    est = MultiHeadAttentionRegressor(n_heads=1, n_tokens=6, random_state=0)
+    est.fit(X, y)
+    assert _starts(est)[0]["init"] == "random"
+    assert "n_outputs_per_token >= n_tokens" in _starts(est)[0]["reason"]
+    assert parameter_error(layer, est).attention_error < 1e-8
+
+
+def test_low_rank_heads_recovered_with_factors():
+    X, y, layer = _data(n=3000, d=8, m=2, head_rank=2, distribution="gaussian")
+    est = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, head_rank=2, random_state=0
+    ).fit(X, y)
+    errors = parameter_error(layer, est)
+    assert errors.attention_error < 1e-8 and errors.projection_error < 1e-8
+    Q, K, V, O = est.factors_
+    assert Q.shape == K.shape == V.shape == (2, 8, 2) and O.shape == (2, 2, 16)
+    np.testing.assert_allclose(Q @ np.swapaxes(K, 1, 2), est.attention_, atol=1e-12)
+    np.testing.assert_allclose(V @ O, est.projection_, atol=1e-8)
+    polish = [r for r in est.phase_report_ if r.phase == "6-polish"][-1]
+    assert polish["solver"] == "matrix-free" and polish["n_products"] > 0
+
+
+def test_head_rank_needs_integer_n_heads():
+    X, y, _ = _data(n=300)
+    est = MultiHeadAttentionRegressor(n_heads="auto", n_tokens=4, head_rank=2)
+    with pytest.raises(ValueError, match="head_rank needs an integer n_heads"):
+        est.fit(X, y)
+
+
+@pytest.mark.parametrize("solver", ["dense", "matrix-free"])
+def test_polish_solver_is_used_and_reported(solver):
+    X, y, layer = _data(n=2000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        est = MultiHeadAttentionRegressor(
+            n_heads=2, n_tokens=4, polish_solver=solver, random_state=0
+        ).fit(X, y)
+    polish = est.phase_report_[-1]
+    assert polish.phase == "6-polish" and polish["solver"] == solver
+    assert parameter_error(layer, est).attention_error < 1e-8

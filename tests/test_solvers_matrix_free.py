@@ -1,0 +1,188 @@
+"""The matrix-free solver: Jacobian products, parametrizations, solver choice."""
+
+import numpy as np
+import pytest
+
+import skattn.solvers._objective as objective
+from skattn._layer import forward
+from skattn.solvers import (
+    FullRank,
+    LowRank,
+    VarproProblem,
+    balanced_factors,
+    choose_solver,
+    make_parametrization,
+    polish,
+    reduced_loss_gradient,
+    solve_projections,
+)
+from skattn.solvers._dense import _gauss_newton_system
+from skattn.solvers._polish import polish_from_random_starts, staged_polish
+
+
+def planted(n, k, d, m, d_out=None, seed=0, rank=None, noise=0.0):
+    rng = np.random.default_rng(seed)
+    d_out = d if d_out is None else d_out
+    if rank is None:
+        attention = rng.normal(size=(m, d, d))
+    else:
+        attention = rng.normal(size=(m, d, rank)) @ rng.normal(size=(m, rank, d))
+    attention *= 2.0 / np.linalg.norm(attention, axis=(1, 2), keepdims=True)
+    projection = rng.normal(size=(m, d, d_out)) / np.sqrt(d)
+    X = rng.choice([-1.0, 1.0], size=(n, k, d))
+    Y = forward(X, attention, projection) + noise * rng.normal(size=(n, k, d_out))
+    return X, Y, attention, projection
+
+
+def dense_jacobian(problem, params):
+    return problem.jacobian(params) @ np.eye(problem.shape[1])
+
+
+@pytest.mark.parametrize("par", [FullRank(2, 4), LowRank(2, 4, 2)])
+def test_products_are_adjoint(par):
+    X, Y, _, _ = planted(30, 3, 4, 2, 5, noise=0.1)
+    rng = np.random.default_rng(1)
+    params = rng.normal(size=par.size)
+    J = VarproProblem(X, Y, rng.uniform(0.5, 2, 30), par).jacobian(params)
+    v, u = rng.normal(size=J.shape[1]), rng.normal(size=J.shape[0])
+    assert u @ (J @ v) == pytest.approx(v @ (J.T @ u), rel=1e-12)
+
+
+def test_jacobian_matches_finite_differences_at_a_realisable_point():
+    # at a zero residual the exact variable-projection Jacobian is Kaufman's
+    X, Y, attention, _ = planted(40, 3, 4, 2, 6)
+    par = FullRank(2, 4)
+    problem = VarproProblem(X, Y, None, par)
+    params = par.from_attention(attention)
+    J = dense_jacobian(problem, params)
+    eps = 1e-6
+    for j in np.random.default_rng(2).choice(par.size, size=8, replace=False):
+        step = np.zeros(par.size)
+        step[j] = eps
+        fd = (problem.residual(params + step) - problem.residual(params - step)) / (
+            2 * eps
+        )
+        np.testing.assert_allclose(J[:, j], fd, atol=1e-7)
+
+
+def test_gauss_newton_matrix_and_gradient_match_the_dense_solver():
+    X, Y, attention, _ = planted(50, 3, 4, 2, 5, noise=0.2)
+    weight = np.random.default_rng(3).uniform(0.5, 2.0, size=50)
+    attention = attention + 0.3
+    problem = VarproProblem(X, Y, weight, FullRank(2, 4))
+    params = attention.reshape(-1)
+    J = dense_jacobian(problem, params)
+    W = solve_projections(X, Y, attention, weight)
+    _, _, g_w, h_tt, h_tw, gram = _gauss_newton_system(X, Y, attention, W, weight, 0)
+    z = np.linalg.solve(gram, h_tw.transpose(1, 0, 2).reshape(8, -1))
+    schur = h_tt - np.einsum("Pro,rQo->PQ", h_tw, z.reshape(8, -1, 5))
+    np.testing.assert_allclose(J.T @ J, schur, rtol=1e-9, atol=1e-12)
+    loss, grad, _ = reduced_loss_gradient(X, Y, attention, weight)
+    residual = problem.residual(params)
+    assert 0.5 * residual @ residual == pytest.approx(loss, rel=1e-12)
+    np.testing.assert_allclose(J.T @ residual, grad.reshape(-1), atol=1e-12)
+    np.testing.assert_allclose(problem.projection, W, rtol=1e-9, atol=1e-12)
+
+
+def test_low_rank_jacobian_is_the_chain_rule():
+    X, Y, _, _ = planted(30, 3, 5, 2, 6, noise=0.1)
+    low, full = LowRank(2, 5, 2), FullRank(2, 5)
+    params = np.random.default_rng(4).normal(size=low.size)
+    J_low = dense_jacobian(VarproProblem(X, Y, None, low), params)
+    attention = low.attention(params)
+    J_full = dense_jacobian(VarproProblem(X, Y, None, full), attention.reshape(-1))
+    eps = 1e-6
+    basis = np.eye(low.size)
+    dtheta = np.stack(
+        [
+            (low.attention(params + eps * e) - low.attention(params - eps * e)).ravel()
+            / (2 * eps)
+            for e in basis
+        ],
+        axis=1,
+    )
+    np.testing.assert_allclose(J_low, J_full @ dtheta, atol=1e-8)
+    # the gauge: r^2 directions per head leave the logits unchanged
+    singular = np.linalg.svd(J_low, compute_uv=False)
+    assert np.sum(singular < 1e-10 * singular[0]) == 2 * 2**2
+
+
+def test_products_do_not_depend_on_chunking(monkeypatch):
+    X, Y, attention, _ = planted(60, 3, 4, 2, 3, noise=0.1)
+    rng = np.random.default_rng(5)
+    weight = rng.uniform(0.5, 2.0, size=60)
+    params, v = attention.reshape(-1), rng.normal(size=32)
+    u = rng.normal(size=60 * 3 * 3)
+    whole = VarproProblem(X, Y, weight, FullRank(2, 4))
+    expected = (whole.residual(params), whole.matvec(params, v), whole.rmatvec(params, u))
+    monkeypatch.setattr(objective, "_CHUNK_FLOATS", 50)
+    chunked = VarproProblem(X, Y, weight, FullRank(2, 4))
+    assert len(chunked.slices) > 5 and not chunked._keep
+    got = (chunked.residual(params), chunked.matvec(params, v), chunked.rmatvec(params, u))
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
+
+
+def test_balanced_factors_and_parametrizations():
+    rng = np.random.default_rng(6)
+    M = rng.normal(size=(3, 5, 2)) @ rng.normal(size=(3, 2, 4))
+    A, B = balanced_factors(M, 2)
+    np.testing.assert_allclose(A @ np.swapaxes(B, 1, 2), M, atol=1e-12)
+    np.testing.assert_allclose(
+        np.linalg.norm(A, axis=1), np.linalg.norm(B, axis=1), rtol=1e-10
+    )
+    low = make_parametrization(2, 6, 3)
+    theta = low.attention(low.from_attention(rng.normal(size=(2, 6, 6))))
+    assert np.linalg.matrix_rank(theta[0]) == 3
+    assert isinstance(make_parametrization(2, 6, 6), FullRank)
+
+
+def test_choose_solver():
+    assert choose_solver(2, 8) == "dense"
+    assert choose_solver(4, 16) == "dense"
+    assert choose_solver(2, 32) == "matrix-free"
+    assert choose_solver(2, 16, head_rank=4) == "matrix-free"
+    assert choose_solver(2, 64, hull=(None, None)) == "dense"
+
+
+@pytest.mark.parametrize("solver", ["dense", "matrix-free"])
+def test_polish_recovers_with_either_solver(solver):
+    X, Y, attention, projection = planted(400, 4, 5, 2, 6)
+    start = attention + 0.05 * np.random.default_rng(7).normal(size=attention.shape)
+    th, W, info = polish(X, Y, start, solver=solver)
+    assert info["solver"] == solver and info["converged"]
+    assert (info["n_products"] > 0) == (solver == "matrix-free")
+    np.testing.assert_allclose(th, attention, atol=1e-9)
+    np.testing.assert_allclose(W, projection, atol=1e-9)
+
+
+def test_polish_low_rank_from_random_starts():
+    X, Y, attention, projection = planted(600, 4, 8, 2, 8, rank=2, seed=8)
+    th, W, info = polish_from_random_starts(
+        X, Y, 2, head_rank=2, n_warmup_samples=300, random_state=0
+    )
+    assert info["solver"] == "matrix-free"
+    assert info["relative_residual"] < 1e-10
+    order = np.argsort([np.linalg.norm(t - attention[0]) for t in th])
+    np.testing.assert_allclose(th[order], attention, atol=1e-8)
+    np.testing.assert_allclose(W[order], projection, atol=1e-8)
+    assert np.linalg.matrix_rank(th[0], tol=1e-8) == 2
+
+
+def test_staged_polish_runs_the_final_stage_with_noise():
+    X, Y, attention, _ = planted(600, 4, 4, 1, 4, noise=0.01)
+    _, _, info = staged_polish(
+        X, Y, attention + 0.01, n_warmup_samples=200, random_state=0
+    )
+    assert info["final_stage"] == "ran" and info["warmup"] is not None
+    assert info["n_polish_samples"] == 600
+
+
+def test_polish_rejects_unsupported_combinations():
+    X, Y, attention, _ = planted(50, 3, 4, 1)
+    with pytest.raises(ValueError, match="solver must be"):
+        polish(X, Y, attention, solver="cg")
+    with pytest.raises(ValueError, match="head_rank needs the matrix-free"):
+        polish(X, Y, attention, head_rank=2, solver="dense")
+    with pytest.raises(ValueError, match="ridge alpha"):
+        polish(X, Y, attention, solver="matrix-free", alpha=0.1)
