@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from skattn import AttentionLayer
+from skattn import AttentionLayer, RandomFeatureAttentionRegressor
 from skattn.utils.discovery import all_estimators
 from skattn.utils.estimator_checks import parametrize_with_checks
 
@@ -14,7 +14,27 @@ PLANTED_LAYER = AttentionLayer(
 )
 
 
-@parametrize_with_checks([*LEARNERS, PLANTED_LAYER])
+def expected_failed_checks(estimator):
+    """Checks known to fail, each with its reason."""
+    if (
+        isinstance(estimator, RandomFeatureAttentionRegressor)
+        and estimator.alpha is None
+    ):
+        # Leaving out one row of a weighted sample is not leaving out every copy of
+        # a repeated row, so the penalty chosen by leave-one-out differs; with a
+        # fixed alpha the check passes (tests/test_random_features.py).
+        return {
+            "check_sample_weight_equivalence_on_dense_data": (
+                "alpha=None chooses the ridge penalty by leave-one-out, which is "
+                "not invariant to repeating rows"
+            )
+        }
+    return {}
+
+
+@parametrize_with_checks(
+    [*LEARNERS, PLANTED_LAYER], expected_failed_checks=expected_failed_checks
+)
 def test_estimator_checks(estimator, check):
     check(estimator)
 
@@ -24,3 +44,17 @@ def test_all_estimators_finds_the_layer():
     assert "AttentionLayer" in names
     with pytest.raises(ValueError, match="type_filter"):
         all_estimators("classifier")
+
+
+def test_expected_failures_are_marked_xfail():
+    # sklearn yields its expected failures as pytest.param (a 3-tuple): the harness
+    # must unpack them, not mistake them for (estimator, check) pairs.
+    decorator = parametrize_with_checks(
+        [RandomFeatureAttentionRegressor(n_heads=2)],
+        expected_failed_checks=expected_failed_checks,
+    )
+    params = decorator.mark.args[1]
+    marked = [p.id for p in params if p.marks]
+    assert marked == [
+        "RandomFeatureAttentionRegressor-check_sample_weight_equivalence_on_dense_data"
+    ]

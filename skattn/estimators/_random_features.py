@@ -21,7 +21,7 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
-from sklearn.linear_model import Ridge
+from sklearn.linear_model import Ridge, RidgeCV
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import (
@@ -161,7 +161,28 @@ def random_attention_features(
     return out.reshape(n, m * n_values)
 
 
-def _check_token_roles(query, keys, n_tokens):
+def resolve_keys(query, keys, n_tokens):
+    """The key tokens' rule a fit uses: ``keys`` with ``"auto"`` resolved.
+
+    Parameters
+    ----------
+    query : {"first", "mean"}
+    keys : {"auto", "all", "others"}
+        ``"auto"`` is ``"others"`` when the query is token 0 of a sequence of at
+        least 2 tokens (the setting of Fu et al.), else ``"all"``.
+    n_tokens : int
+
+    Returns
+    -------
+    keys : {"all", "others"}
+
+    Examples
+    --------
+    >>> resolve_keys("first", "auto", 6), resolve_keys("first", "auto", 1)
+    ('others', 'all')
+    """
+    if keys == "auto":
+        return "others" if query == "first" and n_tokens >= 2 else "all"
     if keys == "others" and query != "first":
         raise ValueError(
             f"keys='others' excludes the query token from the keys, which needs "
@@ -172,13 +193,43 @@ def _check_token_roles(query, keys, n_tokens):
             f"keys='others' needs at least 2 tokens per sequence (a query and a key), "
             f"got n_tokens={n_tokens}. Pass n_tokens (or a 3-D X) or use keys='all'."
         )
+    return keys
+
+
+# Default ridge grid, relative to the scale of the features (see _default_alphas).
+_RELATIVE_ALPHAS = np.logspace(-6, 3, 19)
+
+
+def _default_alphas(features, sample_weight=None):
+    """Ridge penalties ``_RELATIVE_ALPHAS * trace(F_c^T S F_c) / p``.
+
+    ``F_c`` are the features centred by their (weighted) means, ``S`` the diagonal of
+    sample weights and ``p`` the number of features: the grid is relative to the
+    mean eigenvalue of the centred Gram matrix the penalty is added to, so it
+    follows the scale of the data (ReLU features scale like ``|x|^3``).
+
+    Parameters
+    ----------
+    features : ndarray of shape (n_samples, n_features)
+    sample_weight : ndarray of shape (n_samples,) or None
+
+    Returns
+    -------
+    alphas : ndarray of shape (len(_RELATIVE_ALPHAS),)
+    """
+    weights = np.ones(len(features)) if sample_weight is None else sample_weight
+    centred = features - np.average(features, axis=0, weights=weights)
+    scale = np.einsum("n,nj,nj->", weights, centred, centred) / features.shape[1]
+    if not (np.isfinite(scale) and scale > 0):  # constant features: any grid
+        scale = 1.0
+    return _RELATIVE_ALPHAS * scale
 
 
 _FEATURE_CONSTRAINTS = {
     "n_heads": [Interval(Integral, 1, None, closed="left")],
     "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
     "query": [StrOptions({"first", "mean"})],
-    "keys": [StrOptions({"all", "others"})],
+    "keys": [StrOptions({"auto", "all", "others"})],
     "attention": [StrOptions({"softmax", "relu"})],
     "mean": [Interval(Real, None, None, closed="neither")],
     "scale": [Interval(Real, None, None, closed="neither")],
@@ -192,11 +243,17 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
 
     Each sequence of ``k`` tokens has a query ``x_q`` and keys ``x_1..x_N``.  Head
     ``m`` has a frozen random query-key matrix ``W_m`` and weights the keys by
-    ``sigma(x_q^T W_m x_i)``: ``softmax`` over the keys, or ``relu(z) / N``.  The
-    features of head m are the weighted sum of the keys ``sum_i sigma_mi x_i``, so
-    a linear map of the features with coefficients ``v_m`` is exactly the output
-    ``sum_m sum_i sigma_mi <v_m, x_i>`` of the attention layer of Fu et al. (2023)
-    with trainable values.  Fitting only draws the matrices.
+    ``sigma(x_q^T W_m x_i)``: ``relu(z) / N`` or ``softmax`` over the keys.  The
+    features of head m are the weighted sum of the keys ``sum_i sigma_mi x_i`` (and
+    the total weight ``sum_i sigma_mi``), so a linear map of the features with
+    coefficients ``v_m`` is exactly the output ``sum_m sum_i sigma_mi <v_m, x_i>``
+    of the attention layer of Fu et al. (2023) with trainable values.  Fitting only
+    draws the matrices.
+
+    The defaults are the variant Fu et al. analyse (ReLU attention, non-zero-mean
+    query-key matrices, the value bias, keys other than the query), the same as
+    :class:`RandomFeatureAttentionRegressor`'s, so that this transformer followed
+    by ridge regression is that regressor.
 
     Parameters
     ----------
@@ -207,32 +264,46 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         single token is then both the query and the only key).
     query : {"first", "mean"}, default="first"
         Which vector queries: the first token, or the mean of the tokens.
-    keys : {"all", "others"}, default="all"
+    keys : {"auto", "all", "others"}, default="auto"
+        ``"others"``: tokens 1..k-1 are the keys and token 0 is only the query, the
+        setting of Fu et al.; needs ``query="first"`` and ``k >= 2``.
         ``"all"``: every token is a key, the query token included, so that with
         ``attention="softmax"`` the features are the first row of a self-attention
         layer (``skattn._layer.head_features(X, query_key_)[:, :, 0]``).
-        ``"others"``: tokens 1..k-1 are the keys and token 0 is only the query, the
-        setting of Fu et al.; needs ``query="first"`` and ``k >= 2``.
-    attention : {"softmax", "relu"}, default="softmax"
+        ``"auto"`` (default): ``"others"`` when ``query="first"`` and ``k >= 2``,
+        else ``"all"``.  Default because a target of the query and the *other*
+        tokens, such as ``mean_i f(<x_0, x_i>)``, is not blurred by the query's
+        attention to itself; ``"auto"`` rather than ``"others"`` so that
+        single-token data still works.
+    attention : {"relu", "softmax"}, default="relu"
+        ``"relu"``: weights ``max(x_q^T W_m x_i, 0) / N`` with N the number of
+        keys, the ReLU attention with ``1/N`` normalisation analysed by Fu et al.
         ``"softmax"``: weights ``softmax_i(x_q^T W_m x_i)``, summing to 1 over the
-        keys.  ``"relu"``: weights ``max(x_q^T W_m x_i, 0) / N`` with N the number
-        of keys (the ReLU attention analysed by Fu et al.).
-    mean : float, default=0.0
+        keys.  ReLU is the default because its weights are not normalised, so the
+        features carry *how much* each key matches the query, which targets like
+        ``mean_i f(<x_q, x_i>)`` need; softmax weights only say which keys match
+        best.
+    mean : float, default=2.0
         Non-zero mean of the query-key matrices:
         ``W_m = scale * (mean * I_d + G_m / sqrt(d))`` with ``G_m`` standard
         Gaussian.  A positive mean biases every head towards attending to keys
         aligned with the query, which Fu et al. show lowers the sample complexity
-        of targets of the form ``sum_i f(<x_q, x_i>)``.
+        of targets of the form ``sum_i f(<x_q, x_i>)``.  The logits are then
+        ``mean * <x_q, x_i>`` plus a random part of about the same spread as
+        ``<x_q, x_i>`` whatever d, so ``mean=2`` makes the alignment dominate in
+        every dimension without switching off the random directions.  Use
+        ``mean=0`` for the zero-mean random features, which do better on targets
+        even in ``<x_q, x_i>`` (such as ``|<x_q, x_i>|``).
     scale : float, default=1.0
         Factor on the whole matrix, i.e. the inverse temperature of the logits.
         For ``attention="relu"`` it only rescales the features.
-    value_bias : bool, default=False
+    value_bias : bool, default=True
         Append a constant 1 to every key's value vector, i.e. add the total weight
         ``sum_i sigma_mi`` of each head as a feature (``n_features + 1`` features
-        per head).  Under softmax it is constant; under ReLU it is what lets the
-        layer express targets like ``(1/N) sum_i f(<x_q, x_i>)`` that do not
-        depend linearly on the keys.  Fu et al. obtain the same effect by
-        appending a constant coordinate to every token.
+        per head).  Default because under ReLU it is what lets the layer express
+        targets like ``(1/N) sum_i f(<x_q, x_i>)`` that do not depend linearly on
+        the keys (Fu et al. append a constant coordinate to every token for the
+        same effect); under softmax it is a constant feature.
     random_state : int, RandomState instance or None, default=None
         Seeds the query-key matrices.
 
@@ -240,6 +311,8 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
     ----------
     query_key_ : ndarray of shape (n_heads, n_features, n_features)
         The frozen query-key matrices ``W_m`` (``scale`` and ``mean`` folded in).
+    keys_ : {"all", "others"}
+        The keys rule used, ``keys`` with ``"auto"`` resolved.
     n_features_in_ : int
         Width of the flattened input seen in ``fit``.
     feature_names_in_ : ndarray of shape (`n_features_in_`,)
@@ -272,11 +345,11 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
     >>> import numpy as np
     >>> from skattn import RandomAttentionFeatures
     >>> X = np.random.default_rng(0).normal(size=(5, 4, 3))  # 4 tokens of 3 features
-    >>> rfa = RandomAttentionFeatures(n_heads=10, mean=1.0, random_state=0)
-    >>> rfa.fit_transform(X).shape
-    (5, 30)
-    >>> rfa.query_key_.shape, rfa.n_tokens_
-    ((10, 3, 3), 4)
+    >>> rfa = RandomAttentionFeatures(n_heads=10, random_state=0)
+    >>> rfa.fit_transform(X).shape  # 10 heads, 3 features + the total weight each
+    (5, 40)
+    >>> rfa.query_key_.shape, rfa.n_tokens_, rfa.keys_
+    ((10, 3, 3), 4, 'others')
     """
 
     _parameter_constraints = dict(_FEATURE_CONSTRAINTS)
@@ -287,11 +360,11 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         n_tokens=None,
         *,
         query="first",
-        keys="all",
-        attention="softmax",
-        mean=0.0,
+        keys="auto",
+        attention="relu",
+        mean=2.0,
         scale=1.0,
-        value_bias=False,
+        value_bias=True,
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -321,7 +394,7 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         X, k3 = flatten_tokens(X)
         X = validate_data(self, X, reset=True, dtype=np.float64)
         k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
-        _check_token_roles(self.query, self.keys, k)
+        self.keys_ = resolve_keys(self.query, self.keys, k)
         d = X.shape[1] // k
         self.n_tokens_ = k
         self.n_features_per_token_ = d
@@ -355,7 +428,7 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         X = validate_data(self, X, reset=False, dtype=np.float64)
         check_fitted_tokens(k3, self.n_tokens_)
         x_query, x_keys = query_and_keys(
-            unflatten_tokens(X, self.n_tokens_), query=self.query, keys=self.keys
+            unflatten_tokens(X, self.n_tokens_), query=self.query, keys=self.keys_
         )
         return random_attention_features(
             x_query,
@@ -392,9 +465,16 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
     """Random-feature attention layer trained by ridge regression (Fu et al. 2023).
 
     :class:`RandomAttentionFeatures` (frozen random query-key heads) followed by
-    :class:`~sklearn.linear_model.Ridge` on the features, which learns the values
-    ``v_m``.  The model is the attention layer
+    ridge regression on the features, which learns the values ``v_m``.  The model
+    is the attention layer
     ``f(X) = sum_m sum_i sigma(x_q^T W_m x_i) <v_m, x_i> + intercept``.
+
+    The defaults are the random-feature attention of Fu et al.: ReLU attention
+    with ``1/N`` normalisation, query-key matrices with a non-zero mean, the value
+    bias, and keys other than the query; and the ridge penalty is chosen by
+    efficient leave-one-out cross-validation (as in
+    :class:`~sklearn.linear_model.RidgeCV`).  The softmax and zero-mean variants
+    are one parameter away (``attention="softmax"``, ``mean=0.0``).
 
     It predicts one output vector per sequence (the query's output), not one per
     token, so unlike skattn's other regressors it does not subclass
@@ -409,28 +489,53 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         Tokens per sequence k.  ``None`` takes k from a 3-D X, else k = 1.
     query : {"first", "mean"}, default="first"
         Which vector queries; see :class:`RandomAttentionFeatures`.
-    keys : {"all", "others"}, default="all"
-        Which tokens are keys; see :class:`RandomAttentionFeatures`.
-    attention : {"softmax", "relu"}, default="softmax"
-        ``softmax`` over the keys, or ``relu(z) / N``.
-    mean : float, default=0.0
-        Non-zero mean: ``W_m = scale * (mean * I_d + G_m / sqrt(d))``.
+    keys : {"auto", "all", "others"}, default="auto"
+        Which tokens are keys; ``"auto"`` is ``"others"`` (every token but the
+        query, as in Fu et al.) when ``query="first"`` and ``k >= 2``, else
+        ``"all"``.  See :class:`RandomAttentionFeatures`.
+    attention : {"relu", "softmax"}, default="relu"
+        ``relu(z) / N`` (Fu et al.'s ReLU attention; its unnormalised weights say
+        how much each key matches the query), or ``softmax`` over the keys.
+    mean : float, default=2.0
+        Non-zero mean: ``W_m = scale * (mean * I_d + G_m / sqrt(d))``.  Fu et al.
+        show that a mean aligning queries with keys lowers the sample complexity
+        of targets ``sum_i f(<x_q, x_i>)``; ``mean=2`` makes that alignment
+        dominate the random part in any dimension.  ``mean=0.0`` gives the
+        zero-mean random features.
     scale : float, default=1.0
         Factor on the query-key matrices (inverse temperature).
-    value_bias : bool, default=False
+    value_bias : bool, default=True
         Append a constant 1 to the keys' value vectors (adds each head's total
-        attention weight as a feature); recommended with ``attention="relu"``.
-    alpha : float, default=1.0
-        Ridge penalty on the values.
+        attention weight as a feature); with ReLU attention this is what
+        expresses targets ``(1/N) sum_i f(<x_q, x_i>)`` that are not linear in
+        the keys.
+    alpha : float or None, default=None
+        Ridge penalty on the values.  ``None`` chooses it from ``alphas`` by
+        efficient leave-one-out cross-validation
+        (:class:`~sklearn.linear_model.RidgeCV`): the right penalty depends on the
+        scale of the features, which grows like ``|x|^3``, so no fixed value is a
+        sensible default.  A float fixes it (plain
+        :class:`~sklearn.linear_model.Ridge`).
+    alphas : array-like of float or None, default=None
+        Candidate penalties when ``alpha=None``, used as given.  ``None``: 19
+        values log-spaced over ``1e-6 .. 1e3`` times the mean eigenvalue of the
+        centred Gram matrix of the features, ``trace(F_c^T F_c) / p``, so that
+        the grid follows the scale of the data.  Ignored when ``alpha`` is set.
     random_state : int, RandomState instance or None, default=None
         Seeds the query-key matrices.
 
     Attributes
     ----------
     features_ : RandomAttentionFeatures
-        The fitted feature map (holds ``query_key_``).
-    ridge_ : Ridge
-        The fitted ridge regression on the features.
+        The fitted feature map (holds ``query_key_`` and ``keys_``).
+    ridge_ : Ridge or RidgeCV
+        The fitted ridge regression on the features: a ``RidgeCV`` when
+        ``alpha=None``, else a ``Ridge``.
+    alpha_ : float
+        The ridge penalty used: the leave-one-out choice when ``alpha=None``,
+        else ``alpha``.
+    alphas_ : ndarray of shape (n_alphas,)
+        The penalties searched; only when ``alpha=None``.
     values_ : ndarray of shape (n_heads, n_values_per_head, n_outputs)
         The learned values ``v_m`` (``ridge_.coef_`` per head; n_outputs is 1 for
         a 1-D y).
@@ -448,6 +553,15 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
     See Also
     --------
     RandomAttentionFeatures : the feature map alone, for use in a Pipeline.
+    sklearn.linear_model.RidgeCV : the ridge regression with efficient
+        leave-one-out cross-validation used when ``alpha=None``.
+
+    Notes
+    -----
+    With ``alpha=None`` and ``sample_weight``, the leave-one-out errors are
+    weighted, but leaving out a weighted row is not leaving out all copies of a
+    repeated row, so the chosen penalty (unlike the fit for a fixed ``alpha``)
+    can differ from the one chosen on the repeated data.
 
     References
     ----------
@@ -461,18 +575,17 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(300, 5, 4))  # query + 4 keys
     >>> y = np.maximum(np.einsum("nd,nkd->nk", X[:, 0], X[:, 1:]), 0).mean(axis=1)
-    >>> reg = RandomFeatureAttentionRegressor(
-    ...     n_heads=50, keys="others", attention="relu", mean=2.0, value_bias=True,
-    ...     alpha=1e-3, random_state=0).fit(X[:200], y[:200])
-    >>> reg.score(X[200:], y[200:]) > 0.9
+    >>> reg = RandomFeatureAttentionRegressor(n_heads=50, random_state=0)
+    >>> reg.fit(X[:200], y[:200]).score(X[200:], y[200:]) > 0.9
     True
-    >>> reg.values_.shape
-    (50, 5, 1)
+    >>> reg.values_.shape, reg.features_.keys_
+    ((50, 5, 1), 'others')
     """
 
     _parameter_constraints = {
         **_FEATURE_CONSTRAINTS,
-        "alpha": [Interval(Real, 0, None, closed="left")],
+        "alpha": [Interval(Real, 0, None, closed="left"), None],
+        "alphas": ["array-like", None],
     }
 
     def __init__(
@@ -481,12 +594,13 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         n_tokens=None,
         *,
         query="first",
-        keys="all",
-        attention="softmax",
-        mean=0.0,
+        keys="auto",
+        attention="relu",
+        mean=2.0,
         scale=1.0,
-        value_bias=False,
-        alpha=1.0,
+        value_bias=True,
+        alpha=None,
+        alphas=None,
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -498,6 +612,7 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         self.scale = scale
         self.value_bias = value_bias
         self.alpha = alpha
+        self.alphas = alphas
         self.random_state = random_state
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -511,7 +626,7 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             The target of each sequence (the query's output).
         sample_weight : array-like of shape (n_samples,), default=None
-            Passed to :meth:`sklearn.linear_model.Ridge.fit`.
+            Passed to the ridge regression's ``fit``.
 
         Returns
         -------
@@ -537,9 +652,21 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
             random_state=self.random_state,
         )
         features = self.features_.fit_transform(X)
-        self.ridge_ = Ridge(alpha=self.alpha).fit(
-            features, y, sample_weight=sample_weight
-        )
+        if self.alpha is None:
+            if self.alphas is None:
+                alphas = _default_alphas(features, sample_weight)
+            else:
+                alphas = np.asarray(self.alphas, dtype=np.float64).ravel()
+            self.ridge_ = RidgeCV(alphas=alphas).fit(
+                features, y, sample_weight=sample_weight
+            )
+            self.alphas_ = alphas
+            self.alpha_ = float(self.ridge_.alpha_)
+        else:
+            self.ridge_ = Ridge(alpha=self.alpha).fit(
+                features, y, sample_weight=sample_weight
+            )
+            self.alpha_ = float(self.alpha)
         self.n_tokens_ = k
         self.n_features_per_token_ = X.shape[1] // k
         coef = np.atleast_2d(self.ridge_.coef_)  # (n_outputs, n_heads * n_values)

@@ -380,9 +380,11 @@ def parametrize_with_checks(estimators, *, expected_failed_checks=None):
     for estimator in estimators:
         expected = expected_failed_checks(estimator) if expected_failed_checks else {}
         for item in _all_checks(estimator, expected, mark="xfail"):
-            # sklearn yields pytest.param objects for its expected failures
-            est, check = item if isinstance(item, tuple) else item.values
-            marks = () if isinstance(item, tuple) else item.marks
+            # sklearn yields pytest.param objects (a ParameterSet, itself a
+            # 3-tuple of values, marks, id) for its expected failures
+            is_param = hasattr(item, "marks")
+            est, check = item.values if is_param else item
+            marks = item.marks if is_param else ()
             name = getattr(check, "func", check).__name__
             if not marks and name in expected:
                 marks = (pytest.mark.xfail(reason=expected[name]),)
