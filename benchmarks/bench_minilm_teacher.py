@@ -18,10 +18,12 @@ fits ``--n-samples`` labelled sequences; the script prints
   exactly what the outputs on such inputs determine);
 * the wall time; and, with ``--plot FILE``, real vs learned attention patterns.
 
-At d = 384 this needs a matrix-free solver: the dense Gauss-Newton polish of
-``skattn._optimize`` builds a matrix of ``(m (d+1)^2)^2`` entries (for 2 heads
-~1.6e11 values), so the script refuses to start it there (``--force`` overrides).
-``--planted D`` replaces the teacher by a random planted layer with biases on a
+At d = 384 the phased learner's ``init="auto"`` skips phases 1-5 (their hull
+system has ``(d+1)^2`` unknowns) and polishes from random starts with the
+matrix-free Levenberg-Marquardt solver; ``--head-rank R`` (default: the model's
+head dimension, 32, for the real teacher) learns heads ``Theta_i = Q_i K_i^T`` of
+rank R on the augmented tokens ``[x, 1]`` (the real augmented heads
+``[W_q^T; b_q^T] [W_k, 0] / sqrt(32)`` have rank 32 exactly).  ``--planted D`` replaces the teacher by a random planted layer with biases on a
 random D-dimensional embedding table with LayerNorm (the same pipeline at a size
 the dense solver handles), for checking the script end to end.
 
@@ -53,10 +55,6 @@ from skattn.metrics import (
     prediction_error,
     reached_directions,
 )
-
-# Largest dense Gauss-Newton matrix (float64 entries) the script lets the current
-# solver build: 2.5e8 entries = 2 GB.
-_MAX_DENSE_ENTRIES = 2.5e8
 
 
 class _Timeout(Exception):
@@ -106,7 +104,11 @@ def learner(args):
     common = {"n_heads": args.n_heads, "n_tokens": args.n_tokens}
     if args.learner == "phased":
         return MultiHeadAttentionRegressor(
-            **common, fit_intercept=True, random_state=args.seed
+            **common,
+            fit_intercept=True,
+            head_rank=args.head_rank,
+            verbose=args.verbose,
+            random_state=args.seed,
         )
     return GradientAttentionRegressor(
         **common,
@@ -131,23 +133,26 @@ def main(argv=None):
     parser.add_argument("--planted", type=int, default=0, metavar="D")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", metavar="FILE.png")
-    parser.add_argument("--force", action="store_true")
+    parser.add_argument(
+        "--head-rank",
+        type=int,
+        default=None,
+        help="rank of the learned heads (phased only; default: 32 for the real "
+        "teacher, full rank with --planted; 0 means full rank)",
+    )
+    parser.add_argument("--verbose", type=int, default=0)
     args = parser.parse_args(argv)
     if args.heads:
         args.n_heads = len(args.heads)
+    if args.head_rank is None:
+        args.head_rank = None if args.planted else 32
+    elif args.head_rank == 0:
+        args.head_rank = None
 
     true, dist, name = teacher(args)
     d = true.n_features
     print(f"# teacher: {name}; d={d}, d_out={true.n_outputs}, k={args.n_tokens}")
     print(check_conditions(true, n_tokens=args.n_tokens))
-    entries = (args.n_heads * (d + 1) ** 2) ** 2
-    if entries > _MAX_DENSE_ENTRIES and not args.force:
-        print(
-            f"\nNot fitting: the dense Gauss-Newton system of the current solver "
-            f"has (m (d+1)^2)^2 = {entries:.2e} entries ({entries * 8 / 1e9:.0f} GB). "
-            f"Run with a matrix-free solver, or --force."
-        )
-        return None
     X = dist.sample(args.n_samples, random_state=args.seed)
     y = true.transform(X)
     X_test = dist.sample(args.n_test, random_state=args.seed + 1)
@@ -180,8 +185,18 @@ def main(argv=None):
 
     err = parameter_error(true, est, X=X_test)
     raw = parameter_error(true, est)
+    polish = [r for r in getattr(est, "phase_report_", []) if r.phase == "6-polish"]
     rows = [
         ("learner", args.learner),
+        ("head rank", args.head_rank if args.learner == "phased" else "full"),
+        (
+            "polish: solver, iterations, Jacobian products",
+            ", ".join(
+                str(polish[-1].info.get(key)) for key in ("solver", "n_iter", "n_products")
+            )
+            if polish
+            else "",
+        ),
         ("n_samples", args.n_samples),
         ("time [s]", f"{seconds:.1f}"),
         (

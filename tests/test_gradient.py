@@ -310,3 +310,51 @@ def test_fit_in_chunks_matches_fit_in_one_piece(monkeypatch):
         chunked = GradientAttentionRegressor(**params).fit(X, y)
     np.testing.assert_allclose(chunked.attention_, whole.attention_, atol=1e-8)
     np.testing.assert_allclose(chunked.projection_, whole.projection_, atol=1e-8)
+
+
+def test_low_rank_heads_by_lbfgs_on_the_factors():
+    X, y, layer = make_attention_regression(
+        2000,
+        4,
+        8,
+        2,
+        n_outputs=8,
+        distribution="gaussian",
+        head_rank=2,
+        random_state=0,
+        return_layer=True,
+    )
+    est = GradientAttentionRegressor(
+        n_heads=2, n_tokens=4, head_rank=2, max_iter=3000, tol=1e-10, random_state=0
+    ).fit(X, y)
+    assert max(np.linalg.matrix_rank(t, tol=1e-8) for t in est.attention_) == 2
+    assert max(np.linalg.matrix_rank(w, tol=1e-8) for w in est.projection_) == 2
+    errors = parameter_error(layer, est)
+    assert errors.attention_error < 1e-4 and errors.projection_error < 1e-4
+
+
+def test_low_rank_factor_gradient_matches_finite_differences():
+    from skattn.estimators._gradient import _factor_objective
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(20, 3, 4))
+    Y = rng.normal(size=(20, 3, 5))
+    shape = (2, 4, 5, 2)
+    params = rng.normal(size=3 * 2 * 4 * 2 + 2 * 2 * 5)
+    _, grad = _factor_objective(X, Y, params, shape, None, 0.1, None)
+    eps = 1e-6
+    for j in rng.choice(params.size, size=10, replace=False):
+        step = np.zeros_like(params)
+        step[j] = eps
+        up = _factor_objective(X, Y, params + step, shape, None, 0.1, None)[0]
+        down = _factor_objective(X, Y, params - step, shape, None, 0.1, None)[0]
+        assert grad[j] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
+
+
+def test_head_rank_needs_lbfgs():
+    X, y = make_attention_regression(50, 3, 4, 1, random_state=0)
+    est = GradientAttentionRegressor(n_tokens=3, head_rank=2, solver="adam")
+    with pytest.raises(ValueError, match="head_rank=2 needs solver='lbfgs'"):
+        est.fit(X, y)
+    with pytest.raises(ValueError, match="does not support head_rank=2"):
+        est.partial_fit(X, y)

@@ -24,6 +24,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_sample_weight, validate_data
 from tqdm.auto import tqdm
 
+from ..solvers import balanced_factors
 from ..solvers._lbfgs import _lbfgs
 from ..solvers._objective import _loss_chunk_size, _loss_gradient, solve_projections
 from .._sequences import (
@@ -97,6 +98,47 @@ def _initial_parameters(X, Y, sample_weight, n_heads, init_scale, alpha, random_
     return attention, projection
 
 
+def _pack_factors(attention, projection, rank):
+    """Balanced rank-r factors (Q, K, V, O) of (Theta, W), flattened."""
+    query, key = balanced_factors(attention, rank)
+    value, output = balanced_factors(projection, rank)
+    return np.concatenate(
+        [f.ravel() for f in (query, key, value, np.swapaxes(output, 1, 2))]
+    )
+
+
+def _unpack_factors(params, n_heads, n_features, n_outputs, rank):
+    """``Q, K, V (m, d, r)``, ``O (m, r, d_out)`` from :func:`_pack_factors`."""
+    m, d, r = n_heads, n_features, rank
+    sizes = np.cumsum([m * d * r] * 3)
+    query, key, value = (
+        part.reshape(m, d, r) for part in np.split(params[: sizes[-1]], sizes[:-1])
+    )
+    output = params[sizes[-1] :].reshape(m, r, n_outputs)
+    return query, key, value, output
+
+
+def _factor_objective(X, Y, params, shape, sample_weight, alpha, chunk_size):
+    """J and its gradient in the factors: Theta_i = Q_i K_i^T, W_i = V_i O_i.
+
+    The chain rule on the gradient in the products: ``dQ = dTheta K``,
+    ``dK = dTheta^T Q``, ``dV = dW O^T``, ``dO = V^T dW``.
+    """
+    query, key, value, output = _unpack_factors(params, *shape)
+    attention = query @ np.swapaxes(key, 1, 2)
+    projection = value @ output
+    loss, g_att, g_proj = _objective(
+        X, Y, attention, projection, sample_weight, alpha, chunk_size
+    )
+    grads = (
+        g_att @ key,
+        np.swapaxes(g_att, 1, 2) @ query,
+        g_proj @ np.swapaxes(output, 1, 2),
+        np.swapaxes(value, 1, 2) @ g_proj,
+    )
+    return loss, np.concatenate([g.ravel() for g in grads])
+
+
 def _fit_lbfgs(
     X,
     Y,
@@ -108,6 +150,7 @@ def _fit_lbfgs(
     tol,
     chunk_size=None,
     verbose=0,
+    head_rank=None,
 ):
     """Full-batch L-BFGS-B on the flattened parameters from a given start.
 
@@ -126,12 +169,31 @@ def _fit_lbfgs(
         False when ``max_iter`` (or the function-evaluation budget) ran out.
     """
     m, d, d_out = projection.shape
+    if head_rank is None:
 
-    def fun(params):
-        loss, g_att, g_proj = _objective(
-            X, Y, *_unpack(params, m, d, d_out), sample_weight, alpha, chunk_size
-        )
-        return loss, _pack(g_att, g_proj)
+        def fun(params):
+            loss, g_att, g_proj = _objective(
+                X, Y, *_unpack(params, m, d, d_out), sample_weight, alpha, chunk_size
+            )
+            return loss, _pack(g_att, g_proj)
+
+        def products(params):
+            return _unpack(params, m, d, d_out)
+
+        start = _pack(attention, projection)
+    else:
+        shape = (m, d, d_out, head_rank)
+
+        def fun(params):
+            return _factor_objective(
+                X, Y, params, shape, sample_weight, alpha, chunk_size
+            )
+
+        def products(params):
+            query, key, value, output = _unpack_factors(params, *shape)
+            return query @ np.swapaxes(key, 1, 2), value @ output
+
+        start = _pack_factors(attention, projection, head_rank)
 
     loss_curve = []
 
@@ -143,14 +205,14 @@ def _fit_lbfgs(
     # scipy's default memory (maxcor=10) and a budget of function evaluations
     result = _lbfgs(
         fun,
-        _pack(attention, projection),
+        start,
         max_iter,
         tol,
         maxcor=10,
         maxfun=2 * max_iter + 20,
         callback=callback,
     )
-    attention, projection = _unpack(result.x, m, d, d_out)
+    attention, projection = products(result.x)
     if not loss_curve or loss_curve[-1] != float(result.fun):
         loss_curve.append(float(result.fun))
     # status 1: iteration or evaluation limit; 0: gtol met; 2: no further progress.
@@ -331,6 +393,13 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         ``"lbfgs"``: stop when the largest absolute gradient entry is below tol.
         ``"adam"``: stop when the epoch loss has not improved by at least tol for
         ``n_iter_no_change`` consecutive epochs.
+    head_rank : int, default=None
+        Train low-rank heads, the shape of real transformers: L-BFGS on the
+        factors ``Q_i, K_i, V_i`` (``(d, r)``) and ``O_i`` (``(r, d_out)``) with
+        ``Theta_i = Q_i K_i^T`` and ``W_i = V_i O_i`` (the start is the balanced
+        rank-r truncation of the usual one).  The fitted attributes are the
+        products; ``alpha`` penalises the products.  ``solver="lbfgs"`` only.
+        ``None``: full rank.
     n_restarts : int, default=1
         Independent random starts; the one with the lowest final objective is
         kept (all final objectives are in ``restart_losses_``).
@@ -450,6 +519,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         "alpha": [Interval(Real, 0, None, closed="left")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
+        "head_rank": [Interval(Integral, 1, None, closed="left"), None],
         "n_restarts": [Interval(Integral, 1, None, closed="left")],
         "init_scale": [Interval(Real, 0, None, closed="left")],
         "learning_rate": [Interval(Real, 0, None, closed="neither")],
@@ -473,6 +543,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         alpha=0.0,
         max_iter=500,
         tol=1e-6,
+        head_rank=None,
         n_restarts=1,
         init_scale=1.0,
         learning_rate=0.01,
@@ -489,6 +560,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         self.alpha = alpha
         self.max_iter = max_iter
         self.tol = tol
+        self.head_rank = head_rank
         self.n_restarts = n_restarts
         self.init_scale = init_scale
         self.learning_rate = learning_rate
@@ -497,6 +569,12 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         self.warm_start = warm_start
         self.random_state = random_state
         self.verbose = verbose
+
+    def _rank(self, d, d_out):
+        """The factors' rank, or None when ``head_rank`` does not restrict."""
+        if self.head_rank is None or self.head_rank >= min(d, d_out):
+            return None
+        return self.head_rank
 
     def _batch_size(self, n_samples):
         if self.batch_size == "auto":
@@ -537,6 +615,11 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         """
         warm = self.warm_start and hasattr(self, "attention_")
         X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
+        if self.head_rank is not None and self.solver != "lbfgs":
+            raise ValueError(
+                f"head_rank={self.head_rank} needs solver='lbfgs' (the factors are "
+                f"trained by L-BFGS); got solver={self.solver!r}."
+            )
         X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
         n, k, d = X3.shape
         d_out = Y3.shape[2]
@@ -579,6 +662,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                     self.tol,
                     chunk,
                     self.verbose,
+                    head_rank=self._rank(d, d_out),
                 )
             else:
                 state = _adam_state(attention, projection)
@@ -680,6 +764,11 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         self : GradientAttentionRegressor
             The updated estimator.
         """
+        if self.head_rank is not None:
+            raise ValueError(
+                f"partial_fit trains with Adam, which does not support "
+                f"head_rank={self.head_rank}; use fit with solver='lbfgs'."
+            )
         first = not hasattr(self, "attention_")
         if first:
             X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
