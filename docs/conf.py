@@ -72,6 +72,12 @@ API_SECTIONS = [
         "(listed once ``skattn.phased`` exports them in ``__all__``).",
     ),
     (
+        "skattn.solvers",
+        "Solvers",
+        "The loss, least-squares projections, parametrizations (full or low-rank "
+        "heads) and the dense and matrix-free Levenberg-Marquardt polish.",
+    ),
+    (
         "skattn.conditions",
         "Non-degeneracy conditions",
         "Diagnostics of a layer against the assumptions of the guarantee.",
