@@ -160,17 +160,21 @@ def print_rows(rows, header=True):
 
 
 def exponents(rows):
-    """Least-squares slope of log(seconds) against log(axis) per sweep/learner."""
+    """Least-squares slope of log(time) against log(axis) per sweep and learner,
+    for the whole fit and, for the phased learner, for its polish alone."""
     out = []
     for sweep, axis in (("d", "d"), ("m", "m"), ("k", "k")):
-        for learner in sorted({row["learner"] for row in rows}):
+        for learner, key in sorted(
+            {(row["learner"], "seconds") for row in rows}
+            | {(row["learner"], "polish_s") for row in rows if "polish_s" in row}
+        ):
             pts = [
-                (row[axis], row["seconds"])
+                (row[axis], row[key])
                 for row in rows
                 if row["sweep"] == sweep
                 and row["learner"] == learner
                 and row.get("error") is None
-                and "seconds" in row
+                and key in row
             ]
             if sweep == "d":  # the must-show range: d = 32 .. 128
                 pts = [p for p in pts if p[0] >= 32]
@@ -178,10 +182,11 @@ def exponents(rows):
                 x, t = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
                 slope = float(np.polyfit(x, t, 1)[0])
                 lo, hi = min(p[0] for p in pts), max(p[0] for p in pts)
-                out.append((sweep, learner, lo, hi, slope))
-    print("\n| sweep | learner | range | time exponent |\n|---|---|---|---|")
-    for sweep, learner, lo, hi, slope in out:
-        print(f"| {sweep} | {learner} | {lo}-{hi} | {slope:.2f} |")
+                what = "whole fit" if key == "seconds" else "polish only"
+                out.append((sweep, learner, what, lo, hi, slope))
+    print("\n| sweep | learner | time of | range | exponent |\n|---|---|---|---|---|")
+    for sweep, learner, what, lo, hi, slope in out:
+        print(f"| {sweep} | {learner} | {what} | {lo}-{hi} | {slope:.2f} |")
     return out
 
 
