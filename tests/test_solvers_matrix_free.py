@@ -48,6 +48,20 @@ def test_products_are_adjoint(par):
     assert u @ (J @ v) == pytest.approx(v @ (J.T @ u), rel=1e-12)
 
 
+def test_orthogonal_adjoint_is_exact_on_the_residual_and_the_range():
+    X, Y, attention, _ = planted(40, 3, 4, 2, 5, noise=0.1)
+    problem = VarproProblem(X, Y, None, FullRank(2, 4))
+    params = attention.reshape(-1) + 0.1
+    v = np.random.default_rng(9).normal(size=32)
+    for u in (problem.residual(params), problem.matvec(params, v)):
+        np.testing.assert_allclose(
+            problem.rmatvec(params, u, orthogonal=True),
+            problem.rmatvec(params, u),
+            rtol=1e-9,
+            atol=1e-12,
+        )
+
+
 def test_jacobian_matches_finite_differences_at_a_realisable_point():
     # at a zero residual the exact variable-projection Jacobian is Kaufman's
     X, Y, attention, _ = planted(40, 3, 4, 2, 6)
