@@ -32,6 +32,11 @@ from . import _objective
 from ._objective import _chunks, _normalized_weights, _solve_psd
 
 
+# The states kept between Jacobian products (patterns, design, values) may take up to
+# this many times the chunk budget (2**21 floats): 2**27 floats, 1 GiB.
+_KEEP_FLOATS_PER_CHUNK_FLOAT = 64
+
+
 def _softmax_jvp(patterns, d_logits):
     """Derivative of the row softmax: ``S * (dL - rowsum(S * dL))``."""
     return patterns * (d_logits - np.sum(patterns * d_logits, axis=-1, keepdims=True))
@@ -82,10 +87,13 @@ class VarproProblem:
         self.d_out = Y.shape[2]
         self.root = np.sqrt(_normalized_weights(n, sample_weight))
         r = getattr(parametrization, "rank", 0)
-        per_sample = self.m * k * (2 * k + 2 * d + 2 * self.d_out + 2 * r)
-        self.slices = _chunks(n, per_sample)
-        # keep per-chunk patterns, features and values when they fit the budget
-        self._keep = n * per_sample <= 16 * _objective._CHUNK_FLOATS
+        # kept per sample: patterns, design row block, values, token maps
+        per_sample = self.m * k * (k + d + self.d_out + 2 * r)
+        self.slices = _chunks(n, 2 * per_sample)
+        # keep every chunk's state between products when it fits the budget
+        self._keep = n * per_sample <= _KEEP_FLOATS_PER_CHUNK_FLOAT * (
+            _objective._CHUNK_FLOATS
+        )
         self.shape = (n * k * self.d_out, parametrization.size)
         self.n_products = 0
         self._params = None
