@@ -1,0 +1,123 @@
+"""The phased learner of two source trees on the same data, side by side.
+
+For a regression check after a change: every setting of
+``bench_phased_vs_gradient.py`` (``--grid phased-vs-gradient``) or of the recovery
+grid of ``bench_recovery_grid.py`` (``--grid recovery``, polished fits) is fitted by
+``MultiHeadAttentionRegressor`` (default parameters) imported from the ``--before``
+tree and from the ``--after`` tree, each fit in its own process, the order
+alternating from setting to setting so that slow phases of a shared machine hit
+both alike.  Printed per setting: both wall times, their ratio (after / before),
+and both head-matched parameter errors; then the largest ratio.
+
+    git worktree add /tmp/before <commit>
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/compare_versions.py \\
+        --before /tmp/before --after . --grid phased-vs-gradient
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# (distribution, m, d, k, d_out, n, attention scale, noise), as in the benchmarks
+PHASED_VS_GRADIENT = [
+    ("boolean", 1, 8, 4, 16, 20000, 2.0, 0.0),
+    ("boolean", 2, 8, 4, 16, 20000, 2.0, 0.0),
+    ("gaussian", 2, 8, 4, 16, 20000, 2.0, 0.0),
+    ("boolean", 3, 8, 4, 16, 30000, 2.0, 0.0),
+    ("boolean", 2, 8, 4, 16, 20000, 4.0, 0.0),
+    ("boolean", 2, 8, 4, 16, 20000, 2.0, 0.01),
+    ("boolean", 2, 16, 8, 32, 20000, 2.0, 0.0),
+]
+RECOVERY = [
+    (dist, m, d, k, d_out, 30000, 2.0, 0.0)
+    for dist in ("boolean", "gaussian")
+    for d, k in ((8, 4), (16, 4), (16, 8))
+    for d_out in (d, 2 * d)
+    for m in (1, 2, 3)
+]
+
+_FIT = """
+import json, sys, time, warnings
+import numpy as np
+from skattn import MultiHeadAttentionRegressor, make_attention_regression
+from skattn import parameter_error
+dist, m, d, k, d_out, n, scale, noise, seed = json.loads(sys.argv[1])
+X, y, layer = make_attention_regression(
+    n, k, d, m, n_outputs=d_out, distribution=dist, attention_scale=scale,
+    noise=noise, random_state=seed, return_layer=True)
+est = MultiHeadAttentionRegressor(
+    n_heads=m, n_tokens=k, input_distribution=dist, random_state=seed)
+start = time.perf_counter()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    est.fit(X, y)
+seconds = time.perf_counter() - start
+errors = parameter_error(layer, est)
+print(json.dumps(dict(seconds=seconds, theta=float(errors.attention_error),
+                      w=float(errors.projection_error))))
+"""
+
+
+def fit(tree, setting, seed):
+    env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
+    out = subprocess.run(
+        [sys.executable, "-c", _FIT, json.dumps([*setting, seed])],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(Path(tree).resolve()),
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:120]}
+    return json.loads(lines[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="source tree of the old code")
+    parser.add_argument("--after", default=".", help="source tree of the new code")
+    parser.add_argument(
+        "--grid", choices=["phased-vs-gradient", "recovery"], default="recovery"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    settings = PHASED_VS_GRADIENT if args.grid == "phased-vs-gradient" else RECOVERY
+    print(
+        "| dist | m | d | k | d_out | n | scale | noise | before s | after s | "
+        "after/before | before Theta, W err | after Theta, W err |"
+    )
+    print("|---" * 13 + "|")
+    ratios = []
+    for i, setting in enumerate(settings):
+        order = ("before", "after") if i % 2 == 0 else ("after", "before")
+        res = {
+            which: fit(getattr(args, which), setting, args.seed) for which in order
+        }
+        b, a = res["before"], res["after"]
+        cells = [str(v) for v in setting]
+        if "error" in a or "error" in b:
+            print("| " + " | ".join(cells) + f" | {b} | {a} |", flush=True)
+            continue
+        ratio = a["seconds"] / b["seconds"]
+        ratios.append(ratio)
+        cells += [
+            f"{b['seconds']:.2f}",
+            f"{a['seconds']:.2f}",
+            f"{ratio:.2f}",
+            f"{b['theta']:.1e}, {b['w']:.1e}",
+            f"{a['theta']:.1e}, {a['w']:.1e}",
+        ]
+        print("| " + " | ".join(cells) + " |", flush=True)
+    if ratios:
+        print(
+            f"\nafter/before: median {sorted(ratios)[len(ratios) // 2]:.2f}, "
+            f"max {max(ratios):.2f} over {len(ratios)} settings"
+        )
+
+
+if __name__ == "__main__":
+    main()
