@@ -339,8 +339,8 @@ def test_phased_learner_needs_d_out_at_least_k():
     _raises(
         ValueError,
         r"needs n_outputs_per_token >= n_tokens .* got 2 outputs per token and "
-        r"n_tokens=3\. Use GradientAttentionRegressor",
-        MultiHeadAttentionRegressor(n_tokens=K).fit,
+        r"n_tokens=3\. Use init='random' .* or GradientAttentionRegressor",
+        MultiHeadAttentionRegressor(n_tokens=K, init="phased").fit,
         X,
         y,
     )

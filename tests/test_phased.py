@@ -124,7 +124,7 @@ def test_one_token_is_a_linear_model():
 def test_too_few_outputs_for_phase_two():
     X, y, _ = _planted(1, d=8, k=4, d_out=3, n=500)
     with pytest.raises(ValueError, match="n_outputs_per_token >= n_tokens"):
-        MultiHeadAttentionRegressor(n_tokens=4).fit(X, y)
+        MultiHeadAttentionRegressor(n_tokens=4, init="phased").fit(X, y)
 
 
 def test_warns_when_certification_can_be_ambiguous():

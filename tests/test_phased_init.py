@@ -80,7 +80,8 @@ def test_auto_init_skips_phases_when_d_out_is_below_k():
         2000, 6, 4, 1, n_outputs=4, random_state=0, return_layer=True
     )
     est = MultiHeadAttentionRegressor(n_heads=1, n_tokens=6, random_state=0)
-    est.fit(X, y)
+    with pytest.warns(UserWarning, match="Phases 1-5 of Chen & Li were skipped"):
+        est.fit(X, y)
     assert _starts(est)[0]["init"] == "random"
     assert "n_outputs_per_token >= n_tokens" in _starts(est)[0]["reason"]
     assert parameter_error(layer, est).attention_error < 1e-8

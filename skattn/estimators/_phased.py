@@ -182,9 +182,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         phases are affordable (``n_features_per_token <= 32``: their hull
         system has ``d^2`` unknowns and costs ``O(rows d^4)`` per round) and
         ``n_outputs_per_token >= n_tokens`` (phase 2's condition), else
-        ``"random"``; and when phases 2-4 fail to certify, a
-        ``CertificationWarning`` names the failure and the fit goes on from
-        random starts.  ``phase_report_`` records which start was used and
+        ``"random"`` with a ``UserWarning`` saying why; and when phases 2-4 fail
+        to certify, a ``CertificationWarning`` names the failure and the fit
+        goes on from random starts.  ``phase_report_`` records which start was used and
         why.  ``polish=False`` always runs the phases.
     n_restarts : int, default=3
         Most random starts of ``init="random"`` (and of the fallback).
@@ -485,6 +485,14 @@ n_features_per_token)
         self.phase_report_.append(
             PhaseReport("0-start", 0, 0.0, {"init": init, "reason": reason})
         )
+        if init == "random" and self.init == "auto":
+            warnings.warn(
+                f"Phases 1-5 of Chen & Li were skipped ({reason}); the polish "
+                f"starts from up to {self.n_restarts} random starts. Pass "
+                f"init='random' to silence this warning.",
+                UserWarning,
+                stacklevel=3,
+            )
         if init == "phased":
             try:
                 self._fit_phased(X3, Y3, weights, rng)
@@ -678,8 +686,9 @@ n_features_per_token)
             raise ValueError(
                 f"The phased learner needs n_outputs_per_token >= n_tokens (phase 2 "
                 f"solves each row's attention pattern through sum_i W_i), got "
-                f"{d_out} outputs per token and n_tokens={k}. Use "
-                f"GradientAttentionRegressor for such data."
+                f"{d_out} outputs per token and n_tokens={k}. Use init='random' "
+                f"(the polish from random starts) or GradientAttentionRegressor "
+                f"for such data."
             )
         if self.n_heads != "auto" and d_out <= self.n_heads * k:
             warnings.warn(
