@@ -227,7 +227,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-gradient", action="store_true")
     parser.add_argument("--gradient-samples", type=int, default=5000)
-    parser.add_argument("--gradient-max-iter", type=int, default=3000)
+    parser.add_argument("--gradient-max-iter", type=int, default=1000)
     parser.add_argument("--plot", default=None, help="write a log-log plot here")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
