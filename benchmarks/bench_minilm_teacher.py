@@ -23,8 +23,9 @@ system has ``(d+1)^2`` unknowns) and polishes from random starts with the
 matrix-free Levenberg-Marquardt solver; ``--head-rank R`` (default: the model's
 head dimension, 32, for the real teacher) learns heads ``Theta_i = Q_i K_i^T`` of
 rank R on the augmented tokens ``[x, 1]`` (the real augmented heads
-``[W_q^T; b_q^T] [W_k, 0] / sqrt(32)`` have rank 32 exactly).  ``--planted D`` replaces the teacher by a random planted layer with biases on a
-random D-dimensional embedding table with LayerNorm (the same pipeline at a size
+``[W_q^T; b_q^T] [W_k, 0] / sqrt(32)`` have rank 32 exactly).  ``--planted D``
+replaces the teacher by a random planted layer with biases on a random
+D-dimensional embedding table with LayerNorm (the same pipeline at a size
 the dense solver handles), for checking the script end to end.
 
 Examples::
@@ -192,7 +193,8 @@ def main(argv=None):
         (
             "polish: solver, iterations, Jacobian products",
             ", ".join(
-                str(polish[-1].info.get(key)) for key in ("solver", "n_iter", "n_products")
+                str(polish[-1].info.get(key))
+                for key in ("solver", "n_iter", "n_products")
             )
             if polish
             else "",

@@ -24,9 +24,9 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from skattn._layer import forward
-from skattn.solvers import polish
 from skattn.datasets import make_attention_regression
 from skattn.phased._net import net_search
+from skattn.solvers import polish
 
 
 def planted(n, k, d, m, seed):

@@ -112,7 +112,8 @@ def run_one(spec):
                 sum(
                     rec.seconds
                     for rec in est.phase_report_
-                    if rec.phase[0] in "12345" and rec.phase != "2-4-certify-refine-hull"
+                    if rec.phase[0] in "12345"
+                    and rec.phase != "2-4-certify-refine-hull"
                 )
             )
             row["polish_s"] = float(polish.seconds)

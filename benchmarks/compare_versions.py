@@ -94,9 +94,7 @@ def main():
     ratios = []
     for i, setting in enumerate(settings):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")
-        res = {
-            which: fit(getattr(args, which), setting, args.seed) for which in order
-        }
+        res = {which: fit(getattr(args, which), setting, args.seed) for which in order}
         b, a = res["before"], res["after"]
         cells = [str(v) for v in setting]
         if "error" in a or "error" in b:

@@ -5,7 +5,11 @@ import warnings
 import numpy as np
 import pytest
 
-from skattn import MultiHeadAttentionRegressor, make_attention_regression, parameter_error
+from skattn import (
+    MultiHeadAttentionRegressor,
+    make_attention_regression,
+    parameter_error,
+)
 from skattn.phased._errors import CertificationError, CertificationWarning
 
 
@@ -70,7 +74,9 @@ def test_init_random_skips_the_phases():
 
 def test_init_random_needs_the_polish():
     X, y, _ = _data(n=200)
-    est = MultiHeadAttentionRegressor(n_heads=2, n_tokens=4, init="random", polish=False)
+    est = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, init="random", polish=False
+    )
     with pytest.raises(ValueError, match="init='random' needs polish=True"):
         est.fit(X, y)
 
@@ -94,10 +100,12 @@ def test_low_rank_heads_recovered_with_factors():
     ).fit(X, y)
     errors = parameter_error(layer, est)
     assert errors.attention_error < 1e-8 and errors.projection_error < 1e-8
-    Q, K, V, O = est.factors_
-    assert Q.shape == K.shape == V.shape == (2, 8, 2) and O.shape == (2, 2, 16)
-    np.testing.assert_allclose(Q @ np.swapaxes(K, 1, 2), est.attention_, atol=1e-12)
-    np.testing.assert_allclose(V @ O, est.projection_, atol=1e-8)
+    query, key, value, output = est.factors_
+    assert query.shape == key.shape == value.shape == (2, 8, 2)
+    assert output.shape == (2, 2, 16)
+    theta = query @ np.swapaxes(key, 1, 2)
+    np.testing.assert_allclose(theta, est.attention_, atol=1e-12)
+    np.testing.assert_allclose(value @ output, est.projection_, atol=1e-8)
     polish = [r for r in est.phase_report_ if r.phase == "6-polish"][-1]
     assert polish["solver"] == "matrix-free" and polish["n_products"] > 0
 

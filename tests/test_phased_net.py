@@ -5,7 +5,6 @@ import pytest
 from scipy.optimize import linear_sum_assignment
 
 from skattn._layer import forward
-from skattn.solvers import projection_normal_equations, solve_projections
 from skattn.phased._net import (
     _candidate_residuals,
     fit_from_hull,
@@ -13,6 +12,7 @@ from skattn.phased._net import (
     minimum_norm_point,
     net_search,
 )
+from skattn.solvers import projection_normal_equations, solve_projections
 
 
 def planted(n, k, d, m, d_out=None, scale=2.0, seed=0):

@@ -128,11 +128,19 @@ def test_products_do_not_depend_on_chunking(monkeypatch):
     params, v = attention.reshape(-1), rng.normal(size=32)
     u = rng.normal(size=60 * 3 * 3)
     whole = VarproProblem(X, Y, weight, FullRank(2, 4))
-    expected = (whole.residual(params), whole.matvec(params, v), whole.rmatvec(params, u))
+    expected = (
+        whole.residual(params),
+        whole.matvec(params, v),
+        whole.rmatvec(params, u),
+    )
     monkeypatch.setattr(objective, "_CHUNK_FLOATS", 50)
     chunked = VarproProblem(X, Y, weight, FullRank(2, 4))
     assert len(chunked.slices) > 5 and not chunked._keep
-    got = (chunked.residual(params), chunked.matvec(params, v), chunked.rmatvec(params, u))
+    got = (
+        chunked.residual(params),
+        chunked.matvec(params, v),
+        chunked.rmatvec(params, u),
+    )
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
 

@@ -33,9 +33,11 @@ _TOLERANCE_NAMES = (
     "tol_final is certify_tol_final.)"
 )
 
-# init="auto" runs phases 1-5 up to this many features per token (their hull system
-# has d^2 unknowns; one round costs O(rows d^4)).
-_MAX_PHASE_FEATURES = 32
+# init="auto" runs phases 1-5 up to this many features per token: their hull system
+# has d^2 unknowns and one round costs O(rows d^4).  Measured (bench_scaling.py,
+# n = 5e4, k = 8, m = 2): phases 1-5 took 35 s of a 48 s fit at d = 16 and 57 s of
+# 82 s at d = 32, while the polish alone recovers these layers from random starts.
+_MAX_PHASE_FEATURES = 16
 
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
 _WEAK_GAP_RATIO = 3.0
@@ -179,13 +181,13 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         2-4 certify too few rows.  ``"random"``: no phases; the polish runs from
         up to ``n_restarts`` random starts (the first whose fit is realisable
         wins, else the lowest residual).  ``"auto"``: ``"phased"`` when the
-        phases are affordable (``n_features_per_token <= 32``: their hull
+        phases are affordable (``n_features_per_token <= 16``: their hull
         system has ``d^2`` unknowns and costs ``O(rows d^4)`` per round) and
         ``n_outputs_per_token >= n_tokens`` (phase 2's condition), else
         ``"random"`` with a ``UserWarning`` saying why; and when phases 2-4 fail
         to certify, a ``CertificationWarning`` names the failure and the fit
-        goes on from random starts.  ``phase_report_`` records which start was used and
-        why.  ``polish=False`` always runs the phases.
+        goes on from random starts.  ``phase_report_`` records which start was
+        used and why.  ``polish=False`` always runs the phases.
     n_restarts : int, default=3
         Most random starts of ``init="random"`` (and of the fallback).
     polish_solver : {"auto", "dense", "matrix-free"}, default="auto"
@@ -454,7 +456,7 @@ n_features_per_token)
 
     def _choose_init(self, X3, Y3):
         """``("phased" | "random", reason)``: where the polish starts."""
-        k, d = X3.shape[1], X3.shape[2]
+        k, d = X3.shape[1], self.n_features_per_token_  # d without [x, 1]
         d_out = Y3.shape[2]
         if self.init != "auto":
             return self.init, f"init={self.init!r}"

@@ -34,9 +34,9 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from .._layer import forward
+from ..solvers import polish as _polish
 from ..solvers import solve_projections
 from ..solvers._objective import _normalized_weights
-from ..solvers import polish as _polish
 
 # Relative RMS held-out error at or below which a fit counts as exact (machine
 # precision for float64 fits measured 1e-16-1e-13; the polish stops at a relative

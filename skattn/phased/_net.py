@@ -30,7 +30,6 @@ _MAX_GRID_GRAM = 2**24
 _BATCH_FLOATS = 2**21
 
 
-
 def _default_resolution(n_heads, n_features):
     """41 points per coordinate for 2 heads, 7 for 3, 5 for 4 (1 for one head).
 
@@ -372,8 +371,9 @@ def fit_from_hull(
     head_rank : int or None, default=None
         Polish low-rank heads ``Theta_i = Q_i K_i^T`` of this rank.
     n_warmup_samples : int or None, default=1000
-        Two-stage polish (:func:`skattn.solvers._polish.staged_polish`): when the polish set is larger, the polish first runs on
-        a random subset of this many of its examples (the warm-up: the same
+        Two-stage polish (:func:`skattn.solvers._polish.staged_polish`): when
+        the polish set is larger, the polish first runs on a random subset of
+        this many of its examples (the warm-up: the same
         optimum on realisable data, at a fraction of the cost, since every
         Levenberg-Marquardt iteration is linear in the examples), then on the
         whole polish set from the warm-up's result.  The second stage is skipped

@@ -19,8 +19,8 @@ All functions take token tensors ``X`` of shape ``(n, k, d)`` and ``Y`` of shape
 
 import numpy as np
 
-from ..solvers._objective import _factor, _solve_psd
 from .._sequences import check_finite
+from ..solvers._objective import _factor, _solve_psd
 from ._errors import CertificationError
 
 

@@ -22,6 +22,7 @@ from ._objective import (
     solve_projections,
 )
 
+
 def _hull_basis(hull, m, d):
     """``(offset (m, d, d), basis (m d d, p))`` of Theta = offset + basis @ coords.
 
@@ -246,5 +247,3 @@ def _varpro_levenberg_marquardt(
         "stop_reason": stop,
     }
     return theta, projection, info
-
-

@@ -6,6 +6,7 @@ from scipy.optimize import minimize
 from ._dense import _hull_basis, _hull_coordinates
 from ._objective import _loss_gradient, reduced_loss_gradient, solve_projections
 
+
 def _lbfgs(fun, x0, max_iter, tol, *, maxcor=30, maxfun=15000, callback=None):
     """scipy L-BFGS-B with an analytic gradient; ``tol`` is the gradient tolerance.
 
@@ -93,5 +94,3 @@ def _full_lbfgs(X, Y, attention, projection, sample_weight, alpha, max_iter, tol
         result.x[split:].reshape(m, d, d_out),
         info,
     )
-
-

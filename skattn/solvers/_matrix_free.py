@@ -27,10 +27,9 @@ from scipy.optimize import least_squares
 from scipy.sparse.linalg import LinearOperator
 
 from .._layer import softmax
-from ._parametrization import _token_maps
 from . import _objective
 from ._objective import _chunks, _normalized_weights, _solve_psd
-
+from ._parametrization import _token_maps
 
 # The states kept between Jacobian products (patterns, design, values) may take up to
 # this many times the chunk budget (2**21 floats): 2**27 floats, 1 GiB.
@@ -118,7 +117,7 @@ class VarproProblem:
     def _states(self):
         """Per-chunk states at the current point (kept, or recomputed)."""
         if self._cached is not None:
-            yield from zip(self.slices, self._cached)
+            yield from zip(self.slices, self._cached, strict=True)
             return
         for rows in self.slices:
             yield rows, self._chunk_state(rows, self._params)
@@ -208,7 +207,9 @@ class VarproProblem:
                 state["patterns"],
                 self.par.logits_jvp(x, self._params, direction, state["cache"]),
             )
-            change = np.matmul(d_patterns, self._values(rows, state)).sum(axis=1)  # (c, k, o)
+            change = np.matmul(d_patterns, self._values(rows, state)).sum(
+                axis=1
+            )  # (c, k, o)
             change *= self.root[rows, None, None]
             out[rows.start * k : rows.stop * k] = change.reshape(-1, self.d_out)
         return self._project_out(out).reshape(-1)
@@ -230,9 +231,10 @@ class VarproProblem:
         grad = np.zeros(self.par.size)
         for rows, state in self._states():
             x = self.X[rows]
-            scaled = projected[rows.start * k : rows.stop * k].reshape(
-                -1, 1, k, self.d_out
-            ) * self.root[rows, None, None, None]
+            scaled = (
+                projected[rows.start * k : rows.stop * k].reshape(-1, 1, k, self.d_out)
+                * self.root[rows, None, None, None]
+            )
             d_patterns = np.matmul(scaled, np.swapaxes(self._values(rows, state), 2, 3))
             d_logits = _softmax_jvp(state["patterns"], d_patterns)
             grad += self.par.logits_vjp(x, self._params, d_logits, state["cache"])

@@ -29,6 +29,7 @@ from .._layer import attention_patterns, forward, squared_loss_gradient
 # Budget (number of float64s) for one chunk's largest intermediate.
 _CHUNK_FLOATS = 2**21
 
+
 def _normalized_weights(n, sample_weight):
     """Weights ``w_n / sum w``, shape (n,); uniform when ``sample_weight`` is None."""
     if sample_weight is None:
@@ -309,10 +310,9 @@ def reduced_loss_gradient(X, Y, attention, sample_weight=None, alpha=0.0):
     )
     return loss, grad_attention, projection
 
+
 def _loss(X, Y, attention, projection, sample_weight, alpha):
     """The (ridge-penalised) weighted squared loss, computed from the residuals."""
     return _loss_gradient(
         X, Y, attention, projection, sample_weight, alpha, gradient=False
     )[0]
-
-
