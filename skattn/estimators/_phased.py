@@ -76,11 +76,12 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         precision (noise-free data) or that m + 1 heads do not improve
         significantly (a one-sided paired test at 3 standard errors on the
         per-example held-out losses); heads of that fit which are redundant
-        (negligible or duplicate, the certificate's test) are dropped while the
+        (negligible or duplicate, the certificate's test; with two tokens also
+        a uniform part absorbed by negating another head) are dropped while the
         re-polished smaller fit stays exact or not significantly worse; the
-        selected fit is then polished on all examples.  Phases 2-4 still run and their spectral gap (the hull of m
-        heads has dimension m - 1) is recorded as a second opinion; phase 6 is
-        skipped.  Every candidate and the decision are in ``model_selection_``.
+        selected fit is then polished on all examples.  Phases 2-4 still run and
+        their spectral gap (the hull of m heads has dimension m - 1) is recorded
+        as a second opinion; phase 6 is skipped.  Every candidate and the decision are in ``model_selection_``.
     n_tokens : int, default=None
         Tokens per sequence k.  ``None``: from a 3-D X, else 1 (F is then linear).
     input_distribution : {"gaussian", "boolean"}, default="gaussian"
