@@ -81,7 +81,8 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         re-polished smaller fit stays exact or not significantly worse; the
         selected fit is then polished on all examples.  Phases 2-4 still run and
         their spectral gap (the hull of m heads has dimension m - 1) is recorded
-        as a second opinion; phase 6 is skipped.  Every candidate and the decision are in ``model_selection_``.
+        as a second opinion; phase 6 is skipped.  Every candidate and the
+        decision are in ``model_selection_``.
     n_tokens : int, default=None
         Tokens per sequence k.  ``None``: from a 3-D X, else 1 (F is then linear).
     input_distribution : {"gaussian", "boolean"}, default="gaussian"
