@@ -5,8 +5,10 @@ d in {8, 16}, k in {2, 4, 8}, d_out = m k + 4) it fits
 ``MultiHeadAttentionRegressor(n_heads="auto")`` and the same estimator told the
 planted m, on the same examples, and prints one Markdown row: the selected m, why
 the search stopped, the spectral second opinion of phases 2-4 (its m and augmented
-gap ratio), both wall times and their ratio, and the relative test error of both
-fits on fresh examples.
+gap ratio), what the search did besides fitting m = 1, 2, ... (look-ahead fits cut
+at the iteration cap, "capped m", or resumed after it, "m resumed"; redundant heads
+dropped, "pruned m -> m'"), both wall times and their ratio, and the relative test
+error of both fits on fresh examples.
 
 Run by hand (not by CI), e.g.::
 
@@ -56,9 +58,9 @@ def _test_error(est, X, y):
 def run(n, seed, limit):
     print(
         "| dist | m | d | k | d_out | noise | auto m | reason | spectral m (gap) | "
-        "auto s | told-m s | ratio | auto test err | told-m test err |"
+        "search | auto s | told-m s | ratio | auto test err | told-m test err |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     n_right, ratios = 0, []
     for i, (m, d, k, dist, noise) in enumerate(LAYERS[:limit]):
         d_out = m * k + 4
@@ -94,12 +96,23 @@ def run(n, seed, limit):
             if spec["available"]
             else "n/a"
         )
+        notes = [
+            f"{c['n_heads']} {'resumed' if c['resumed'] else 'capped'}"
+            for c in sel["candidates"]
+            if c["capped"]
+        ]
+        notes += [
+            f"pruned {p['n_heads'] + 1} -> {p['n_heads']}"
+            + ("" if p["accepted"] else " (rejected)")
+            for p in sel["pruned"]
+        ]
         n_right += auto.n_heads_ == m
         ratios.append(t_auto / t_told)
         print(
             f"| {dist} | {m} | {d} | {k} | {d_out} | {noise:g} | "
             f"{auto.n_heads_}{'' if auto.n_heads_ == m else ' WRONG'} | "
-            f"{sel['reason']} | {spectral} | {t_auto:.1f} | {t_told:.1f} | "
+            f"{sel['reason']} | {spectral} | {'; '.join(notes)} | "
+            f"{t_auto:.1f} | {t_told:.1f} | "
             f"{t_auto / t_told:.2f} | {_test_error(auto, X_test, y_test):.1e} | "
             f"{_test_error(told, X_test, y_test):.1e} |",
             flush=True,

@@ -77,10 +77,14 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         the search stops at the first m whose held-out error is at machine
         precision (noise-free data) or that m + 1 heads do not improve
         significantly (a one-sided paired test at 3 standard errors on the
-        per-example held-out losses); the selected fit is then polished on all
-        examples.  Phases 2-4 still run and their spectral gap (the hull of m
-        heads has dimension m - 1) is recorded as a second opinion; phase 6 is
-        skipped.  Every candidate and the decision are in ``model_selection_``.
+        per-example held-out losses); heads of that fit which are redundant
+        (negligible or duplicate, the certificate's test; with two tokens also
+        a uniform part absorbed by negating another head) are dropped while the
+        re-polished smaller fit stays exact or not significantly worse; the
+        selected fit is then polished on all examples.  Phases 2-4 still run and
+        their spectral gap (the hull of m heads has dimension m - 1) is recorded
+        as a second opinion; phase 6 is skipped.  Every candidate and the
+        decision are in ``model_selection_``.
     n_tokens : int, default=None
         Tokens per sequence k.  ``None``: from a 3-D X, else 1 (F is then linear).
     input_distribution : {"gaussian", "boolean"}, default="gaussian"
@@ -232,7 +236,10 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         ``reason`` ("exact", "no_significant_drop" or "max_heads"), ``candidates``
         (one dict per m tried: ``n_heads``, ``train_error``, ``held_out_error``,
         ``held_out_interval``, ``drop_statistic``, ``significant_drop``,
-        ``exact``, ``n_iter``, ``converged``, ``seconds``), the selected fit's
+        ``exact``, ``n_iter``, ``converged``, ``capped``, ``resumed``,
+        ``seconds``), ``pruned`` (one dict per redundant head dropped from the
+        search's choice: ``n_heads`` after the drop, ``dropped_head``, ``note``,
+        ``held_out_error``, ``accepted``, ...), the selected fit's
         ``held_out_error``, ``held_out_interval``, ``n_held_out`` and
         ``confidence_level``, and ``spectral`` (the second opinion of phases
         2-4: ``n_heads``, ``augmented_gap_ratio``, ``strong`` (ratio >= 3),
@@ -621,14 +628,14 @@ n_features_per_token)
             m = info["n_heads"]
             if spectral["available"]:
                 spectral["agrees"] = spectral["n_heads"] == m
-            chosen = info["candidates"][m - 1]
             held = info["held_out_indices"]
             self.model_selection_ = {
                 "n_heads": m,
                 "reason": info["reason"],
                 "candidates": info["candidates"],
-                "held_out_error": chosen["held_out_error"],
-                "held_out_interval": chosen["held_out_interval"],
+                "pruned": info["pruned"],
+                "held_out_error": info["held_out_error"],
+                "held_out_interval": info["held_out_interval"],
                 "n_held_out": int(held.size),
                 "confidence_level": 0.95,
                 "validation_fraction": self.validation_fraction,
