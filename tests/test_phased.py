@@ -143,12 +143,18 @@ def test_boolean_distribution_rejects_real_tokens():
 def test_too_few_certified_rows_names_the_tolerance():
     X, y, _ = _planted(2, n=300)
     est = MultiHeadAttentionRegressor(
-        n_heads=2, n_tokens=4, certify_tol=1e-4, certify_tol_final=1e-4
+        n_heads=2, n_tokens=4, certify_tol=1e-4, certify_tol_final=1e-4, init="phased"
     )
     with pytest.raises(
         ValueError, match=r"(certified only|Too few certified).*certify_tol"
     ):
         est.fit(X, y)
+    # init="auto" (the default) says the same in a warning and fits from random
+    # starts instead
+    est.set_params(init="auto", random_state=0)
+    with pytest.warns(UserWarning, match=r"(certified only|Too few certified)"):
+        est.fit(X, y)
+    assert est.phase_report_[-1].phase == "6-polish"
 
 
 def test_weak_hull_evidence_warns():
