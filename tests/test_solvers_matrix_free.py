@@ -208,3 +208,24 @@ def test_polish_rejects_unsupported_combinations():
         polish(X, Y, attention, head_rank=2, solver="dense")
     with pytest.raises(ValueError, match="ridge alpha"):
         polish(X, Y, attention, solver="matrix-free", alpha=0.1)
+
+
+def test_warm_up_on_the_principal_outputs_of_low_rank_heads():
+    # rank-2 heads into 40 outputs: the warm-up fits 2 * 2 + 9 = 13 directions
+    rng = np.random.default_rng(10)
+    X = rng.normal(size=(800, 4, 6))
+    attention = rng.normal(size=(2, 6, 2)) @ rng.normal(size=(2, 2, 6)) / 3
+    projection = rng.normal(size=(2, 6, 2)) @ rng.normal(size=(2, 2, 40)) / 3
+    Y = forward(X, attention, projection)
+    th, W, info = staged_polish(
+        X,
+        Y,
+        attention + 0.02 * rng.normal(size=attention.shape),
+        head_rank=2,
+        n_warmup_samples=300,
+        random_state=0,
+    )
+    assert info["warmup"]["output_rank"] == 13
+    assert info["final_stage"] == "skipped: realisable"
+    np.testing.assert_allclose(th, attention, atol=1e-8)
+    np.testing.assert_allclose(W, projection, atol=1e-8)

@@ -253,6 +253,47 @@ def relative_residual(X, Y, attention, projection, sample_weight=None):
     return math.sqrt(2.0 * loss / y_sq) if y_sq > 0 else math.sqrt(2.0 * loss)
 
 
+def output_basis(Y, rank, slack=9):
+    """Orthonormal basis of the top principal output directions, or None.
+
+    The outputs of m heads whose ``W_i`` have rank at most ``r`` span at most
+    ``m r`` directions of the ``d_out`` output coordinates (plus one for an
+    intercept).  When ``rank + slack`` is at most half of ``d_out``, the warm-up
+    stage of :func:`staged_polish` fits ``Y B`` for the top ``rank + slack``
+    right singular vectors ``B`` of ``Y``: on realisable data the same
+    ``Theta_i`` (nothing of ``Y`` lies outside), at a fraction of the cost of the
+    projections' elimination, which is linear in ``d_out``.  Otherwise None.
+
+    Parameters
+    ----------
+    Y : ndarray of shape (n, k, d_out)
+    rank : int
+        Upper bound on the rank of the outputs, ``m min(r, d)``.
+    slack : int, default=9
+        Directions kept beyond ``rank``.
+
+    Returns
+    -------
+    basis : ndarray of shape (d_out, p) or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> Y = np.random.default_rng(0).normal(size=(50, 3, 2)) @ np.ones((2, 40))
+    >>> output_basis(Y, 2).shape
+    (40, 11)
+    >>> output_basis(Y, 20) is None
+    True
+    """
+    d_out = Y.shape[2]
+    p = rank + slack
+    if 2 * p > d_out:
+        return None
+    flat = Y.reshape(-1, d_out)
+    _, vectors = np.linalg.eigh(flat.T @ flat)
+    return vectors[:, ::-1][:, :p].copy()
+
+
 def staged_polish(
     X,
     Y,
@@ -271,7 +312,9 @@ def staged_polish(
     every iteration is linear in the examples); the final stage polishes on the
     whole polish set from there, and is skipped when the warm-up's fit already
     leaves a relative RMS residual below ``REALISABLE_RESIDUAL`` on it (then only
-    one forward pass touches all the examples).
+    one forward pass touches all the examples).  When the heads' outputs span
+    few of the output coordinates (low-rank heads, large ``d_out``), the warm-up
+    fits only their top principal directions (:func:`output_basis`).
 
     Parameters
     ----------
@@ -319,14 +362,21 @@ def staged_polish(
     projection = None
     if n_warmup_samples is not None and X.shape[0] > n_warmup_samples:
         rows = np.sort(rng.choice(X.shape[0], size=n_warmup_samples, replace=False))
+        X_w, Y_w = X[rows], Y[rows]
+        w_w = None if sample_weight is None else sample_weight[rows]
+        m, d = attention.shape[0], attention.shape[1]
+        basis = output_basis(Y_w, m * min(options.get("head_rank") or d, d))
         attention, projection, warmup_info = polish(
-            X[rows],
-            Y[rows],
+            X_w,
+            Y_w if basis is None else Y_w @ basis,
             attention,
             None,
-            sample_weight=None if sample_weight is None else sample_weight[rows],
+            sample_weight=w_w,
             **options,
         )
+        warmup_info["output_rank"] = Y.shape[2] if basis is None else basis.shape[1]
+        if basis is not None:  # the projections onto all outputs
+            projection = solve_projections(X_w, Y_w, attention, w_w)
         final_stage = "ran"
         residual = relative_residual(X, Y, attention, projection, sample_weight)
         if residual <= REALISABLE_RESIDUAL:
