@@ -161,7 +161,8 @@ def test_balanced_factors_and_parametrizations():
 
 def test_choose_solver():
     assert choose_solver(2, 8) == "dense"
-    assert choose_solver(4, 16) == "dense"
+    assert choose_solver(6, 8) == "dense"
+    assert choose_solver(2, 16) == "matrix-free"
     assert choose_solver(2, 32) == "matrix-free"
     assert choose_solver(2, 16, head_rank=4) == "matrix-free"
     assert choose_solver(2, 64, hull=(None, None)) == "dense"

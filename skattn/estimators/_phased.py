@@ -199,7 +199,7 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         and factored (``"dense"``: ``O((m d^2)^3)`` a step, fastest for small
         layers) or each step solved by LSMR from Jacobian-vector products
         (``"matrix-free"``: a few tens of passes over the examples a step, no
-        ``(m d^2)^2`` matrix).  ``"auto"``: dense when ``m d^2 <= 1200`` and
+        ``(m d^2)^2`` matrix).  ``"auto"``: dense when ``m d^2 <= 400`` and
         ``head_rank`` is None, else matrix-free
         (:func:`skattn.solvers.choose_solver`).  ``phase_report_`` says which ran,
         its iterations and its Jacobian products.

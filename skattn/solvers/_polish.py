@@ -20,10 +20,12 @@ from ._parametrization import make_parametrization
 
 # The dense Levenberg-Marquardt forms an (m d^2)^2 Gauss-Newton matrix (O(n k (m d)^2
 # d^2) flops an iteration) and factors it (O((m d^2)^3)); the matrix-free one costs
-# some tens of Jacobian products (O(n k m d^2) each) an iteration.  Measured on the
-# same data (benchmarks/bench_scaling.py), dense is faster up to about this many
-# attention parameters, matrix-free above.
-DENSE_MAX_PARAMETERS = 1200
+# some tens of Jacobian products (O(n k m d^2) each) an iteration.  Measured from the
+# same random start (n = 1000, k = 8, Boolean, one thread of a loaded machine),
+# dense / matrix-free seconds: 6.7 / 13.9 at m d^2 = 256 (d = 8, m = 4), 12.6 / 9.8
+# at 512 (16, 2), 102 / 38 at 1024 (16, 4), 45 / 11 at 1152 (24, 2), 138 / 22 at
+# 2048 (32, 2).  So dense up to this many attention parameters, matrix-free above.
+DENSE_MAX_PARAMETERS = 400
 
 
 def choose_solver(n_heads, n_features, head_rank=None, hull=None):
