@@ -208,7 +208,8 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and 6.
     verbose : int, default=0
-        Show a progress bar over the phases (tqdm) when positive.
+        Show a progress bar over the phases (tqdm) when positive; from 2 on, the
+        matrix-free polish also prints one line per iteration.
 
     Attributes
     ----------
@@ -533,6 +534,7 @@ n_features_per_token)
             tol=self.polish_tol,
             solver=self.polish_solver,
             head_rank=self.head_rank,
+            verbose=2 if self.verbose > 1 else 0,
         )
 
     def _fit_random(self, X3, Y3, weights, rng, reason):

@@ -270,6 +270,7 @@ def varpro_least_squares(
     max_iter=100,
     tol=1e-10,
     max_products=None,
+    verbose=0,
 ):
     """Minimise the reduced loss matrix-free: scipy's ``least_squares``, TRF + LSMR.
 
@@ -288,6 +289,8 @@ def varpro_least_squares(
         rounding floor so the solver stops on the step or at machine precision.
     max_products : int or None
         Cap on the LSMR iterations of one step (``None``: ``min(p, 200)``).
+    verbose : int, default=0
+        Passed to ``least_squares``: 2 prints one line per iteration.
 
     Returns
     -------
@@ -333,6 +336,7 @@ def varpro_least_squares(
         gtol=eps,
         max_nfev=max_iter,
         x_scale=1.0,
+        verbose=verbose,
     )
     final = problem.residual(result.x)
     info = {

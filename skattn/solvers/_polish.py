@@ -61,9 +61,10 @@ def polish(
     hull=None,
     max_iter=200,
     tol=1e-10,
-    damping=1e-3,
     solver="auto",
     head_rank=None,
+    verbose=0,
+    damping=1e-3,
 ):
     """Locally optimise an attention layer from a starting point.
 
@@ -109,6 +110,8 @@ def polish(
         Restrict every Theta_i to rank ``head_rank`` (parametrized as
         ``Q_i K_i^T``; matrix-free solver only).  The start is truncated to that
         rank.  ``None``: full rank.
+    verbose : int, default=0
+        Matrix-free solver only: 2 prints one line per iteration.
     damping : float, default=1e-3
         Dense Levenberg-Marquardt only: the first damping, relative to the largest
         diagonal entry of the reduced Gauss-Newton matrix (later adapted by
@@ -190,6 +193,7 @@ def polish(
                 sample_weight,
                 max_iter=max_iter,
                 tol=tol,
+                verbose=verbose,
             )
             attention = par.attention(params)
         info["solver"] = "lbfgs" if method == "lbfgs" else solver
