@@ -4,7 +4,9 @@
   distributions with ``sample`` and batch-size-invariant ``iter_batches``;
 * :func:`make_attention_layer`: a planted :class:`~skattn.AttentionLayer`;
 * :func:`make_attention_regression`: examples ``(X, F(X) + noise)`` of one;
-* :func:`sample_inputs`: draw from a distribution given by name.
+* :func:`sample_inputs`: draw from a distribution given by name;
+* :func:`write_attention_regression`, :func:`open_attention_regression`: the same
+  examples written to disk in chunks (zarr, HDF5 or ``.npy`` memmaps), of any size.
 """
 
 from ._distributions import (
@@ -16,6 +18,7 @@ from ._distributions import (
     sample_inputs,
 )
 from ._generators import make_attention_layer, make_attention_regression
+from ._writer import open_attention_regression, write_attention_regression
 
 __all__ = [
     "BooleanTokens",
@@ -24,6 +27,8 @@ __all__ = [
     "TokenizedMixture",
     "make_attention_layer",
     "make_attention_regression",
+    "open_attention_regression",
     "resolve_distribution",
     "sample_inputs",
+    "write_attention_regression",
 ]

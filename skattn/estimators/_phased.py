@@ -11,6 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from .._batches import TokenBatches
 from ..datasets import BooleanTokens
 from ..phased._affine_hull import sculpt_hull
 from ..phased._errors import CertificationError, CertificationWarning
@@ -28,6 +29,8 @@ _TOLERANCE_NAMES = (
 
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
 _WEAK_GAP_RATIO = 3.0
+# Examples the in-memory polish gets from an out-of-core X when polish_samples=None.
+_OUT_OF_CORE_POLISH_SAMPLES = 100_000
 
 
 class MultiHeadAttentionRegressor(BaseAttentionRegressor):
@@ -129,6 +132,7 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         Relative tolerance of the polish.
     batch_size : int, default=4096
         Examples processed at once in phases 2-4: memory is bounded by the batch.
+        Also the rows read at a time from an out-of-core X (see Notes).
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and 6.
     verbose : int, default=0
@@ -180,6 +184,15 @@ n_features_per_token)
     When the hull's spectral evidence is weak (augmented gap ratio below 3, as
     for three heads at k = 4 on 3e4 examples), a ``ConvergenceWarning`` says so:
     the net then searches a wrong hull and any recovery is the polish's.
+
+    Out-of-core data: X and y may be ``numpy.memmap``, zarr, h5py or dask
+    arrays of shape ``(n_samples, n_tokens * width)``.  They are validated chunk
+    by chunk and read ``batch_size`` rows at a time by phases 1-4 and the net
+    (``net_samples`` rows); the result depends on the chunking only by rounding.
+    Phase 1's statistics of a dask array are reduced by dask over its chunks;
+    phases 2-4 compute each batch with dask and work on it in this process.  The
+    polish works in memory: on ``polish_samples`` random examples, 100000 when
+    ``polish_samples=None`` and there are more.
 
     References
     ----------
@@ -292,7 +305,10 @@ n_features_per_token)
         """
         X3, Y3, weights = self._validate_fit_data(X, y, sample_weight)
         if self.input_distribution == "boolean":
-            BooleanTokens(*X3.shape[1:]).check(X3.reshape(len(X3), -1))
+            check = BooleanTokens(*X3.shape[1:]).check
+            batches = X3.iter_batches() if isinstance(X3, TokenBatches) else [(0, X3)]
+            for _, Xb in batches:
+                check(Xb.reshape(len(Xb), -1))
         rng = check_random_state(self.random_state)
         self.phase_report_ = []
         if self.n_tokens_ == 1:
@@ -425,6 +441,10 @@ n_features_per_token)
         polish_rows = None
         if self.polish_samples is not None and self.polish_samples < n:
             polish_rows = self.polish_samples
+        elif isinstance(X3, TokenBatches) and n > _OUT_OF_CORE_POLISH_SAMPLES:
+            polish_rows = _OUT_OF_CORE_POLISH_SAMPLES  # the polish is in memory
+        elif isinstance(X3, TokenBatches):  # few enough for the in-memory polish
+            X3, Y3 = X3[0:n], Y3[0:n]
         attention, projection, info = fit_from_hull(
             X3,
             Y3,
@@ -481,8 +501,11 @@ n_features_per_token)
     def _fit_linear(self, X3, Y3, weights):
         """One token per sequence: softmax is 1 and F(x) = x W_sum."""
         start = time.perf_counter()
-        sw = np.sqrt(weights)[:, None]
-        W_sum = np.linalg.lstsq(X3[:, 0] * sw, Y3[:, 0] * sw, rcond=None)[0]
+        if isinstance(X3, TokenBatches):  # with one token, phase 1 is exact
+            W_sum = crude_projection_sum(X3, Y3, weights)[0]
+        else:
+            sw = np.sqrt(weights)[:, None]
+            W_sum = np.linalg.lstsq(X3[:, 0] * sw, Y3[:, 0] * sw, rcond=None)[0]
         m = 1 if self.n_heads == "auto" else int(self.n_heads)
         d = X3.shape[2]
         self.phase_report_.append(
