@@ -15,8 +15,11 @@ estimator.  An in-memory ndarray never goes through this module.
 
 import numpy as np
 
-# Rows validated (or reduced) at a time when the source has no chunks of its own.
+# Rows validated at a time (at least batch_size).
 _VALIDATION_ROWS = 65536
+# Rows at indices spanning at most this many times their number (or one batch) are
+# read as one slice, then selected; sparser ones row by row (fewer bytes, slower).
+_DENSE_FACTOR = 4
 
 
 def _is_dask(array):
@@ -116,7 +119,7 @@ class TokenBatches:
             return np.empty((0, *self.shape[1:]))
         unique, inverse = np.unique(idx, return_inverse=True)
         lo, hi = int(unique[0]), int(unique[-1]) + 1
-        if hi - lo <= max(4 * unique.size, self.batch_size):  # dense: one read
+        if hi - lo <= max(_DENSE_FACTOR * unique.size, self.batch_size):
             rows = _read(self.source, slice(lo, hi))[unique - lo]
         else:
             rows = _read_sorted_rows(self.source, unique)

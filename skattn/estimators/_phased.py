@@ -293,9 +293,10 @@ n_features_per_token)
         ----------
         X : array-like of shape (n_samples, n_tokens * n_features) or \
 (n_samples, n_tokens, n_features)
-            Input sequences, token-major.
+            Input sequences, token-major.  A ``numpy.memmap``, zarr, h5py or
+            dask array is read in ``batch_size`` batches, never whole (see Notes).
         y : array-like of shape (n_samples, n_tokens * n_outputs)
-            Output sequences ``F(X)`` (+ noise), token-major.
+            Output sequences ``F(X)`` (+ noise), token-major; out of core too.
         sample_weight : array-like of shape (n_samples,), default=None
             Weights of the examples in every statistic and least-squares fit.
 
