@@ -178,7 +178,7 @@ def _as_2d(array, name):
     if len(shape) != 2:
         raise ValueError(
             f"{name} must be 2-D (n_samples, n_tokens * width), got an array of "
-            f"shape {shape}."
+            f"shape {shape}; store it as one."
         )
     return array, None
 
@@ -212,8 +212,12 @@ def validate_batches(X, y, n_tokens, batch_size):
     """
     from ._sequences import resolve_n_tokens
 
+    X = X if is_out_of_core(X) else np.asarray(X)
+    y = y if is_out_of_core(y) else np.asarray(y)
     X, k3 = _as_2d(X, "X")
-    y, _ = _as_2d(y, "y") if getattr(y, "ndim", 2) != 1 else (y[:, None], None)
+    if y.ndim == 1 and (_is_dask(y) or isinstance(y, np.ndarray)):
+        y = y[:, None]
+    y, _ = _as_2d(y, "y")
     if X.shape[0] != y.shape[0]:
         raise ValueError(
             f"X and y have different numbers of samples: X has {X.shape[0]} rows, "

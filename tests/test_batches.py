@@ -91,6 +91,11 @@ def test_validation_refuses_bad_arrays_before_reading_them_all(tmp_path):
     )
     with pytest.raises(TypeError, match="X must hold numbers"):
         validate_batches(text, np.ones((100, 6)), 3, 16)
+    one = zarr.open_array(str(tmp_path / "1.zarr"), mode="w", shape=(100,))
+    with pytest.raises(ValueError, match=r"y must be 2-D.*shape \(100,\)"):
+        validate_batches(X, one, 1, 16)
+    X3, Y3 = validate_batches(X, [[1.0] * 3] * 100, 3, 16)  # a list y: in memory
+    assert Y3.shape == (100, 3, 1)
     three = zarr.open_array(str(tmp_path / "3.zarr"), mode="w", shape=(100, 3, 2))
     with pytest.raises(ValueError, match="3-D out-of-core array"):
         validate_batches(three, np.ones((100, 6)), 3, 16)
