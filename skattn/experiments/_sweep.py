@@ -181,11 +181,8 @@ def cell_id(cell):
 
 
 def _plain(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and value.is_integer():
-        return value  # keep 0.0 and 0 apart: noise is always a float in a cell
-    return value
+    """A numpy scalar as the Python scalar JSON writes."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _configured(estimator, cell):
