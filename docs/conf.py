@@ -93,6 +93,12 @@ API_SECTIONS = [
         "How close a learned layer is to the truth, and plots of it.",
     ),
     (
+        "skattn.experiments",
+        "Experiments at scale",
+        "Sweeps of planted recoveries over a grid (joblib: local processes or a "
+        "Dask cluster), their result files and displays.",
+    ),
+    (
         "skattn.utils.estimator_checks",
         "Estimator checks",
         "scikit-learn's estimator checks plus skattn's own.",

@@ -1,4 +1,4 @@
-"""The command line: ``skattn demo`` and ``skattn fit``.
+"""The command line: ``skattn demo``, ``skattn fit`` and ``skattn sweep``.
 
 ``skattn demo`` plants a multi-head attention layer, samples examples, learns it back
 with the phased learner of Chen & Li and with the gradient baseline, and prints what
@@ -7,6 +7,11 @@ when the phased learner fails to recover the layer.
 
 ``skattn fit X.npy y.npy --n-tokens K --n-heads M --out layer.npz`` learns a layer
 from arrays on disk and saves its parameters.
+
+``skattn sweep CONFIG.toml`` runs :func:`skattn.experiments.recovery_sweep` over the
+grid of a TOML config (see :mod:`skattn.experiments._config`), on local processes or
+the config's Dask scheduler, writing one row per fit to the config's output file;
+rerun it to resume.
 """
 
 import argparse
@@ -80,6 +85,17 @@ def _parser():
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--out", default="layer.npz", help="output file (.npz)")
     fit.add_argument("--quiet", action="store_true")
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="run a grid of planted recoveries from a TOML config",
+        description="Fit the config's learners on every cell of its grid (planted "
+        "layer x n_samples x noise x seed) through joblib, on local processes or "
+        "the config's Dask scheduler; append one row per fit to the config's "
+        "output file (.csv or .parquet) and skip the cells already there.",
+    )
+    sweep.add_argument("config", help="CONFIG.toml")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -238,6 +254,28 @@ def _fit(args):
     return 0
 
 
+def _sweep(args):
+    from .experiments import load_sweep_config, recovery_sweep
+
+    try:
+        kwargs = load_sweep_config(args.config)
+        results = recovery_sweep(**kwargs, progress=not args.quiet)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise SystemExit(f"skattn sweep: {exc}") from exc
+    ok = results["status"] == "ok"
+    print(
+        f"{len(results)} cells ({results.attrs['n_fitted']} fitted now, "
+        f"{len(results) - results.attrs['n_fitted']} from {kwargs['output']}); "
+        f"{int((~ok).sum())} failed."
+    )
+    for learner, group in results.groupby("learner", sort=False):
+        print(
+            f"{learner:<20} success rate {group['success'].astype(bool).mean():.2f} "
+            f"over {len(group)} fits"
+        )
+    return 0
+
+
 def main(argv=None):
     """Entry point of the ``skattn`` console script and ``python -m skattn``.
 
@@ -264,4 +302,6 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "sweep":
+        return _sweep(args)
     return _fit(args)

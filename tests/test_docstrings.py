@@ -37,6 +37,7 @@ PUBLIC_MODULES = [
     ("skattn.metrics", None),
     ("skattn.estimators", None),
     ("skattn.phased", None),
+    ("skattn.experiments", None),
     ("skattn.conditions", None),
     ("skattn.certificate", None),
     ("skattn.utils.estimator_checks", None),

@@ -9,6 +9,8 @@
 * :func:`load_bert_attention`: a pretrained BERT-style attention layer and its
   embedded tokens, from a ``.safetensors`` checkpoint (e.g. all-MiniLM-L6-v2,
   :func:`minilm_checkpoint_path`).
+* :func:`write_attention_regression`, :func:`open_attention_regression`: the same
+  examples written to disk in chunks (zarr, HDF5 or ``.npy`` memmaps), of any size.
 """
 
 from ._distributions import (
@@ -21,6 +23,7 @@ from ._distributions import (
 )
 from ._generators import make_attention_layer, make_attention_regression
 from ._pretrained import EmbeddedTokens, load_bert_attention, minilm_checkpoint_path
+from ._writer import open_attention_regression, write_attention_regression
 
 __all__ = [
     "BooleanTokens",
@@ -32,6 +35,8 @@ __all__ = [
     "make_attention_layer",
     "make_attention_regression",
     "minilm_checkpoint_path",
+    "open_attention_regression",
     "resolve_distribution",
     "sample_inputs",
+    "write_attention_regression",
 ]

@@ -11,6 +11,7 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
+from .._batches import is_out_of_core, validate_batches
 from .._layer import forward
 from .._sequences import (
     check_fitted_tokens,
@@ -151,7 +152,12 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         X3 : ndarray of shape (n_samples, k, d)
         Y3 : ndarray of shape (n_samples, k, d_out)
         sample_weight : ndarray of shape (n_samples,)
+
+        Out-of-core X or y (memmap, zarr, h5py, dask) are checked in chunks and
+        returned as :class:`skattn._batches.TokenBatches`, read batch by batch.
         """
+        if is_out_of_core(X) or is_out_of_core(y):
+            return self._validate_fit_batches(X, y, sample_weight)
         X, k3 = flatten_tokens(X)
         if getattr(y, "ndim", 0) > 2:
             raise ValueError(
@@ -191,6 +197,24 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         self.n_features_per_token_ = X.shape[1] // k
         self.n_outputs_per_token_ = y.shape[1] // k
         return unflatten_tokens(X, k), unflatten_tokens(y, k), sample_weight
+
+    def _validate_fit_batches(self, X, y, sample_weight):
+        """``_validate_fit_data`` for out-of-core X, y: nothing is loaded whole."""
+        batch_size = getattr(self, "batch_size", None)
+        batch_size = batch_size if isinstance(batch_size, Integral) else 4096
+        X3, Y3 = validate_batches(X, y, self.n_tokens, batch_size)
+        n, k, d = X3.shape
+        self.n_features_in_ = k * d
+        if hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self._y_1d = getattr(y, "ndim", 2) == 1
+        sample_weight = check_weights(
+            _check_sample_weight(sample_weight, np.empty((n, 0)), dtype=np.float64)
+        )
+        self.n_tokens_ = k
+        self.n_features_per_token_ = d
+        self.n_outputs_per_token_ = Y3.shape[2]
+        return X3, Y3, sample_weight
 
     def _validate_predict_data(self, X):
         check_is_fitted(self)

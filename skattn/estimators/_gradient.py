@@ -602,9 +602,12 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         ----------
         X : array-like of shape (n_samples, n_tokens * n_features) or \
 (n_samples, n_tokens, n_features)
-            Input sequences, token-major.
+            Input sequences, token-major.  A ``numpy.memmap``, zarr, h5py or
+            dask array is validated in chunks and read chunk by chunk by every
+            evaluation of the objective (L-BFGS: a pass per iteration).
         y : array-like of shape (n_samples, n_tokens * n_outputs)
-            Targets, token-major (1-D only when ``n_tokens * n_outputs == 1``).
+            Targets, token-major (1-D only when ``n_tokens * n_outputs == 1``);
+            out of core too.
         sample_weight : array-like of shape (n_samples,), default=None
             Non-negative weights of the samples in the loss.
 

@@ -11,6 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from .._batches import TokenBatches
 from ..datasets import BooleanTokens
 from ..phased._affine_hull import sculpt_hull
 from ..phased._errors import CertificationError, CertificationWarning
@@ -41,6 +42,8 @@ _MAX_PHASE_FEATURES = 16
 
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
 _WEAK_GAP_RATIO = 3.0
+# Examples the in-memory polish gets from an out-of-core X when polish_samples=None.
+_OUT_OF_CORE_POLISH_SAMPLES = 100_000
 
 
 class MultiHeadAttentionRegressor(BaseAttentionRegressor):
@@ -205,6 +208,7 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         its iterations and its Jacobian products.
     batch_size : int, default=4096
         Examples processed at once in phases 2-4: memory is bounded by the batch.
+        Also the rows read at a time from an out-of-core X (see Notes).
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and 6.
     verbose : int, default=0
@@ -303,6 +307,15 @@ n_features_per_token)
     When the hull's spectral evidence is weak (augmented gap ratio below 3, as
     for three heads at k = 4 on 3e4 examples), a ``ConvergenceWarning`` says so:
     the net then searches a wrong hull and any recovery is the polish's.
+
+    Out-of-core data: X and y may be ``numpy.memmap``, zarr, h5py or dask
+    arrays of shape ``(n_samples, n_tokens * width)``.  They are validated chunk
+    by chunk and read ``batch_size`` rows at a time by phases 1-4 and the net
+    (``net_samples`` rows); the result depends on the chunking only by rounding.
+    Phase 1's statistics of a dask array are reduced by dask over its chunks;
+    phases 2-4 compute each batch with dask and work on it in this process.  The
+    polish works in memory: on ``polish_samples`` random examples, 100000 when
+    ``polish_samples=None`` and there are more.
 
     References
     ----------
@@ -427,9 +440,10 @@ n_features_per_token)
         ----------
         X : array-like of shape (n_samples, n_tokens * n_features) or \
 (n_samples, n_tokens, n_features)
-            Input sequences, token-major.
+            Input sequences, token-major.  A ``numpy.memmap``, zarr, h5py or
+            dask array is read in ``batch_size`` batches, never whole (see Notes).
         y : array-like of shape (n_samples, n_tokens * n_outputs)
-            Output sequences ``F(X)`` (+ noise), token-major.
+            Output sequences ``F(X)`` (+ noise), token-major; out of core too.
         sample_weight : array-like of shape (n_samples,), default=None
             Weights of the examples in every statistic and least-squares fit.
 
@@ -439,7 +453,16 @@ n_features_per_token)
         """
         X3, Y3, weights = self._validate_fit_data(X, y, sample_weight)
         if self.input_distribution == "boolean":
-            BooleanTokens(*X3.shape[1:]).check(X3.reshape(len(X3), -1))
+            check = BooleanTokens(*X3.shape[1:]).check
+            batches = X3.iter_batches() if isinstance(X3, TokenBatches) else [(0, X3)]
+            for _, Xb in batches:
+                check(Xb.reshape(len(Xb), -1))
+        if self.fit_intercept and isinstance(X3, TokenBatches):
+            raise ValueError(
+                "fit_intercept=True needs in-memory X (the tokens [x, 1] are built "
+                "in memory); pass a numpy array, or fit_intercept=False for "
+                "out-of-core X."
+            )
         X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
         rng = check_random_state(self.random_state)
         self.phase_report_ = []
@@ -524,11 +547,28 @@ n_features_per_token)
             )
         self._fit_random(X3, Y3, weights, rng, reason)
 
-    def _polish_options(self, X3):
+    def _polish_data(self, X3, Y3):
+        """``(X3, Y3, n_polish_samples)`` for the in-memory polish.
+
+        Out-of-core input is polished on a random subset of
+        ``_OUT_OF_CORE_POLISH_SAMPLES`` examples when ``polish_samples`` is None and
+        there are more, else loaded.
+        """
+        n = len(X3)
+        polish_rows = None
+        if self.polish_samples is not None and self.polish_samples < n:
+            polish_rows = self.polish_samples
+        elif isinstance(X3, TokenBatches) and n > _OUT_OF_CORE_POLISH_SAMPLES:
+            polish_rows = _OUT_OF_CORE_POLISH_SAMPLES  # the polish is in memory
+        elif isinstance(X3, TokenBatches):  # few enough for the in-memory polish
+            X3, Y3 = X3[0:n], Y3[0:n]
+        return X3, Y3, polish_rows
+
+    def _polish_options(self, X3, n_polish_samples):
         """Options of the polish shared by the phased and the random starts."""
         m = int(self.n_heads)
         return dict(
-            n_polish_samples=self.polish_samples,
+            n_polish_samples=n_polish_samples,
             n_warmup_samples=warmup_size(m, X3.shape[1], X3.shape[2], self.head_rank),
             max_iter=self.polish_max_iter,
             tol=self.polish_tol,
@@ -541,6 +581,7 @@ n_features_per_token)
         """The polish from random starts (no phases)."""
         m = int(self.n_heads)
         start = time.perf_counter()
+        X3, Y3, polish_rows = self._polish_data(X3, Y3)
         with _progress(self.verbose, total=1) as bar:
             attention, projection, info = polish_from_random_starts(
                 X3,
@@ -549,7 +590,7 @@ n_features_per_token)
                 n_starts=self.n_restarts,
                 sample_weight=weights,
                 random_state=rng.randint(np.iinfo(np.int32).max),
-                **self._polish_options(X3),
+                **self._polish_options(X3, polish_rows),
             )
             _advance(bar, "random-start-polish")
         info = {key: value for key, value in info.items() if key != "stages"}
@@ -780,6 +821,7 @@ n_features_per_token)
 
     def _phase6(self, X3, Y3, weights, point, directions, rng, bar):
         """Phase 6: the net over the hull, then the polish; one report each."""
+        X3, Y3, polish_rows = self._polish_data(X3, Y3)
         attention, projection, info = fit_from_hull(
             X3,
             Y3,
@@ -793,7 +835,7 @@ n_features_per_token)
             n_net_samples=self.net_samples,
             max_candidates=self.max_net_candidates,
             random_state=rng.randint(np.iinfo(np.int32).max),
-            **self._polish_options(X3),
+            **self._polish_options(X3, polish_rows),
         )
         for phase, record in (("6-net", info["net"]), ("6-polish", info["polish"])):
             if record is not None:
@@ -842,8 +884,11 @@ n_features_per_token)
     def _fit_linear(self, X3, Y3, weights):
         """One token per sequence: softmax is 1 and F(x) = x W_sum."""
         start = time.perf_counter()
-        sw = np.sqrt(weights)[:, None]
-        W_sum = np.linalg.lstsq(X3[:, 0] * sw, Y3[:, 0] * sw, rcond=None)[0]
+        if isinstance(X3, TokenBatches):  # with one token, phase 1 is exact
+            W_sum = crude_projection_sum(X3, Y3, weights)[0]
+        else:
+            sw = np.sqrt(weights)[:, None]
+            W_sum = np.linalg.lstsq(X3[:, 0] * sw, Y3[:, 0] * sw, rcond=None)[0]
         m = 1 if self.n_heads == "auto" else int(self.n_heads)
         d = X3.shape[2]
         self.phase_report_.append(

@@ -343,6 +343,7 @@ def fit_from_hull(
     n_warmup_samples=1000,
     solver="auto",
     head_rank=None,
+    verbose=0,
     random_state=None,
 ):
     """Phase 6: the epsilon-net on the hull, then a local polish of all parameters.
@@ -370,6 +371,8 @@ def fit_from_hull(
         Levenberg-Marquardt solver of the polish (:func:`skattn.solvers.polish`).
     head_rank : int or None, default=None
         Polish low-rank heads ``Theta_i = Q_i K_i^T`` of this rank.
+    verbose : int, default=0
+        2 prints the matrix-free polish's iterations.
     n_warmup_samples : int or None, default=1000
         Two-stage polish (:func:`skattn.solvers._polish.staged_polish`): when
         the polish set is larger, the polish first runs on a random subset of
@@ -445,6 +448,7 @@ def fit_from_hull(
             tol=tol,
             solver=solver,
             head_rank=head_rank,
+            verbose=verbose,
         )
         polish_info["seconds"] = time.perf_counter() - start
     return attention, projection, {"net": net_info, "polish": polish_info}

@@ -19,15 +19,22 @@ All functions take token tensors ``X`` of shape ``(n, k, d)`` and ``Y`` of shape
 
 import numpy as np
 
+from .._batches import TokenBatches, token_sum_moments
 from .._sequences import check_finite
 from ..solvers._objective import _factor, _solve_psd
 from ._errors import CertificationError
 
 
 def _check_token_arrays(X, Y, sample_weight=None):
-    """Check ``X (n, k, d)``, ``Y (n, k, d_out)`` and weights ``(n,)``."""
-    X = np.asarray(X, dtype=float)
-    Y = np.asarray(Y, dtype=float)
+    """Check ``X (n, k, d)``, ``Y (n, k, d_out)`` and weights ``(n,)``.
+
+    Out-of-core :class:`~skattn._batches.TokenBatches` pass as they are (checked
+    chunk by chunk when they were made; the phases read them in batches).
+    """
+    if not isinstance(X, TokenBatches):
+        X = np.asarray(X, dtype=float)
+    if not isinstance(Y, TokenBatches):
+        Y = np.asarray(Y, dtype=float)
     if X.ndim != 3:
         raise ValueError(
             f"X must be a token tensor of shape (n_samples, n_tokens, n_features); "
@@ -38,8 +45,10 @@ def _check_token_arrays(X, Y, sample_weight=None):
             f"Y must have shape (n_samples, n_tokens, n_outputs) = "
             f"({X.shape[0]}, {X.shape[1]}, n_outputs) to match X; got {Y.shape}."
         )
-    check_finite(X, "X")
-    check_finite(Y, "Y")
+    if not isinstance(X, TokenBatches):
+        check_finite(X, "X")
+    if not isinstance(Y, TokenBatches):
+        check_finite(Y, "Y")
     n = X.shape[0]
     if sample_weight is None:
         sample_weight = np.ones(n)
@@ -115,19 +124,27 @@ def crude_projection_sum(X, Y, sample_weight=None):
     True
     """
     X, Y, w = _check_token_arrays(X, Y, sample_weight)
-    u = X.sum(axis=1)  # (n, d)
-    v = Y.sum(axis=1)  # (n, d_out)
-    # W_sum = (U^T w U)^{-1} U^T w V
-    gram = (u * w[:, None]).T @ u
-    cross = (u * w[:, None]).T @ v
-    W_sum = _solve_psd(gram, cross)
-    resid = v - u @ W_sum
+    if isinstance(X, TokenBatches):  # out of core: the same sums, batch by batch
+        gram, cross, v_sq = token_sum_moments(X, Y, w)
+        W_sum = _solve_psd(gram, cross)
+        # sum w ||v - u W||^2 = sum w ||v||^2 - 2 <W, cross> + <W, gram W>
+        r_sq = v_sq - 2 * np.sum(W_sum * cross) + np.sum(W_sum * (gram @ W_sum))
+        relative_residual = np.sqrt(max(r_sq, 0.0) / v_sq) if v_sq > 0 else 0.0
+    else:
+        u = X.sum(axis=1)  # (n, d)
+        v = Y.sum(axis=1)  # (n, d_out)
+        # W_sum = (U^T w U)^{-1} U^T w V
+        gram = (u * w[:, None]).T @ u
+        cross = (u * w[:, None]).T @ v
+        W_sum = _solve_psd(gram, cross)
+        resid = v - u @ W_sum
+        relative_residual = np.sqrt(
+            np.sum(w * np.sum(resid**2, 1)) / np.sum(w * np.sum(v**2, 1))
+        )
     eig = np.linalg.eigvalsh(gram)
     info = {
         "n_samples": int(X.shape[0]),
-        "relative_residual": float(
-            np.sqrt(np.sum(w * np.sum(resid**2, 1)) / np.sum(w * np.sum(v**2, 1)))
-        ),
+        "relative_residual": float(relative_residual),
         "condition_number": float(eig[-1] / eig[0]) if eig[0] > 0 else np.inf,
     }
     return W_sum, info

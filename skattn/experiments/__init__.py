@@ -1,0 +1,26 @@
+"""Experiments at scale: grids of planted recoveries and their displays.
+
+* :func:`recovery_sweep`: fit learners over a grid (learner x planted layer x
+  n_samples x noise x seed) through joblib (local processes or a Dask cluster),
+  one row per fit in a ``pandas.DataFrame``, written to a file as fits finish
+  and resumed from it;
+* :func:`load_sweep_config`: the TOML config of ``skattn sweep CONFIG.toml``;
+* :class:`SweepCurveDisplay`, :class:`PhaseDiagramDisplay`: success rate or error
+  against n, one curve per learner, and a value over two axes of the grid.
+
+pandas is needed for the results (``pip install skattn[sweep]``), dask and
+distributed for a cluster (``pip install skattn[dask]``); both are imported only
+when used.
+"""
+
+from ._config import load_sweep_config
+from ._plot import PhaseDiagramDisplay, SweepCurveDisplay
+from ._sweep import cell_id, recovery_sweep
+
+__all__ = [
+    "PhaseDiagramDisplay",
+    "SweepCurveDisplay",
+    "cell_id",
+    "load_sweep_config",
+    "recovery_sweep",
+]

@@ -1,0 +1,182 @@
+"""The TOML configuration of ``skattn sweep CONFIG.toml``.
+
+A config file holds the same things as the arguments of
+:func:`~skattn.experiments.recovery_sweep`::
+
+    output = "results.csv"            # .csv or .parquet, relative to this file
+    scheduler = "tcp://host:8786"     # optional: run the fits on a Dask cluster
+    n_jobs = 2                        # optional: local processes (default: all)
+    n_test = 1000                     # optional: test examples per fit
+    success_tol = 1e-6                # optional: parameter error counted a success
+    retry_failed = false              # optional: rerun the failed cells
+
+    [planted]                         # a value or a list of values (a grid axis)
+    n_heads = [1, 2]
+    n_tokens = 4
+    n_features = 4
+    n_outputs = 8
+
+    [grid]
+    n_samples = [200, 1000]
+    noise = [0.0]
+    seeds = [0, 1, 2]                 # or an int: seeds 0 .. seeds - 1
+
+    [learners.phased]                 # a name, the estimator class, its parameters
+    estimator = "MultiHeadAttentionRegressor"
+    n_heads = "planted"               # "planted": the cell's planted value
+
+Every key is checked before any fit starts: an unknown key, learner or parameter
+is a ``ValueError`` naming it and listing what is allowed.
+"""
+
+import tomllib
+from pathlib import Path
+
+# Keys of the planted layer: the arguments of make_attention_regression (n_samples
+# and noise are grid axes).
+PLANTED_KEYS = (
+    "n_heads",
+    "n_tokens",
+    "n_features",
+    "n_outputs",
+    "attention_scale",
+    "distribution",
+    "structure",
+)
+GRID_KEYS = ("n_samples", "noise", "seeds")
+_TOP_KEYS = (
+    "output",
+    "scheduler",
+    "n_jobs",
+    "n_test",
+    "success_tol",
+    "retry_failed",
+    "planted",
+    "grid",
+    "learners",
+)
+
+
+def _check_keys(table, allowed, where, path):
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"{path}: unknown key(s) {unknown} in {where}; allowed keys are "
+            f"{list(allowed)}."
+        )
+
+
+def _estimator_class(name, learner, path):
+    from ..utils.discovery import all_estimators
+
+    classes = dict(all_estimators("regressor"))
+    if name not in classes:
+        raise ValueError(
+            f"{path}: learner {learner!r} has estimator={name!r}, which is not a "
+            f"skattn regressor; use one of {sorted(classes)}."
+        )
+    return classes[name]
+
+
+def load_sweep_config(path):
+    """Read a sweep configuration (TOML) into arguments of ``recovery_sweep``.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The TOML file (see the module docstring for its keys).
+
+    Returns
+    -------
+    kwargs : dict
+        Keyword arguments of :func:`~skattn.experiments.recovery_sweep`: the
+        learners as unfitted estimators, the planted settings, the grid, the
+        output path and the engine.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from skattn.experiments import load_sweep_config
+    >>> text = '''
+    ... output = "out.csv"
+    ... [planted]
+    ... n_heads = [1, 2]
+    ... n_tokens = 2
+    ... n_features = 3
+    ... [grid]
+    ... n_samples = [100, 200]
+    ... seeds = 2
+    ... [learners.phased]
+    ... estimator = "MultiHeadAttentionRegressor"
+    ... n_heads = "planted"
+    ... '''
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     config = pathlib.Path(tmp) / "sweep.toml"
+    ...     _ = config.write_text(text)
+    ...     kwargs = load_sweep_config(config)
+    >>> kwargs["learners"]["phased"].n_heads, kwargs["seeds"]
+    ('planted', [0, 1])
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            config = tomllib.load(file)
+    except OSError as exc:
+        raise ValueError(f"cannot read the sweep config {str(path)!r}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from exc
+    _check_keys(config, _TOP_KEYS, "the top level", path)
+    for required in ("output", "learners", "grid"):
+        if required not in config:
+            raise ValueError(
+                f"{path}: the key {required!r} is missing; a sweep needs an output "
+                f"file, a [grid] with n_samples and at least one [learners.NAME]."
+            )
+    planted = config.get("planted", {})
+    grid = config["grid"]
+    for name, table, allowed in (
+        ("[planted]", planted, PLANTED_KEYS),
+        ("[grid]", grid, GRID_KEYS),
+    ):
+        if not isinstance(table, dict):
+            raise ValueError(f"{path}: {name} must be a table, got {table!r}.")
+        _check_keys(table, allowed, name, path)
+    if "n_samples" not in grid:
+        raise ValueError(f"{path}: [grid] needs n_samples (an int or a list).")
+    learners = {}
+    if not isinstance(config["learners"], dict) or not config["learners"]:
+        raise ValueError(
+            f"{path}: [learners] must hold at least one [learners.NAME] table with "
+            f"an estimator key."
+        )
+    for learner, spec in config["learners"].items():
+        if not isinstance(spec, dict) or "estimator" not in spec:
+            raise ValueError(
+                f"{path}: [learners.{learner}] needs an estimator key, e.g. "
+                f'estimator = "MultiHeadAttentionRegressor".'
+            )
+        params = dict(spec)
+        cls = _estimator_class(params.pop("estimator"), learner, path)
+        unknown = sorted(set(params) - set(cls().get_params()))
+        if unknown:
+            raise ValueError(
+                f"{path}: [learners.{learner}] has unknown parameter(s) {unknown} "
+                f"for {cls.__name__}; its parameters are "
+                f"{sorted(cls().get_params())}."
+            )
+        learners[learner] = cls(**params)
+    seeds = grid.get("seeds", [0])
+    if isinstance(seeds, int):
+        seeds = list(range(seeds))
+    kwargs = {
+        "learners": learners,
+        "planted": planted,
+        "n_samples": grid["n_samples"],
+        "noise": grid.get("noise", [0.0]),
+        "seeds": seeds,
+        "output": str(path.parent / config["output"]),
+    }
+    for key in ("scheduler", "n_jobs", "n_test", "success_tol", "retry_failed"):
+        if key in config:
+            kwargs[key] = config[key]
+    return kwargs

@@ -1,0 +1,560 @@
+"""recovery_sweep: a grid of planted recoveries run through joblib, one row per fit.
+
+The grid is learner x planted-layer settings x n_samples x noise x seed.  Each cell
+is one fit, run by :func:`_run_cell` (a pure function of the cell: it plants the
+layer, draws the data, fits, measures and returns a flat row, or the error).  The
+fits go through :class:`joblib.Parallel`, so the engine is joblib's: local
+processes by default, a Dask cluster under ``joblib.parallel_backend("dask")``
+(opened here when a scheduler address is given).  The main process appends each
+finished row to the output file, so an interrupted sweep resumes where it stopped.
+"""
+
+import json
+import os
+import tempfile
+import time
+import warnings
+from itertools import product
+from numbers import Integral, Real
+from pathlib import Path
+
+import numpy as np
+from sklearn.base import clone
+
+from ._config import PLANTED_KEYS
+
+# The planted layer of a cell when the sweep does not set a key.
+DEFAULT_PLANTED = {
+    "n_heads": 1,
+    "n_tokens": 4,
+    "n_features": 4,
+    "n_outputs": None,
+    "attention_scale": 2.0,
+    "distribution": "boolean",
+    "structure": "random",
+}
+# A learner parameter with this value takes the cell's planted value of the same name.
+PLANTED = "planted"
+# Columns of a result row, in file order.
+SETTING_COLUMNS = ("learner", "estimator", *PLANTED_KEYS, "n_samples", "noise", "seed")
+RESULT_COLUMNS = (
+    "status",
+    "error",
+    "success",
+    "attention_error",
+    "projection_error",
+    "prediction_error",
+    "test_r2",
+    "fit_seconds",
+    "n_iter",
+    "n_heads_fitted",
+    "hull_gap_ratio",
+    "certified_fraction",
+    "n_warnings",
+    "warnings",
+    "phase_summary",
+)
+COLUMNS = ("cell_id", *SETTING_COLUMNS, *RESULT_COLUMNS)
+_SCHEDULER_TIMEOUT = 10  # seconds a scheduler has to answer
+
+
+def _require(module, caller):
+    """Import an optional dependency or say which extra installs it."""
+    import importlib
+
+    extra = {"pandas": "sweep", "distributed": "dask", "dask": "dask"}[module]
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{caller} requires {module}: pip install skattn[{extra}] (or pip "
+            f"install {module})."
+        ) from exc
+
+
+def _as_list(value, name, kind, check):
+    values = list(value) if isinstance(value, list | tuple | np.ndarray) else [value]
+    if not values:
+        raise ValueError(f"{name} is an empty list; give at least one value.")
+    for v in values:
+        if not check(v):
+            raise ValueError(f"{name} must hold {kind}, got {v!r} in {value!r}.")
+    return values
+
+
+def _check_grid(learners, planted, n_samples, noise, seeds):
+    """Validate every argument that defines the grid; return the expanded axes."""
+    if not isinstance(learners, dict) or not learners:
+        raise TypeError(
+            f"learners must be a non-empty dict mapping a name to an unfitted "
+            f"estimator, got {type(learners).__name__}."
+        )
+    for name, est in learners.items():
+        if not (hasattr(est, "fit") and hasattr(est, "get_params")):
+            raise TypeError(
+                f"learners[{name!r}] must be a scikit-learn estimator, got "
+                f"{type(est).__name__}."
+            )
+        for param, value in est.get_params(deep=False).items():
+            if isinstance(value, str) and value == PLANTED:
+                if param not in PLANTED_KEYS:
+                    raise ValueError(
+                        f"learners[{name!r}] has {param}='planted', but only the "
+                        f"planted keys {list(PLANTED_KEYS)} can follow the planted "
+                        f"layer."
+                    )
+    planted = dict(planted or {})
+    unknown = sorted(set(planted) - set(PLANTED_KEYS))
+    if unknown:
+        raise ValueError(
+            f"planted has unknown key(s) {unknown}; allowed keys are "
+            f"{list(PLANTED_KEYS)}."
+        )
+    axes = {}
+    for key, default in DEFAULT_PLANTED.items():
+        axes[key] = (
+            list(planted[key])
+            if isinstance(planted.get(key), list | tuple)
+            else [planted.get(key, default)]
+        )
+    positive_int = lambda v: isinstance(v, Integral) and v > 0  # noqa: E731
+    for key in ("n_heads", "n_tokens", "n_features"):
+        _as_list(axes[key], f"planted[{key!r}]", "positive integers", positive_int)
+    _as_list(
+        axes["n_outputs"],
+        "planted['n_outputs']",
+        "positive integers or None",
+        lambda v: v is None or positive_int(v),
+    )
+    axes["n_samples"] = _as_list(n_samples, "n_samples", "positive ints", positive_int)
+    axes["noise"] = _as_list(
+        noise,
+        "noise",
+        "non-negative numbers",
+        lambda v: isinstance(v, Real) and v >= 0,
+    )
+    axes["seed"] = _as_list(
+        seeds,
+        "seeds",
+        "non-negative ints",
+        lambda v: isinstance(v, Integral) and v >= 0,
+    )
+    return axes
+
+
+def _expand(learners, axes):
+    """One dict per cell: the learner name and every setting."""
+    keys = list(axes)
+    cells = []
+    for name in learners:
+        for values in product(*(axes[key] for key in keys)):
+            cell = {"learner": name, "estimator": type(learners[name]).__name__}
+            cell.update(zip(keys, values, strict=True))
+            cell = {key: cell[key] for key in SETTING_COLUMNS}
+            cell["cell_id"] = cell_id(cell)
+            cells.append(cell)
+    return cells
+
+
+def cell_id(cell):
+    """A stable text key of one cell: its settings as sorted JSON.
+
+    Parameters
+    ----------
+    cell : dict
+        The settings of a fit (the columns ``learner`` ... ``seed`` of a row).
+
+    Returns
+    -------
+    key : str
+
+    Examples
+    --------
+    >>> from skattn.experiments import cell_id
+    >>> cell_id({"seed": 1, "learner": "phased"})
+    '{"learner": "phased", "seed": 1}'
+    """
+    return json.dumps(
+        {key: _plain(cell[key]) for key in SETTING_COLUMNS if key in cell},
+        sort_keys=True,
+    )
+
+
+def _plain(value):
+    """A numpy scalar as the Python scalar JSON writes."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _configured(estimator, cell):
+    """The learner of a cell: cloned, 'planted' parameters and n_tokens filled in."""
+    est = clone(estimator)
+    params = est.get_params(deep=False)
+    update = {
+        key: cell[key]
+        for key, value in params.items()
+        if isinstance(value, str) and value == PLANTED
+    }
+    if "n_tokens" in params and params["n_tokens"] is None:
+        update["n_tokens"] = cell["n_tokens"]  # else a 2-D X means one token
+    if "random_state" in params:
+        update["random_state"] = cell["seed"]
+    return est.set_params(**update)
+
+
+def _phase_summary(estimator):
+    """Scalar findings of each phase report, and two headline numbers."""
+    reports = getattr(estimator, "phase_report_", None) or []
+    summary, gap, certified = [], np.nan, np.nan
+    for report in reports:
+        entry = {"phase": report.phase, "round": report.round}
+        entry["seconds"] = round(float(report.seconds), 6)
+        for key, value in report.info.items():
+            if isinstance(value, bool | str | Integral | Real | np.generic):
+                entry[key] = _plain(value)
+        summary.append(entry)
+        if report.phase == "2-4-hull-selected":
+            gap = float(report.info.get("augmented_gap_ratio", np.nan))
+            certified = float(report.info.get("certified_fraction", np.nan))
+    return json.dumps(summary, default=str), gap, certified
+
+
+def _run_cell(estimator, cell, n_test, success_tol):
+    """Plant, sample, fit and measure one cell; a failure becomes the row's error.
+
+    Returns
+    -------
+    row : dict
+        Every column of ``COLUMNS``.
+    """
+    from ..datasets import make_attention_regression, sample_inputs
+    from ..metrics import parameter_error, prediction_error
+
+    row = dict(cell)
+    row.update(dict.fromkeys(RESULT_COLUMNS, np.nan))
+    row.update(status="failed", error="", success=False, warnings="[]")
+    row["n_warnings"], row["phase_summary"] = 0, "[]"
+    seed = int(cell["seed"])
+    caught = []
+    try:
+        X, y, layer = make_attention_regression(
+            int(cell["n_samples"]),
+            int(cell["n_tokens"]),
+            int(cell["n_features"]),
+            int(cell["n_heads"]),
+            n_outputs=cell["n_outputs"],
+            distribution=cell["distribution"],
+            noise=float(cell["noise"]),
+            attention_scale=float(cell["attention_scale"]),
+            structure=cell["structure"],
+            random_state=seed,
+            return_layer=True,
+        )
+        X_test = sample_inputs(
+            cell["distribution"],
+            n_test,
+            int(cell["n_tokens"]),
+            int(cell["n_features"]),
+            random_state=np.random.default_rng([seed, 1]),
+        )
+        est = _configured(estimator, cell)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            start = time.perf_counter()
+            est.fit(X, y)
+            row["fit_seconds"] = time.perf_counter() - start
+        row["prediction_error"] = float(prediction_error(layer, est, X_test))
+        row["test_r2"] = float(est.score(X_test, layer.transform(X_test)))
+        try:
+            errors = parameter_error(layer, est)
+            row["attention_error"] = float(errors.attention_error)
+            row["projection_error"] = float(errors.projection_error)
+            row["success"] = bool(
+                max(row["attention_error"], row["projection_error"]) <= success_tol
+            )
+        except (TypeError, ValueError):  # no heads to compare (e.g. random features)
+            pass
+        n_iter = getattr(est, "n_iter_", None)
+        row["n_iter"] = np.nan if n_iter is None else float(np.max(n_iter))
+        row["n_heads_fitted"] = float(getattr(est, "n_heads_", np.nan))
+        summary, row["hull_gap_ratio"], row["certified_fraction"] = _phase_summary(est)
+        row["phase_summary"] = summary
+        row["status"] = "ok"
+    except Exception as exc:  # a failed fit is a row, not a crash
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    messages = [f"{w.category.__name__}: {w.message}" for w in caught]
+    row["n_warnings"] = len(messages)
+    row["warnings"] = json.dumps(messages)
+    return row
+
+
+class _ResultFile:
+    """The sweep's output: read the finished cells, append rows as they finish."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.format = self.path.suffix.lower().lstrip(".")
+        if self.format not in ("csv", "parquet"):
+            raise ValueError(
+                f"output={str(path)!r} must end in .csv or .parquet (the format of "
+                f"the results file)."
+            )
+        self.pd = _require("pandas", "recovery_sweep")
+        self._check_writable()
+        self.frame = self._read()
+
+    def _check_writable(self):
+        parent = self.path.parent
+        if not parent.is_dir():
+            raise ValueError(
+                f"output={str(self.path)!r}: the folder {str(parent)!r} does not "
+                f"exist; create it first."
+            )
+        try:
+            with tempfile.NamedTemporaryFile(dir=parent, prefix=".skattn-probe-"):
+                pass
+            if self.path.exists():
+                with self.path.open("ab"):
+                    pass
+        except OSError as exc:
+            raise ValueError(
+                f"output={str(self.path)!r} is not writable ({exc}); choose another "
+                f"path or fix its permissions."
+            ) from exc
+
+    def _read(self):
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return None
+        try:
+            if self.format == "csv":
+                self._drop_partial_line()
+                frame = self.pd.read_csv(
+                    self.path, keep_default_na=False, na_values=[""]
+                )
+            else:
+                frame = self.pd.read_parquet(self.path)
+        except Exception as exc:
+            raise ValueError(
+                f"output={str(self.path)!r} exists but cannot be read as {self.format} "
+                f"({exc}); move it away or pass another output path."
+            ) from exc
+        if "cell_id" not in frame.columns:
+            raise ValueError(
+                f"output={str(self.path)!r} exists but is not a sweep's result file "
+                f"(no cell_id column); pass another output path."
+            )
+        return frame
+
+    def _drop_partial_line(self):
+        """A sweep killed while writing leaves a partial last line: cut it."""
+        with self.path.open("rb+") as file:
+            data = file.read()
+            if data and not data.endswith(b"\n"):
+                file.truncate(data.rfind(b"\n") + 1)
+
+    def done(self, retry_failed):
+        if self.frame is None:
+            return set()
+        frame = self.frame
+        if retry_failed:
+            frame = frame[frame["status"] == "ok"]
+        return set(frame["cell_id"])
+
+    def append(self, row):
+        new = self.pd.DataFrame([row], columns=list(COLUMNS))
+        if self.format == "csv":
+            header = not self.path.exists() or self.path.stat().st_size == 0
+            with self.path.open("a", newline="") as file:
+                new.to_csv(file, header=header, index=False)
+                file.flush()
+                os.fsync(file.fileno())
+            self.frame = new if self.frame is None else self._concat(self.frame, new)
+        else:
+            self.frame = new if self.frame is None else self._concat(self.frame, new)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            self.frame.to_parquet(tmp, index=False)
+            os.replace(tmp, self.path)  # atomic: a kill leaves the old or new file
+
+    def _concat(self, old, new):
+        with warnings.catch_warnings():  # all-NaN columns in one frame: fine here
+            warnings.simplefilter("ignore", FutureWarning)
+            return self.pd.concat([old, new], ignore_index=True)
+
+
+def _connect(scheduler):
+    """A Client of the scheduler, or a ValueError when it does not answer."""
+    distributed = _require("distributed", "recovery_sweep(scheduler=...)")
+    _require("dask", "recovery_sweep(scheduler=...)")
+    try:
+        return distributed.Client(scheduler, timeout=_SCHEDULER_TIMEOUT)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ValueError(
+            f"scheduler={scheduler!r} did not answer within {_SCHEDULER_TIMEOUT} s "
+            f"({type(exc).__name__}: {exc}); start one with `dask scheduler` (and "
+            f"`dask worker ADDRESS`), fix the address, or drop scheduler to run on "
+            f"local processes."
+        ) from exc
+
+
+def recovery_sweep(
+    learners,
+    *,
+    n_samples,
+    planted=None,
+    noise=(0.0,),
+    seeds=(0,),
+    output=None,
+    n_jobs=-1,
+    scheduler=None,
+    n_test=1000,
+    success_tol=1e-6,
+    retry_failed=False,
+    progress=True,
+):
+    """Fit every learner on every planted setting of a grid; one row per fit.
+
+    The grid is learner x planted-layer settings x ``n_samples`` x ``noise`` x
+    ``seeds``.  Each cell plants a layer with
+    :func:`~skattn.datasets.make_attention_regression` (``random_state=seed``),
+    fits a clone of the learner (``random_state=seed``) and measures it on
+    ``n_test`` fresh noise-free examples.  A fit that raises is a row with
+    ``status="failed"`` and its error, not a crash.
+
+    The fits run through :class:`joblib.Parallel`: on local processes by default
+    (``n_jobs``), on a Dask cluster when ``scheduler`` is given (a
+    ``dask.distributed.Client`` under ``joblib.parallel_backend("dask")``), or on
+    whatever joblib backend is active around the call.  Finished rows are
+    appended to ``output`` as they arrive; a rerun with the same ``output`` skips
+    the cells already there.
+
+    Parameters
+    ----------
+    learners : dict of str to estimator
+        Name -> unfitted estimator.  A parameter set to the string
+        ``"planted"`` takes the cell's planted value of the same name (e.g.
+        ``n_heads="planted"``); ``n_tokens=None`` becomes the planted
+        ``n_tokens``; ``random_state`` becomes the seed.
+    n_samples : int or list of int
+        Training examples per fit (a grid axis).
+    planted : dict, default=None
+        Settings of the planted layer, each a value or a list of values (a grid
+        axis): ``n_heads``, ``n_tokens``, ``n_features``, ``n_outputs``,
+        ``attention_scale``, ``distribution``, ``structure`` (arguments of
+        ``make_attention_regression``).  Missing keys take the values 1, 4, 4,
+        None, 2.0, "boolean", "random".
+    noise : float or list of float, default=(0.0,)
+        Label noise levels (a grid axis).
+    seeds : int or list of int, default=(0,)
+        Seeds (a grid axis): the planted layer, the data and the learner's
+        ``random_state`` of a cell.
+    output : str or path-like, default=None
+        Result file, ``.csv`` (a row appended per fit) or ``.parquet`` (rewritten
+        atomically per fit).  When it exists, its finished cells are skipped.
+        ``None`` keeps the results in memory only.
+    n_jobs : int, default=-1
+        Parallel fits on local processes (joblib's ``n_jobs``); ignored by a Dask
+        backend, which uses its workers.
+    scheduler : str, default=None
+        Address of a Dask scheduler (``"tcp://host:8786"``): the fits run on its
+        workers.  It must answer within 10 s.
+    n_test : int, default=1000
+        Noise-free test examples per fit.
+    success_tol : float, default=1e-6
+        A fit is a success when both head-matched parameter errors are at most
+        this.
+    retry_failed : bool, default=False
+        Rerun the cells whose row in ``output`` failed (their old rows stay in
+        the file; the returned frame keeps the newest).
+    progress : bool, default=True
+        Show a progress bar over the fits (tqdm).
+
+    Returns
+    -------
+    results : pandas.DataFrame
+        One row per cell of the grid, in grid order: ``cell_id``, the settings
+        (``learner``, ``estimator``, the planted keys, ``n_samples``, ``noise``,
+        ``seed``), ``status``, ``error``, ``success``, ``attention_error``,
+        ``projection_error``, ``prediction_error``, ``test_r2``,
+        ``fit_seconds``, ``n_iter``, ``n_heads_fitted``, ``hull_gap_ratio``,
+        ``certified_fraction`` (of the hull the phased learner kept),
+        ``n_warnings``,
+        ``warnings`` and ``phase_summary`` (JSON).  ``results.attrs["n_fitted"]``
+        is the number of fits this call ran.
+
+    See Also
+    --------
+    SweepCurveDisplay : success rate or error against n from the results.
+    PhaseDiagramDisplay : a value over two axes of the grid.
+
+    Examples
+    --------
+    >>> from skattn import GradientAttentionRegressor
+    >>> from skattn.experiments import recovery_sweep
+    >>> results = recovery_sweep(
+    ...     {"gradient": GradientAttentionRegressor(n_heads="planted")},
+    ...     n_samples=[100, 200], planted={"n_tokens": 2, "n_features": 3},
+    ...     seeds=[0, 1], n_jobs=1, n_test=50, progress=False)
+    >>> len(results), results.attrs["n_fitted"], list(results["status"].unique())
+    (4, 4, ['ok'])
+    """
+    pd = _require("pandas", "recovery_sweep")
+    if not isinstance(n_test, Integral) or n_test < 1:
+        raise ValueError(f"n_test must be a positive integer, got {n_test!r}.")
+    if not isinstance(success_tol, Real) or not success_tol >= 0:
+        raise ValueError(f"success_tol must be >= 0, got {success_tol!r}.")
+    axes = _check_grid(learners, planted, n_samples, noise, seeds)
+    axes["noise"] = [float(v) for v in axes["noise"]]
+    cells = _expand(learners, axes)
+    file = _ResultFile(output) if output is not None else None
+    done = file.done(retry_failed) if file is not None else set()
+    todo = [cell for cell in cells if cell["cell_id"] not in done]
+    client = _connect(scheduler) if scheduler is not None else None
+
+    rows = []
+    try:
+        for row in _run(learners, todo, n_test, success_tol, n_jobs, client, progress):
+            rows.append(row)
+            if file is not None:
+                file.append(row)
+    finally:
+        if client is not None:
+            client.close()
+    frames = [pd.DataFrame(rows, columns=list(COLUMNS))]
+    if file is not None and file.frame is not None:
+        frames = [file.frame]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        frame = pd.concat(frames, ignore_index=True)
+    frame = frame.drop_duplicates("cell_id", keep="last").set_index("cell_id")
+    order = [cell["cell_id"] for cell in cells]
+    results = frame.loc[order].reset_index()[list(COLUMNS)]
+    results.attrs["n_fitted"] = len(rows)
+    return results
+
+
+def _run(learners, todo, n_test, success_tol, n_jobs, client, progress):
+    """Yield finished rows in completion order, with a progress bar."""
+    from joblib import Parallel, delayed, parallel_backend
+
+    if not todo:
+        return
+    from tqdm.auto import tqdm
+
+    jobs = (
+        delayed(_run_cell)(learners[cell["learner"]], cell, n_test, success_tol)
+        for cell in todo
+    )
+    bar = tqdm(total=len(todo), desc="sweep", unit="fit", disable=not progress)
+    try:
+        if client is not None:
+            with parallel_backend("dask"):
+                results = Parallel(return_as="generator_unordered")(jobs)
+                for row in results:
+                    bar.update()
+                    yield row
+        else:
+            results = Parallel(n_jobs=n_jobs, return_as="generator_unordered")(jobs)
+            for row in results:
+                bar.update()
+                yield row
+    finally:
+        bar.close()

@@ -1,0 +1,264 @@
+"""Out-of-core X and y: batch access, chunked validation, fits equal to in memory."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from skattn import (
+    GradientAttentionRegressor,
+    MultiHeadAttentionRegressor,
+    _batches,
+    make_attention_regression,
+    parameter_error,
+)
+from skattn._batches import (
+    TokenBatches,
+    is_out_of_core,
+    token_sum_moments,
+    validate_batches,
+)
+from skattn.estimators import _phased
+
+SOURCES = ["memmap", "zarr", "hdf5", "dask"]
+
+
+def _store(array, kind, tmp_path, name, chunks=250):
+    """``array`` written to an out-of-core store of the given kind."""
+    if kind == "memmap":
+        out = np.lib.format.open_memmap(
+            tmp_path / f"{name}.npy", "w+", "f8", array.shape
+        )
+        out[:] = array
+        out.flush()
+        return np.load(tmp_path / f"{name}.npy", mmap_mode="r")
+    if kind == "zarr":
+        zarr = pytest.importorskip("zarr")
+        out = zarr.open_array(
+            str(tmp_path / f"{name}.zarr"),
+            mode="w",
+            shape=array.shape,
+            chunks=(chunks, array.shape[1]),
+            dtype="f8",
+        )
+        out[:] = array
+        return out
+    if kind == "hdf5":
+        h5py = pytest.importorskip("h5py")
+        file = h5py.File(tmp_path / f"{name}.h5", "w")
+        return file.create_dataset(name, data=array, chunks=(chunks, array.shape[1]))
+    da = pytest.importorskip("dask.array")
+    return da.from_array(array, chunks=(chunks, array.shape[1]))
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_token_batches_read_the_rows_asked_for(tmp_path, kind):
+    rng = np.random.default_rng(0)
+    array = rng.standard_normal((1000, 12))
+    view = TokenBatches(_store(array, kind, tmp_path, "A"), 3, batch_size=64)
+    assert is_out_of_core(view.source)
+    assert view.shape == (1000, 3, 4) and len(view) == 1000
+    expected = array.reshape(1000, 3, 4)
+    np.testing.assert_array_equal(view[10:200], expected[10:200])
+    dense = np.arange(300, 340)
+    sparse = np.array([999, 3, 500, 3, 0])  # unsorted, repeated, spread out
+    np.testing.assert_array_equal(view[dense], expected[dense])
+    np.testing.assert_array_equal(view[sparse], expected[sparse])
+    starts = [start for start, _ in view.iter_batches()]
+    assert starts == list(range(0, 1000, 64))
+    np.testing.assert_array_equal(
+        np.concatenate([rows for _, rows in view.iter_batches()]), expected
+    )
+    with pytest.raises(TypeError, match="a slice or a 1-D integer array"):
+        view[0.5]
+
+
+def test_validation_refuses_bad_arrays_before_reading_them_all(tmp_path):
+    X = _store(np.ones((100, 6)), "memmap", tmp_path, "X")
+    with pytest.raises(ValueError, match="X has 100 rows, y has 99"):
+        validate_batches(X, np.ones((99, 6)), 3, 16)
+    with pytest.raises(ValueError, match="not divisible by n_tokens=4"):
+        validate_batches(X, np.ones((100, 6)), 4, 16)
+    with pytest.raises(ValueError, match=r"y has 5 columns.*n_tokens=3"):
+        validate_batches(X, np.ones((100, 5)), 3, 16)
+    bad = np.ones((100, 6))
+    bad[77, 2], bad[3, 0] = np.nan, np.inf
+    with pytest.raises(ValueError, match=r"y contains 2 NaN or infinite"):
+        validate_batches(X, _store(bad, "memmap", tmp_path, "bad"), 3, 16)
+    zarr = pytest.importorskip("zarr")
+    text = zarr.open_array(
+        str(tmp_path / "t.zarr"), mode="w", shape=(100, 6), dtype="c16"
+    )
+    with pytest.raises(TypeError, match="X must hold numbers"):
+        validate_batches(text, np.ones((100, 6)), 3, 16)
+    one = zarr.open_array(str(tmp_path / "1.zarr"), mode="w", shape=(100,))
+    with pytest.raises(ValueError, match=r"y must be 2-D.*shape \(100,\)"):
+        validate_batches(X, one, 1, 16)
+    X3, Y3 = validate_batches(X, [[1.0] * 3] * 100, 3, 16)  # a list y: in memory
+    assert Y3.shape == (100, 3, 1)
+    three = zarr.open_array(str(tmp_path / "3.zarr"), mode="w", shape=(100, 3, 2))
+    with pytest.raises(ValueError, match="3-D out-of-core array"):
+        validate_batches(three, np.ones((100, 6)), 3, 16)
+
+
+def test_dask_nan_is_found_by_dask(tmp_path):
+    pytest.importorskip("dask")
+    bad = np.ones((100, 6))
+    bad[50, 1] = np.nan
+    X = _store(bad, "dask", tmp_path, "X", chunks=30)
+    with pytest.raises(ValueError, match="X contains 1 NaN"):
+        validate_batches(X, np.ones((100, 6)), 3, 16)
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_token_sum_moments_match_the_in_memory_sums(tmp_path, kind):
+    rng = np.random.default_rng(1)
+    X, Y, w = (
+        rng.standard_normal((500, 12)),
+        rng.standard_normal((500, 9)),
+        rng.random(500),
+    )
+    view_x = TokenBatches(_store(X, kind, tmp_path, "X", chunks=70), 3, 64)
+    view_y = TokenBatches(_store(Y, kind, tmp_path, "Y", chunks=70), 3, 64)
+    gram, cross, v_sq = token_sum_moments(view_x, view_y, w)
+    u, v = X.reshape(500, 3, 4).sum(1), Y.reshape(500, 3, 3).sum(1)
+    np.testing.assert_allclose(gram, (u * w[:, None]).T @ u, rtol=1e-12)
+    np.testing.assert_allclose(cross, (u * w[:, None]).T @ v, rtol=1e-12)
+    np.testing.assert_allclose(v_sq, np.sum(w * np.sum(v**2, 1)), rtol=1e-12)
+
+
+def _fit(est, X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return est.fit(X, y)
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return make_attention_regression(
+        4000, 3, 4, 2, n_outputs=8, random_state=0, return_layer=True
+    )
+
+
+PARAMS = dict(n_heads=2, n_tokens=3, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def in_memory(planted):
+    X, y, _ = planted
+    return _fit(MultiHeadAttentionRegressor(batch_size=4096, **PARAMS), X, y)
+
+
+def _hull_rounds(est):
+    return [
+        (r["certified_fraction"], r["n_rows_used"])
+        for r in est.phase_report_
+        if r.phase == "2-4-certify-refine-hull"
+    ]
+
+
+# The in-memory fit uses batch_size=4096: the out-of-core ones differ in the batch
+# and the chunks, which must change the result only by rounding.
+@pytest.mark.parametrize(
+    "kind, batch_size", [(k, 512) for k in SOURCES] + [("memmap", 1500)]
+)
+def test_phased_fit_out_of_core_equals_in_memory(
+    tmp_path, planted, in_memory, kind, batch_size
+):
+    X, y, layer = planted
+    est = _fit(
+        MultiHeadAttentionRegressor(batch_size=batch_size, **PARAMS),
+        _store(X, kind, tmp_path, "X", chunks=700),
+        _store(y, kind, tmp_path, "y", chunks=700),
+    )
+    assert parameter_error(layer, est).attention_error < 1e-10
+    np.testing.assert_allclose(est.attention_, in_memory.attention_, atol=1e-10)
+    np.testing.assert_allclose(est.projection_, in_memory.projection_, atol=1e-10)
+    assert est.n_features_in_ == 12 and est.n_outputs_per_token_ == 8
+    assert _hull_rounds(est) == _hull_rounds(in_memory)
+    np.testing.assert_allclose(est.predict(X[:50]), y[:50], atol=1e-10)
+
+
+def test_out_of_core_fit_reads_batches_not_the_whole_array(
+    tmp_path, planted, monkeypatch
+):
+    X, y, layer = planted
+    # Twice the examples: more than the 4000 certified rows phase 3's curvature
+    # subsample reads at most, the largest read of a fit (whatever n).
+    X, y = np.concatenate([X, X]), np.concatenate([y, y])
+    sizes = []
+    for name in ("_read", "_read_sorted_rows"):
+        original = getattr(_batches, name)
+
+        def spy(source, key, original=original):
+            rows = original(source, key)
+            sizes.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(_batches, name, spy)
+    monkeypatch.setattr(_batches, "_VALIDATION_ROWS", 256)
+    monkeypatch.setattr(_batches, "_DENSE_FACTOR", 1)  # no read beyond the rows
+    monkeypatch.setattr(_phased, "_OUT_OF_CORE_POLISH_SAMPLES", 400)
+    est = _fit(
+        MultiHeadAttentionRegressor(batch_size=256, net_samples=300, **PARAMS),
+        _store(X, "memmap", tmp_path, "X"),
+        _store(y, "memmap", tmp_path, "y"),
+    )
+    assert parameter_error(layer, est).attention_error < 1e-10
+    polish = [r for r in est.phase_report_ if r.phase == "6-polish"][0]
+    assert polish["n_polish_samples"] == 400
+    assert sizes and max(sizes) <= 4000 < len(X)
+
+
+def test_gradient_fit_out_of_core_equals_in_memory(tmp_path, planted):
+    X, y, _ = planted
+    X, y = X[:1500], y[:1500]
+    params = dict(n_heads=2, n_tokens=3, random_state=0, max_iter=20)
+    in_memory = _fit(GradientAttentionRegressor(**params), X, y)
+    est = _fit(
+        GradientAttentionRegressor(**params),
+        _store(X, "zarr", tmp_path, "X", chunks=100),
+        _store(y, "zarr", tmp_path, "y", chunks=100),
+    )
+    np.testing.assert_allclose(est.attention_, in_memory.attention_, atol=1e-10)
+    np.testing.assert_allclose(est.loss_, in_memory.loss_, rtol=1e-10)
+
+
+def test_one_token_out_of_core_is_the_least_squares_fit(tmp_path):
+    X, y = make_attention_regression(400, 1, 3, 1, n_outputs=2, random_state=0)
+    in_memory = MultiHeadAttentionRegressor(n_tokens=1).fit(X, y)
+    est = MultiHeadAttentionRegressor(n_tokens=1).fit(
+        _store(X, "memmap", tmp_path, "X"), _store(y, "memmap", tmp_path, "y")
+    )
+    np.testing.assert_allclose(est.projection_, in_memory.projection_, atol=1e-10)
+
+
+def test_boolean_check_runs_in_chunks(tmp_path):
+    X, y = make_attention_regression(400, 2, 3, 1, n_outputs=4, random_state=0)
+    X = X.copy()
+    X[399, 0] = 0.5
+    est = MultiHeadAttentionRegressor(
+        n_tokens=2, input_distribution="boolean", batch_size=100
+    )
+    with pytest.raises(ValueError, match="1"):
+        est.fit(_store(X, "memmap", tmp_path, "X"), y)
+
+
+def test_dask_fit_on_a_local_cluster_equals_in_memory(planted, in_memory):
+    distributed = pytest.importorskip("distributed")
+    da = pytest.importorskip("dask.array")
+    X, y, layer = planted
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster),
+    ):
+        est = _fit(
+            MultiHeadAttentionRegressor(batch_size=2000, **PARAMS),
+            da.from_array(X, chunks=(1000, 12)),
+            da.from_array(y, chunks=(1000, 24)),
+        )
+    np.testing.assert_allclose(est.attention_, in_memory.attention_, atol=1e-10)
+    np.testing.assert_allclose(est.projection_, in_memory.projection_, atol=1e-10)
+    assert parameter_error(layer, est).attention_error < 1e-10

@@ -1,0 +1,455 @@
+"""skattn.experiments: recovery sweeps, their result files, engines and displays."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from skattn import GradientAttentionRegressor, MultiHeadAttentionRegressor  # noqa: E402
+from skattn.cli import main  # noqa: E402
+from skattn.experiments import (  # noqa: E402
+    PhaseDiagramDisplay,
+    SweepCurveDisplay,
+    _sweep,
+    load_sweep_config,
+    recovery_sweep,
+)
+
+# Tiny fits: one head, two tokens of four features, eight outputs per token.
+TINY = {"n_heads": 1, "n_tokens": 2, "n_features": 4, "n_outputs": 8}
+
+
+def _learners():
+    return {
+        "phased": MultiHeadAttentionRegressor(n_heads="planted"),
+        "gradient": GradientAttentionRegressor(n_heads="planted", max_iter=10),
+    }
+
+
+def _no_fit(*args, **kwargs):
+    raise AssertionError("a fit started before the input was checked")
+
+
+def test_rows_hold_every_setting_and_measure(tmp_path):
+    results = recovery_sweep(
+        _learners(),
+        n_samples=[100, 200],
+        planted=TINY,
+        noise=[0.0, 0.01],
+        seeds=[0, 1],
+        n_jobs=1,
+        n_test=50,
+        progress=False,
+    )
+    assert len(results) == 2 * 2 * 2 * 2 == results.attrs["n_fitted"]
+    assert results["cell_id"].is_unique
+    assert set(results["status"]) == {"ok"}
+    assert set(results.columns) == set(_sweep.COLUMNS)
+    phased = results[(results.learner == "phased") & (results.noise == 0)]
+    # One noise-free head: the phased learner recovers it exactly.
+    assert phased["success"].all()
+    assert (phased["attention_error"] < 1e-8).all()
+    assert (phased["n_heads_fitted"] == 1).all()
+    assert (results["fit_seconds"] > 0).all()
+    summary = json.loads(phased["phase_summary"].iloc[0])
+    assert summary[0]["phase"] == "1-crude-projection-sum"
+    # Ten L-BFGS iterations do not converge: the warning is in the row.
+    gradient = results[results.learner == "gradient"]
+    assert (gradient["n_warnings"] > 0).all()
+    assert "ConvergenceWarning" in json.loads(gradient["warnings"].iloc[0])[0]
+
+
+def test_a_failed_fit_is_a_row_not_a_crash():
+    # One output per token is fewer than the two tokens phase 2 needs.
+    results = recovery_sweep(
+        {"phased": MultiHeadAttentionRegressor()},
+        n_samples=50,
+        planted={"n_tokens": 2, "n_features": 2, "n_outputs": 1},
+        seeds=[0, 1],
+        n_jobs=1,
+        progress=False,
+    )
+    assert list(results["status"]) == ["failed", "failed"]
+    assert results["error"].str.contains("n_outputs_per_token >= n_tokens").all()
+    assert not results["success"].any()
+
+
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_rerun_skips_finished_cells(tmp_path, suffix):
+    if suffix == "parquet":
+        pytest.importorskip("pyarrow")
+    output = tmp_path / f"results.{suffix}"
+    kwargs = dict(planted=TINY, n_jobs=1, n_test=50, progress=False, output=output)
+    first = recovery_sweep(_learners(), n_samples=[100], seeds=[0, 1], **kwargs)
+    assert first.attrs["n_fitted"] == 4
+    second = recovery_sweep(_learners(), n_samples=[100, 200], seeds=[0, 1], **kwargs)
+    assert second.attrs["n_fitted"] == 4  # only the new n_samples
+    assert len(second) == 8
+    on_disk = pd.read_csv(output) if suffix == "csv" else pd.read_parquet(output)
+    assert len(on_disk) == 8 and on_disk["cell_id"].is_unique
+    # The resumed rows are the ones written by the first run.
+    np.testing.assert_array_equal(
+        second["attention_error"].to_numpy()[[0, 1]],
+        first["attention_error"].to_numpy()[[0, 1]],
+    )
+    third = recovery_sweep(_learners(), n_samples=[100, 200], seeds=[0, 1], **kwargs)
+    assert third.attrs["n_fitted"] == 0 and len(third) == 8
+
+
+def test_retry_failed_reruns_only_failed_cells(tmp_path):
+    output = tmp_path / "results.csv"
+    bad = {"n_tokens": 2, "n_features": 2, "n_outputs": 1}
+    kwargs = dict(n_samples=50, seeds=[0], n_jobs=1, progress=False, output=output)
+    recovery_sweep({"phased": MultiHeadAttentionRegressor()}, planted=bad, **kwargs)
+    again = recovery_sweep(
+        {"phased": MultiHeadAttentionRegressor()}, planted=bad, **kwargs
+    )
+    assert again.attrs["n_fitted"] == 0
+    retried = recovery_sweep(
+        {"phased": MultiHeadAttentionRegressor()},
+        planted=bad,
+        retry_failed=True,
+        **kwargs,
+    )
+    assert retried.attrs["n_fitted"] == 1 and len(retried) == 1
+
+
+def test_a_partial_last_line_is_dropped_on_resume(tmp_path):
+    output = tmp_path / "results.csv"
+    kwargs = dict(planted=TINY, n_jobs=1, n_test=50, progress=False, output=output)
+    recovery_sweep(_learners(), n_samples=[100], seeds=[0], **kwargs)
+    with output.open("a") as file:
+        file.write('"{""estimator"": ""Multi')  # killed while writing a row
+    results = recovery_sweep(_learners(), n_samples=[100], seeds=[0, 1], **kwargs)
+    assert results.attrs["n_fitted"] == 2
+    assert len(pd.read_csv(output)) == 4
+
+
+def test_learner_parameters_follow_the_planted_layer():
+    results = recovery_sweep(
+        {"phased": MultiHeadAttentionRegressor(n_heads="planted")},
+        n_samples=300,
+        planted={**TINY, "n_heads": [1, 2], "n_outputs": 12},
+        n_jobs=1,
+        n_test=50,
+        progress=False,
+    )
+    assert list(results["n_heads_fitted"]) == [1, 2]
+
+
+# -- bad input: a clear error before any fit starts ------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"planted": {"n_head": 2}}, r"unknown key\(s\) \['n_head'\]"),
+        ({"n_samples": [100, -1]}, "n_samples must hold positive ints"),
+        ({"seeds": []}, "seeds is an empty list"),
+        ({"noise": [-0.1]}, "noise must hold non-negative numbers"),
+        (
+            {"learners": {"x": MultiHeadAttentionRegressor(max_rows="planted")}},
+            "max_rows='planted'",
+        ),
+        ({"learners": {"x": object()}}, "must be a scikit-learn estimator"),
+        ({"output": "results.txt"}, r"must end in \.csv or \.parquet"),
+        ({"output": "/no/such/folder/results.csv"}, "does not exist"),
+    ],
+)
+def test_bad_input_is_refused_before_any_fit(monkeypatch, kwargs, match):
+    monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
+    args = {"learners": _learners(), "n_samples": 100, "progress": False, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=match):
+        recovery_sweep(**args)
+
+
+def test_an_unreadable_output_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
+    output = tmp_path / "results.csv"
+    output.write_text("not,a,sweep\n1,2,3\n")
+    with pytest.raises(ValueError, match="not a sweep's result file"):
+        recovery_sweep(_learners(), n_samples=100, output=output, progress=False)
+    broken = tmp_path / "results.parquet"
+    broken.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="cannot be read as parquet"):
+        recovery_sweep(_learners(), n_samples=100, output=broken, progress=False)
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes anywhere"
+)
+def test_a_read_only_folder_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="is not writable"):
+            recovery_sweep(
+                _learners(), n_samples=100, output=folder / "r.csv", progress=False
+            )
+    finally:
+        folder.chmod(0o700)
+
+
+def test_a_scheduler_that_does_not_answer_is_refused(tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
+    monkeypatch.setattr(_sweep, "_SCHEDULER_TIMEOUT", 1)
+    output = tmp_path / "results.csv"
+    with pytest.raises(ValueError, match="did not answer within 1 s"):
+        recovery_sweep(
+            _learners(),
+            n_samples=100,
+            output=output,
+            scheduler="tcp://127.0.0.1:9",
+            progress=False,
+        )
+    assert not output.exists()
+
+
+def test_missing_pandas_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match=r"skattn\[sweep\]"):
+        recovery_sweep(_learners(), n_samples=100, progress=False)
+
+
+def test_missing_distributed_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(ImportError, match=r"skattn\[dask\]"):
+        recovery_sweep(
+            _learners(), n_samples=100, scheduler="tcp://127.0.0.1:9", progress=False
+        )
+
+
+# -- the TOML config and `skattn sweep` ------------------------------------------
+
+CONFIG = """
+output = "results.csv"
+n_jobs = 1
+n_test = 50
+
+[planted]
+n_heads = 1
+n_tokens = 2
+n_features = 4
+n_outputs = 8
+
+[grid]
+n_samples = [100, 200]
+seeds = 2
+
+[learners.phased]
+estimator = "MultiHeadAttentionRegressor"
+n_heads = "planted"
+"""
+
+
+def test_cli_sweep_runs_and_resumes(tmp_path, capsys):
+    config = tmp_path / "sweep.toml"
+    config.write_text(CONFIG)
+    assert main(["sweep", str(config), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "4 cells (4 fitted now, 0 from" in out
+    assert "success rate 1.00 over 4 fits" in out
+    assert len(pd.read_csv(tmp_path / "results.csv")) == 4
+    assert main(["sweep", str(config), "--quiet"]) == 0
+    assert "(0 fitted now, 4 from" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (("n_test = 50", "n_test = 50\nn_fits = 3"), r"unknown key\(s\) \['n_fits'\]"),
+        (
+            ("[grid]", "[grid]\nn_sample = 3"),
+            r"unknown key\(s\) \['n_sample'\] in \[grid\]",
+        ),
+        (
+            ('"MultiHeadAttentionRegressor"', '"TransformerRegressor"'),
+            "estimator='TransformerRegressor', which is not a skattn regressor",
+        ),
+        (
+            ('n_heads = "planted"\n', 'n_heads = "planted"\nlearning_rate = 2\n'),
+            r"unknown parameter\(s\) \['learning_rate'\]",
+        ),
+        (("[learners.phased]", "[learners.phased"), "not valid TOML"),
+        (
+            ('output = "results.csv"', 'output = "missing/results.csv"'),
+            "does not exist",
+        ),
+    ],
+)
+def test_cli_sweep_refuses_a_bad_config(tmp_path, monkeypatch, edit, match):
+    monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
+    config = tmp_path / "sweep.toml"
+    config.write_text(CONFIG.replace(*edit))
+    with pytest.raises(SystemExit, match=match):
+        main(["sweep", str(config), "--quiet"])
+
+
+def test_config_paths_are_relative_to_the_config(tmp_path):
+    config = tmp_path / "sweep.toml"
+    config.write_text(CONFIG)
+    kwargs = load_sweep_config(config)
+    assert kwargs["output"] == str(tmp_path / "results.csv")
+    assert kwargs["seeds"] == [0, 1] and kwargs["n_samples"] == [100, 200]
+    with pytest.raises(ValueError, match="cannot read the sweep config"):
+        load_sweep_config(tmp_path / "absent.toml")
+
+
+# -- displays ---------------------------------------------------------------------
+
+
+def _fake_results():
+    rows = []
+    for learner, offset in (("phased", 0.0), ("gradient", 0.5)):
+        for n in (100, 1000):
+            for scale in (1.0, 2.0):
+                for seed in range(4):
+                    rows.append(
+                        {
+                            "learner": learner,
+                            "n_samples": n,
+                            "attention_scale": scale,
+                            "seed": seed,
+                            "success": seed < (2 if n == 100 else 4),
+                            "attention_error": offset + seed / n,
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+def test_sweep_curve_display_draws_rate_and_error():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    results = _fake_results()
+    one_scale = results[results.attention_scale == 1.0]
+    display = SweepCurveDisplay.from_results(one_scale)
+    np.testing.assert_allclose(display.lines_["phased"].get_ydata(), [0.5, 1.0])
+    assert display.ax_.get_yscale() == "linear"
+    errors = SweepCurveDisplay.from_results(one_scale, y="attention_error")
+    np.testing.assert_allclose(
+        errors.lines_["gradient"].get_ydata(), [0.5 + 1.5 / 100, 0.5 + 1.5 / 1000]
+    )
+    assert errors.ax_.get_yscale() == "log"
+    with pytest.raises(ValueError, match=r"vary in \['attention_scale'\]"):
+        SweepCurveDisplay.from_results(results)
+    with pytest.raises(ValueError, match=r"no column\(s\) \['wall'\]"):
+        SweepCurveDisplay.from_results(one_scale, y="wall")
+
+
+def test_phase_diagram_display_averages_over_seeds():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    results = _fake_results()
+    display = PhaseDiagramDisplay.from_results(
+        results, y="attention_scale", learner="phased"
+    )
+    np.testing.assert_allclose(display.table, [[0.5, 1.0], [0.5, 1.0]])
+    assert display.x_values == [100, 1000] and display.y_values == [1.0, 2.0]
+    with pytest.raises(ValueError, match="pass learner="):
+        PhaseDiagramDisplay.from_results(results, y="attention_scale")
+    with pytest.raises(ValueError, match="learner='adam' is not in the results"):
+        PhaseDiagramDisplay.from_results(results, y="attention_scale", learner="adam")
+
+
+# -- at scale: >= 100 fits on a LocalCluster, interrupted and resumed -------------
+
+SWEEP_SCRIPT = """
+import sys
+from skattn import GradientAttentionRegressor, MultiHeadAttentionRegressor
+from skattn.experiments import recovery_sweep
+
+recovery_sweep(
+    {{
+        "phased": MultiHeadAttentionRegressor(n_heads="planted"),
+        "gradient": GradientAttentionRegressor(n_heads="planted", max_iter=10),
+    }},
+    n_samples={n_samples},
+    planted={planted},
+    seeds={seeds},
+    output=sys.argv[1],
+    n_jobs=1,
+    n_test=50,
+    progress=False,
+)
+"""
+
+
+def _rows_in(path):
+    if not path.exists():
+        return 0
+    return max(path.read_bytes().count(b"\n") - 1, 0)
+
+
+def test_sweep_on_a_local_cluster_resumes_after_a_kill(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    n_samples, seeds = [100, 200, 400], list(range(10))
+    planted = {**TINY, "attention_scale": [1.0, 2.0]}
+    n_cells = 2 * 3 * 2 * len(seeds)  # learners x n_samples x scales x seeds = 120
+    output = tmp_path / "results.csv"
+    script = tmp_path / "sweep.py"
+    script.write_text(
+        textwrap.dedent(
+            SWEEP_SCRIPT.format(n_samples=n_samples, planted=planted, seeds=seeds)
+        )
+    )
+    # A real interruption: the sweep runs in another process, killed mid-way.
+    process = subprocess.Popen([sys.executable, str(script), str(output)])
+    try:
+        deadline = time.monotonic() + 120
+        while _rows_in(output) < 10 and time.monotonic() < deadline:
+            assert process.poll() is None, "the sweep ended before it was killed"
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    before = _sweep._ResultFile(output).frame  # what survived (a partial row cut)
+    n_done = len(before)
+    assert 10 <= n_done < n_cells
+
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, dashboard_address=None
+    ) as cluster:
+        results = recovery_sweep(
+            {
+                "phased": MultiHeadAttentionRegressor(n_heads="planted"),
+                "gradient": GradientAttentionRegressor(n_heads="planted", max_iter=10),
+            },
+            n_samples=n_samples,
+            planted=planted,
+            seeds=seeds,
+            output=output,
+            scheduler=cluster.scheduler_address,
+            n_test=50,
+            progress=False,
+        )
+    assert len(results) == n_cells and results["cell_id"].is_unique
+    assert results.attrs["n_fitted"] == n_cells - n_done  # no fit done twice
+    on_disk = pd.read_csv(output)
+    assert len(on_disk) == n_cells and on_disk["cell_id"].is_unique
+    assert set(before["cell_id"]) <= set(on_disk["cell_id"])
+    assert set(results["status"]) == {"ok"}
+    curves = SweepCurveDisplay.from_results(results[results.attention_scale == 2.0])
+    assert sorted(curves.lines_) == ["gradient", "phased"]
+    diagram = PhaseDiagramDisplay.from_results(
+        results, y="attention_scale", learner="phased"
+    )
+    assert diagram.table.shape == (2, 3) and np.all(np.isfinite(diagram.table))
