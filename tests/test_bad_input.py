@@ -355,10 +355,13 @@ def test_phased_learner_on_too_few_samples(n_samples):
         ValueError,
         r"certified only \d+ of \d+ rows .*\(need at least \d+\); pass more "
         r"samples: at least \d+ sequences",
-        MultiHeadAttentionRegressor(n_tokens=K, random_state=0).fit,
+        MultiHeadAttentionRegressor(n_tokens=K, init="phased", random_state=0).fit,
         X,
         y,
     )
+    # the default init="auto" says the same in a warning, then polishes anyway
+    with pytest.warns(UserWarning, match=r"pass more samples: at least \d+ sequences"):
+        MultiHeadAttentionRegressor(n_tokens=K, random_state=0).fit(X, y)
 
 
 # -- sample weights --------------------------------------------------------------------
