@@ -307,3 +307,46 @@ def test_polish_on_noisy_data_stops_at_a_stationary_point():
     assert np.abs(g_t).max() < 1e-9
     assert np.abs(g_w + 1e-3 * W).max() < 1e-9
     assert info["loss"] == pytest.approx(loss + 0.5e-3 * np.sum(W**2), rel=1e-9)
+
+
+def test_singular_gram_solve_matches_lstsq():
+    """A singular Gram (tokens on a hyperplane plus a constant coordinate) is
+    solved by the eigen-factored pseudo-inverse, as scipy's lstsq would."""
+    from scipy import linalg
+
+    rng = np.random.default_rng(0)
+    tokens = rng.normal(size=(200, 6))
+    tokens -= tokens.mean(axis=1, keepdims=True)  # on the hyperplane sum(x) = 0
+    design = np.hstack([tokens, np.ones((200, 1))])
+    gram = design.T @ design
+    rhs = design.T @ rng.normal(size=(200, 3))
+    factor = optimize._PseudoInverse(gram)
+    assert factor.vectors.shape[1] == 6  # the null direction is dropped
+    expected = linalg.lstsq(gram, rhs, cond=7 * np.finfo(float).eps)[0]
+    np.testing.assert_allclose(
+        optimize._solve_psd(gram, rhs, factor), expected, atol=1e-10
+    )
+    # where Cholesky breaks down (here: an exactly zero pivot) _factor falls back
+    padded = np.zeros((8, 8))
+    padded[:7, :7] = gram
+    assert isinstance(optimize._factor(padded), optimize._PseudoInverse)
+    # a positive definite matrix keeps its Cholesky factor
+    assert isinstance(optimize._factor(gram + np.eye(7)), tuple)
+
+
+def test_matrix_free_polish_recovers_tokens_on_a_hyperplane():
+    """Inputs after a LayerNorm plus the intercept's constant coordinate make every
+    Gram matrix of the projections singular; the polish still recovers the layer."""
+    rng = np.random.default_rng(1)
+    n, k, d = 600, 4, 6
+    x = rng.normal(size=(n, k, d))
+    x -= x.mean(axis=2, keepdims=True)
+    X = np.concatenate([x, np.ones((n, k, 1))], axis=2)
+    theta = rng.normal(scale=0.5, size=(2, d + 1, d + 1))
+    theta[:, :, d] = 0.0  # the key's constant column is a gauge
+    W = rng.normal(size=(2, d + 1, 5))
+    Y = forward(X, theta, W)
+    start = theta + 0.05 * rng.normal(size=theta.shape)
+    th_hat, W_hat, info = polish(X, Y, start, solver="matrix-free")
+    assert info["loss"] < 1e-20
+    np.testing.assert_allclose(forward(X, th_hat, W_hat), Y, atol=1e-9)

@@ -22,13 +22,12 @@ parametrization (:mod:`skattn.solvers._parametrization`): full Theta_i or low ra
 """
 
 import numpy as np
-from scipy import linalg
 from scipy.optimize import least_squares
 from scipy.sparse.linalg import LinearOperator
 
 from .._layer import softmax
 from . import _objective
-from ._objective import _chunks, _normalized_weights, _solve_psd
+from ._objective import _chunks, _factor, _normalized_weights, _solve_psd
 from ._parametrization import _token_maps
 
 # The states kept between Jacobian products (patterns, design, values) may take up to
@@ -140,7 +139,7 @@ class VarproProblem:
             gram += state["design"].T @ state["design"]
             rhs += state["design"].T @ self._target(rows)
         self._cached = states
-        self._gram, self._factor = gram, _cho_or_none(gram)
+        self._gram, self._factor = gram, _factor(gram)
         flat = _solve_psd(gram, rhs, self._factor)
         # one step of iterative refinement from the data's residual
         flat = flat - _solve_psd(
@@ -251,13 +250,6 @@ class VarproProblem:
             rmatvec=lambda u: self.rmatvec(p, np.ravel(u), orthogonal=orthogonal),
             dtype=float,
         )
-
-
-def _cho_or_none(matrix):
-    try:
-        return linalg.cho_factor(matrix, lower=False, check_finite=False)
-    except linalg.LinAlgError:
-        return None
 
 
 def varpro_least_squares(

@@ -192,25 +192,51 @@ def projection_normal_equations(X, Y, attention, sample_weight=None):
     return gram, rhs, y_sq
 
 
+class _PseudoInverse:
+    """The minimum-norm solve of a singular symmetric matrix, factored once.
+
+    ``V diag(1 / lambda) V^T`` over the eigenvalues with ``|lambda| > size eps
+    max|lambda|`` (the rank tolerance of ``numpy.linalg.matrix_rank``): what
+    ``scipy.linalg.lstsq`` with that ``cond`` returns for a symmetric matrix,
+    without a new SVD for every right-hand side.
+    Gram matrices are singular when the tokens reach a proper subspace (inputs
+    after a LayerNorm with the constant coordinate of ``fit_intercept``).
+    """
+
+    def __init__(self, matrix):
+        values, vectors = linalg.eigh(matrix, driver="evd", check_finite=False)
+        cutoff = values.size * np.finfo(float).eps * np.abs(values).max(initial=0.0)
+        keep = np.abs(values) > cutoff
+        self.vectors = vectors[:, keep]
+        self.inverse_values = 1.0 / values[keep]
+
+    def solve(self, rhs):
+        coef = self.vectors.T @ rhs
+        coef *= self.inverse_values.reshape(-1, *([1] * (coef.ndim - 1)))
+        return self.vectors @ coef
+
+
 def _factor(matrix):
-    """Cholesky factor of a symmetric PSD matrix, or None when it is not PD."""
+    """Cholesky factor of a symmetric PSD matrix; a :class:`_PseudoInverse` when it
+    is not positive definite (singular, or indefinite by rounding)."""
     try:
         return linalg.cho_factor(matrix, lower=False, check_finite=False)
     except linalg.LinAlgError:
-        return None
+        return _PseudoInverse(matrix)
 
 
 def _solve_psd(matrix, rhs, factor=None):
     """Solve ``matrix x = rhs`` for a symmetric PSD ``matrix``.
 
-    Cholesky when it succeeds; otherwise the minimum-norm least-squares solution by
-    SVD (``scipy.linalg.lstsq``, LAPACK gelsd), which also covers a singular Gram.
+    Cholesky when it succeeds; otherwise the minimum-norm least-squares solution
+    (:class:`_PseudoInverse`, as ``scipy.linalg.lstsq``), which also covers a
+    singular Gram.  ``factor`` (from :func:`_factor`) is reused across calls.
     """
     if factor is None:
         factor = _factor(matrix)
-    if factor is not None:
-        return linalg.cho_solve(factor, rhs, check_finite=False)
-    return linalg.lstsq(matrix, rhs, check_finite=False)[0]
+    if isinstance(factor, _PseudoInverse):
+        return factor.solve(rhs)
+    return linalg.cho_solve(factor, rhs, check_finite=False)
 
 
 def solve_projections(X, Y, attention, sample_weight=None, alpha=0.0):
