@@ -197,6 +197,18 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         used and why.  ``polish=False`` always runs the phases.
     n_restarts : int, default=3
         Most random starts of ``init="random"`` (and of the fallback).
+    whiten : {"auto", True, False}, default="auto"
+        Random starts only: polish in coordinates where the tokens (with the
+        constant coordinate of ``fit_intercept``) have identity second moment on
+        the subspace they reach, then map the layer back exactly
+        (:func:`skattn.solvers.whitening_map`; ``Theta_i = A Theta'_i A^T``,
+        ``W_i = A W'_i``).  A preconditioner: anisotropic inputs such as
+        embedded text after a LayerNorm slow Gauss-Newton steps down by the
+        square of their moment's condition number (measured on two heads of
+        all-MiniLM-L6-v2: held-out error 1.2e-3 without, 9e-8 with, after the
+        same 30 iterations).  ``"auto"``: when that condition number exceeds 10
+        or the subspace is proper; uniform Boolean and standard Gaussian tokens
+        are left as they are.  ``phase_report_`` records it.
     polish_solver : {"auto", "dense", "matrix-free"}, default="auto"
         Levenberg-Marquardt solver of the polish: the Gauss-Newton matrix formed
         and factored (``"dense"``: ``O((m d^2)^3)`` a step, fastest for small
@@ -359,6 +371,7 @@ n_features_per_token)
         "head_rank": [Interval(Integral, 1, None, closed="left"), None],
         "init": [StrOptions({"auto", "phased", "random"})],
         "n_restarts": [Interval(Integral, 1, None, closed="left")],
+        "whiten": [StrOptions({"auto"}), "boolean"],
         "polish_solver": [StrOptions({"auto", "dense", "matrix-free"})],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
         "random_state": ["random_state"],
@@ -395,6 +408,7 @@ n_features_per_token)
         head_rank=None,
         init="auto",
         n_restarts=3,
+        whiten="auto",
         polish_solver="auto",
         batch_size=4096,
         random_state=None,
@@ -427,6 +441,7 @@ n_features_per_token)
         self.head_rank = head_rank
         self.init = init
         self.n_restarts = n_restarts
+        self.whiten = whiten
         self.polish_solver = polish_solver
         self.batch_size = batch_size
         self.random_state = random_state
@@ -588,6 +603,7 @@ n_features_per_token)
                 Y3,
                 m,
                 n_starts=self.n_restarts,
+                whiten=self.whiten,
                 sample_weight=weights,
                 random_state=rng.randint(np.iinfo(np.int32).max),
                 **self._polish_options(X3, polish_rows),

@@ -12,7 +12,8 @@ One module per concern:
 * :mod:`._matrix_free`: Levenberg-Marquardt from Jacobian products
   (``scipy.optimize.least_squares`` with LSMR; large layers);
 * :mod:`._lbfgs`: L-BFGS-B stages;
-* :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size.
+* :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size;
+  the random starts and :func:`whitening_map`, their preconditioner.
 """
 
 from ._matrix_free import VarproProblem, varpro_least_squares
@@ -22,7 +23,7 @@ from ._objective import (
     solve_projections,
 )
 from ._parametrization import FullRank, LowRank, balanced_factors, make_parametrization
-from ._polish import choose_solver, polish
+from ._polish import choose_solver, polish, whitening_map
 
 __all__ = [
     "FullRank",
@@ -36,4 +37,5 @@ __all__ = [
     "reduced_loss_gradient",
     "solve_projections",
     "varpro_least_squares",
+    "whitening_map",
 ]
