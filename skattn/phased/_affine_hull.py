@@ -22,11 +22,13 @@ the hull fit while the certification tolerance tightens.
 
 import time
 import warnings
+from functools import partial
 
 import cvxpy as cp
 import numpy as np
 from sklearn.utils import check_random_state
 
+from .._batches import map_reduce_batches
 from ._errors import CertificationError, CertificationWarning
 from ._projection_sum import (
     _certify_batch,
@@ -150,26 +152,20 @@ def hull_constraints(
             f"confidence_floor must be None or a positive float, got "
             f"{confidence_floor!r}."
         )
-    # Stream: keep the max_rows certified rows of smallest residual.
-    buf_res = np.empty(0)
-    buf_sample = np.empty(0, dtype=np.intp)
-    buf_row = np.empty(0, dtype=np.intp)
-    buf_p = np.empty((0, k))
-    n_cert, n_degenerate = 0, 0
-    for start in range(0, n, batch_size):
-        sl = slice(start, start + batch_size)
-        P, residual, usable = _certify_batch(X[sl], Y[sl], W_sum, rcond)
-        n_degenerate += int((~usable).sum())
-        s_idx, r_idx = np.nonzero(residual < tol)
-        n_cert += s_idx.size
-        buf_res = np.concatenate([buf_res, residual[s_idx, r_idx]])
-        buf_sample = np.concatenate([buf_sample, s_idx + start])
-        buf_row = np.concatenate([buf_row, r_idx])
-        buf_p = np.concatenate([buf_p, P[s_idx, r_idx]])
-        if buf_res.size > max_rows:
-            best = np.argpartition(buf_res, max_rows - 1)[:max_rows]
-            buf_res, buf_sample = buf_res[best], buf_sample[best]
-            buf_row, buf_p = buf_row[best], buf_p[best]
+    # One scan: the max_rows certified rows of smallest residual (ties: smallest
+    # global row index), then in global (sample, row) order.
+    scan = map_reduce_batches(
+        X,
+        Y,
+        partial(_hull_scan_batch, W_sum=W_sum, tol=tol, rcond=rcond, max_rows=max_rows),
+        partial(_merge_hull_scans, max_rows=max_rows),
+        batch_size=batch_size,
+        name="skattn-certify",
+    )
+    order = np.argsort(scan["row"])
+    buf_res, buf_p = scan["residual"][order], scan["p"][order]
+    buf_sample, buf_row = np.divmod(scan["row"][order], k)
+    n_cert, n_degenerate = scan["n_certified"], scan["n_degenerate"]
 
     d2 = d * d
     normal = np.zeros((d2, d2))
@@ -252,6 +248,54 @@ def hull_constraints(
         "median_residual": float(np.median(buf_res)) if buf_res.size else np.nan,
     }
     return stats, info
+
+
+def _hull_scan_batch(X, Y, idx, *, W_sum, tol, rcond, max_rows):
+    """Certified rows of one batch of samples ``idx`` (the phase-2 scan's partial).
+
+    A dict: ``residual`` (r,), ``row`` (r,) global row index ``n * k + l``, ``p``
+    (r, k) of the at most ``max_rows`` certified rows of smallest residual, and
+    the counts ``n_certified`` and ``n_degenerate`` (unusable samples).
+    """
+    k = X.shape[1]
+    P, residual, usable = _certify_batch(X, Y, W_sum, rcond)
+    s_idx, r_idx = np.nonzero(residual < tol)
+    part = {
+        "residual": residual[s_idx, r_idx],
+        "row": idx[s_idx].astype(np.int64) * k + r_idx,
+        "p": P[s_idx, r_idx],
+        "n_certified": int(s_idx.size),
+        "n_degenerate": int((~usable).sum()),
+    }
+    return _best_rows(part, max_rows)
+
+
+def _best_rows(part, max_rows):
+    """``part`` cut to its ``max_rows`` rows of smallest ``(residual, row)``.
+
+    The order is total (row indices are unique), so the rows kept from any
+    grouping of the samples into batches are the same.
+    """
+    res = part["residual"]
+    if res.size <= max_rows:
+        return part
+    cut = np.partition(res, max_rows - 1)[max_rows - 1]
+    below = np.flatnonzero(res < cut)
+    tied = np.flatnonzero(res == cut)
+    tied = tied[np.argsort(part["row"][tied])[: max_rows - below.size]]
+    keep = np.sort(np.concatenate([below, tied]))
+    return {**part, **{name: part[name][keep] for name in ("residual", "row", "p")}}
+
+
+def _merge_hull_scans(parts, max_rows):
+    """Merge of :func:`_hull_scan_batch` partials of consecutive samples."""
+    merged = {
+        name: np.concatenate([part[name] for part in parts])
+        for name in ("residual", "row", "p")
+    }
+    merged["n_certified"] = sum(part["n_certified"] for part in parts)
+    merged["n_degenerate"] = sum(part["n_degenerate"] for part in parts)
+    return _best_rows(merged, max_rows)
 
 
 def _row_equations(tokens, p, omega):
