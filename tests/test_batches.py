@@ -233,15 +233,21 @@ def test_one_token_out_of_core_is_the_least_squares_fit(tmp_path):
     np.testing.assert_allclose(est.projection_, in_memory.projection_, atol=1e-10)
 
 
-def test_boolean_check_runs_in_chunks(tmp_path):
+@pytest.mark.parametrize("kind", ["memmap", "dask"])
+def test_boolean_check_runs_in_chunks(tmp_path, kind):
     X, y = make_attention_regression(400, 2, 3, 1, n_outputs=4, random_state=0)
     X = X.copy()
     X[399, 0] = 0.5
+    X[250, 4] = 2.0
     est = MultiHeadAttentionRegressor(
         n_tokens=2, input_distribution="boolean", batch_size=100
     )
-    with pytest.raises(ValueError, match="1"):
-        est.fit(_store(X, "memmap", tmp_path, "X"), y)
+    # the first offending value by its global row, and the count of all
+    with pytest.raises(ValueError, match=r"2\.0 at row 250, column 4 \(2 such"):
+        est.fit(
+            _store(X, kind, tmp_path, "X", chunks=120),
+            _store(y, kind, tmp_path, "y", chunks=120),
+        )
 
 
 def test_dask_fit_on_a_local_cluster_equals_in_memory(planted, in_memory):
