@@ -81,7 +81,9 @@ def hull_constraints(
     max_rows : int, default=20000
         At most this many certified rows, those with the smallest residuals, are
         turned into equations (the normal matrix is ``d^2 x d^2``; a few times
-        ``d^2 / (k - 1)`` rows determine it).
+        ``d^2 / (k - 1)`` rows determine it).  Residuals are compared in single
+        precision, ties going to the first sample and row, so that the rows kept
+        do not depend on the batches or chunks.
     n_keep_equations : int, default=2000
         A random subsample of this many weighted equations is kept in ``stats`` for
         a robust fit of the point (:func:`fit_affine_hull` with ``method="huber"``).
@@ -273,10 +275,14 @@ def _hull_scan_batch(X, Y, idx, *, W_sum, tol, rcond, max_rows):
 def _best_rows(part, max_rows):
     """``part`` cut to its ``max_rows`` rows of smallest ``(residual, row)``.
 
-    The order is total (row indices are unique), so the rows kept from any
-    grouping of the samples into batches are the same.
+    Residuals are compared in single precision (relative 6e-8) and ties go to
+    the smaller global row index.  The order is total, so the rows kept from any
+    grouping of the samples into batches or chunks are the same; and rows whose
+    residuals are equal up to the rounding of their batch (the rows of repeated
+    samples: Boolean tokens repeat at small ``k * d``) tie exactly, instead of
+    being ordered by that rounding.
     """
-    res = part["residual"]
+    res = part["residual"].astype(np.float32)
     if res.size <= max_rows:
         return part
     cut = np.partition(res, max_rows - 1)[max_rows - 1]
