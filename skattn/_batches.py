@@ -428,7 +428,7 @@ def _dask_map_reduce(X, Y, func, merge, batch_size, samples, per_sample, name):
         parts = [
             dask.delayed(merge, pure=False)(
                 parts[j : j + _SPLIT_EVERY],
-                dask_key_name=(f"{name}-merge-{level}-{token}", j // _SPLIT_EVERY),
+                dask_key_name=(f"{name}-merge-{token}", level, j // _SPLIT_EVERY),
             )
             for j in range(0, len(parts), _SPLIT_EVERY)
         ]
