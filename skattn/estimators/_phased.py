@@ -208,7 +208,8 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         its iterations and its Jacobian products.
     batch_size : int, default=4096
         Examples processed at once in phases 2-4: memory is bounded by the batch.
-        Also the rows read at a time from an out-of-core X (see Notes).
+        Also the rows read at a time from an out-of-core X, and the batches of a
+        dask chunk within its task (see Notes).
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and 6.
     verbose : int, default=0
@@ -312,9 +313,15 @@ n_features_per_token)
     arrays of shape ``(n_samples, n_tokens * width)``.  They are validated chunk
     by chunk and read ``batch_size`` rows at a time by phases 1-4 and the net
     (``net_samples`` rows); the result depends on the chunking only by rounding.
-    Phase 1's statistics of a dask array are reduced by dask over its chunks;
-    phases 2-4 compute each batch with dask and work on it in this process.  The
-    polish works in memory: on ``polish_samples`` random examples, 100000 when
+    When X and y are both dask arrays, every pass of phases 1-4 over the
+    examples (phase 1's token sums, phase 3's certification and normal
+    equations, phase 2's certification scan, and the Boolean input check) is
+    one dask task per chunk, run where the chunk lives -- on a
+    ``dask.distributed`` cluster's workers when a ``Client`` is active -- which
+    returns small partial statistics that are merged in this process
+    (:func:`~skattn._batches.map_reduce_batches`); only the rows kept by phase 2
+    (``max_rows``) and phase 3's curvature subsample are read here.  The polish
+    works in memory: on ``polish_samples`` random examples, 100000 when
     ``polish_samples=None`` and there are more.
 
     References

@@ -18,6 +18,12 @@ than forming the equations; memory is bounded by ``max_rows``, not by ``n``.
 
 Phase 4 (:func:`sculpt_hull`) alternates the refinement of ``W_sum`` (phase 3) and
 the hull fit while the certification tolerance tightens.
+
+The certification scan over all samples is one
+:func:`~skattn._batches.map_reduce_batches` pass: each batch keeps its best
+certified rows (:func:`_hull_scan_batch`) and the merge keeps the best of those,
+so on dask arrays it runs as one task per chunk on the workers; only the kept
+rows' samples are read in this process.
 """
 
 import time
@@ -88,6 +94,10 @@ def hull_constraints(
         A random subsample of this many weighted equations is kept in ``stats`` for
         a robust fit of the point (:func:`fit_affine_hull` with ``method="huber"``).
     batch_size : int, default=4096
+        Samples certified at a time.  ``X`` and ``Y`` may be
+        :class:`~skattn._batches.TokenBatches` of out-of-core arrays, scanned by
+        :func:`~skattn._batches.map_reduce_batches` (dask arrays: one task per
+        chunk, named ``skattn-certify``, on a cluster's workers).
     rcond : float, default=1e-8
         See :func:`~skattn.phased._projection_sum.certify_rows`.
     random_state : int, RandomState instance or None, default=None
@@ -683,6 +693,10 @@ def sculpt_hull(
     min_rows : int, default=None
         See :func:`~skattn.phased._projection_sum.refine_projection_sum`.
     batch_size : int, default=4096
+        Samples certified at a time.  ``X`` and ``Y`` may be
+        :class:`~skattn._batches.TokenBatches` of out-of-core arrays; on dask
+        arrays every pass of phases 1-4 over the samples runs as dask tasks on
+        the chunks (see :func:`hull_constraints`).
     max_heads : int, default=8
         Largest number of heads ``n_heads="auto"`` may return.
     random_state : int or None, default=None

@@ -14,7 +14,9 @@ takes ``W_sum`` from 0.2-0.3 to 0.002-0.02 for two heads where the paper's versi
 stalled at 0.1.
 
 All functions take token tensors ``X`` of shape ``(n, k, d)`` and ``Y`` of shape
-``(n, k, d_out)`` and return ``(estimate, info)``.
+``(n, k, d_out)`` and return ``(estimate, info)``.  Their passes over all samples
+go through :func:`~skattn._batches.map_reduce_batches` (a per-batch function and a
+merge of its partial statistics), so on dask arrays they run on the chunks' workers.
 """
 
 from functools import partial
@@ -441,7 +443,11 @@ def refine_projection_sum(
         Fewest certified rows to refit ``W_sum`` (default ``4 * n_features``);
         fewer raise a ``CertificationError`` (a ``ValueError``) naming ``tol``.
     batch_size : int, default=4096
-        Samples certified at a time (memory is bounded by the batch).
+        Samples certified at a time (memory is bounded by the batch).  ``X`` and
+        ``Y`` may be :class:`~skattn._batches.TokenBatches` of out-of-core
+        arrays: every alternation is one :func:`~skattn._batches.map_reduce_batches`
+        pass (dask arrays: one task per chunk, named ``skattn-refine``, on a
+        cluster's workers); only the curvature subsample is read here.
     rcond : float, default=1e-8
         See :func:`certify_rows`.
     screen : float, default=4.0
