@@ -1,17 +1,27 @@
-"""Batch access to X and y that do not fit in memory.
+"""Batch access to X and y that do not fit in memory, and the scans over them.
 
 The estimators take ``numpy.memmap``, zarr and h5py arrays and dask arrays without
 loading them: :func:`validate_batches` checks them chunk by chunk (shapes, lengths,
 finiteness, token layout) and wraps them in :class:`TokenBatches`, a read-only,
 sliceable ``(n_samples, n_tokens, n_features)`` view that reads only the rows
-asked for.  The phase functions and the gradient objective already work in batches
-(``X[start:stop]`` or ``X[indices]``), so they run on a ``TokenBatches`` unchanged.
+asked for.
 
-Dask arrays: every batch is computed by dask (on a ``dask.distributed`` cluster's
-workers when a ``Client`` is active), and the phase-1 token-sum statistics are a
-dask reduction over the array's chunks (:func:`token_sum_moments`), summed in the
-estimator.  An in-memory ndarray never goes through this module.
+Every pass of phases 1-4 over all the samples goes through
+:func:`map_reduce_batches`: a pure function turns one batch into small partial
+statistics (sums, counts, the few rows kept) and an associative merge combines
+them.  On an ndarray or a memmap, zarr or h5py source the batches are read and
+processed in this process.  On dask arrays (X and y) every chunk is one dask task
+that runs the function on the chunk where it lives -- on a ``dask.distributed``
+cluster's workers when a ``Client`` is active -- and only the partial statistics
+come back, merged here (many chunks: first in groups on the workers).  The merges
+are exact up to the order of floating-point sums, so the result depends on the
+chunking and the batch size only by rounding.  The reads at scattered indices
+(the kept rows, subsamples; at most a few times ``max_rows`` rows) stay in this
+process.  ``dask`` is imported only when a source is a dask array.
 """
+
+import uuid
+from functools import partial
 
 import numpy as np
 
@@ -238,11 +248,215 @@ def validate_batches(X, y, n_tokens, batch_size):
     return TokenBatches(X, k, batch_size), TokenBatches(y, k, batch_size)
 
 
+def _uses_dask(X, Y):
+    """Whether the scans of ``X`` and ``Y`` run as dask tasks (both dask-backed)."""
+    return (
+        isinstance(X, TokenBatches)
+        and isinstance(Y, TokenBatches)
+        and _is_dask(X.source)
+        and _is_dask(Y.source)
+    )
+
+
+def map_reduce_batches(
+    X, Y, func, merge, *, batch_size, samples=None, per_sample=(), name="skattn-scan"
+):
+    """Partial statistics of every batch of samples, merged: one scan of the data.
+
+    ``func`` turns one batch into partial statistics and ``merge`` combines
+    partials; the result is the merge of the partials of all batches, in sample
+    order.  ``merge`` must be associative, and exact up to the rounding of
+    floating-point sums (sums, counts, concatenations in sample order, the rows
+    of smallest keys under a total order), so the result depends on how the
+    samples are cut into batches and chunks only by rounding.
+
+    Where the batches are computed:
+
+    * an ndarray, or a :class:`TokenBatches` of a memmap, zarr or h5py array:
+      read ``batch_size`` samples at a time and processed in this process;
+    * a :class:`TokenBatches` of dask arrays (X and Y): one dask task per chunk
+      of X (Y is rechunked to match), named ``(f"{name}-<token>", i)``, reads its
+      chunk and runs ``func`` on it in batches of ``batch_size``; on a
+      ``dask.distributed`` cluster the tasks run on its workers (when a ``Client``
+      is active) and only the partials travel.  With more than 16 chunks the
+      partials are first merged in groups of 16 by tasks ``f"{name}-merge-..."``;
+      the last merge runs here.
+
+    Parameters
+    ----------
+    X : ndarray or TokenBatches of shape (n_samples, n_tokens, n_features)
+    Y : ndarray or TokenBatches of shape (n_samples, n_tokens, n_outputs)
+    func : callable
+        ``func(Xb, Yb, idx, *per_sample_b)`` returns the partial statistics of
+        the samples ``idx`` (increasing global indices, int64), given their
+        float64 tokens ``Xb`` (b, n_tokens, n_features) and ``Yb``
+        (b, n_tokens, n_outputs) and their slices of ``per_sample``.  On a
+        cluster it is pickled: pass a module-level function or a
+        ``functools.partial`` of one.
+    merge : callable
+        ``merge(parts)`` returns one partial from a list of partials of
+        consecutive samples, in sample order.
+    batch_size : int
+        Samples per call of ``func``.
+    samples : ndarray of int, default=None
+        Increasing sample indices to visit; ``None`` visits all.
+    per_sample : tuple of ndarray of shape (n_samples,), default=()
+        Arrays indexed like the samples (e.g. sample weights), sliced for
+        ``func``.  A constant array is sent to the dask tasks as its value.
+    name : str, default="skattn-scan"
+        Prefix of the dask tasks' keys (what a dashboard or
+        ``Client.get_task_stream`` shows).
+
+    Returns
+    -------
+    partial : object or None
+        The merge of all partials; ``None`` when no sample is visited.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.arange(12.0).reshape(6, 2, 1); Y = X
+    >>> def count_and_sum(Xb, Yb, idx):
+    ...     return len(idx), float(Xb.sum())
+    >>> def add(parts):
+    ...     return tuple(sum(values) for values in zip(*parts))
+    >>> map_reduce_batches(X, Y, count_and_sum, add, batch_size=4)
+    (6, 66.0)
+    >>> map_reduce_batches(X, Y, count_and_sum, add, batch_size=4,
+    ...                    samples=np.array([0, 5]))
+    (2, 22.0)
+    """
+    batch_size = max(int(batch_size), 1)
+    if samples is not None:
+        samples = np.asarray(samples, dtype=np.int64)
+        if samples.size and np.any(np.diff(samples) <= 0):
+            raise ValueError("samples must be increasing sample indices.")
+    per_sample = tuple(np.asarray(a) for a in per_sample)
+    if _uses_dask(X, Y):
+        return _dask_map_reduce(
+            X, Y, func, merge, batch_size, samples, per_sample, name
+        )
+    total = None
+    n = len(X)
+    visit = range(0, n if samples is None else samples.size, batch_size)
+    for start in visit:
+        if samples is None:
+            key = slice(start, min(start + batch_size, n))
+            idx = np.arange(key.start, key.stop, dtype=np.int64)
+        else:
+            key = idx = samples[start : start + batch_size]
+        part = func(X[key], Y[key], idx, *(a[key] for a in per_sample))
+        total = part if total is None else merge([total, part])
+    return total
+
+
+# Partials of more chunks than this are merged in groups on the dask workers.
+_SPLIT_EVERY = 16
+
+
+def _compact(values):
+    """A per-sample array for a dask task: ``("const", v)`` when constant."""
+    if values.size and np.all(values == values.flat[0]):
+        return ("const", values.flat[0])
+    return ("array", values)
+
+
+def _expand(packed, size):
+    kind, values = packed
+    return np.full(size, values) if kind == "const" else values
+
+
+def _chunk_task(xb, yb, start, local, per_sample, func, merge, batch_size, k):
+    """One dask chunk: ``func`` over its (selected) samples in batches, merged."""
+    xb = np.asarray(xb, dtype=np.float64)
+    yb = np.asarray(yb, dtype=np.float64)
+    if local is None:
+        idx = np.arange(start, start + len(xb), dtype=np.int64)
+    else:
+        xb, yb, idx = xb[local], yb[local], start + local
+    xb = xb.reshape(len(xb), k, -1)
+    yb = yb.reshape(len(yb), k, -1)
+    per_sample = [_expand(packed, len(idx)) for packed in per_sample]
+    total = None
+    for s in range(0, len(idx), batch_size):
+        sl = slice(s, s + batch_size)
+        part = func(xb[sl], yb[sl], idx[sl], *(a[sl] for a in per_sample))
+        total = part if total is None else merge([total, part])
+    return total
+
+
+def _dask_map_reduce(X, Y, func, merge, batch_size, samples, per_sample, name):
+    import dask
+    import dask.array as da
+
+    k = X.shape[1]
+    Xs = X.source.rechunk({1: -1})
+    Ys = da.asarray(Y.source).rechunk({0: Xs.chunks[0], 1: -1})
+    bounds = np.cumsum((0, *Xs.chunks[0]))
+    xblocks, yblocks = Xs.to_delayed().ravel(), Ys.to_delayed().ravel()
+    token = uuid.uuid4().hex
+    parts = []
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        lo, hi = int(lo), int(hi)
+        if samples is None:
+            local, rows = None, slice(lo, hi)
+        else:
+            a, b = np.searchsorted(samples, [lo, hi])
+            if a == b:
+                continue
+            rows = samples[a:b]
+            local = None if rows.size == hi - lo else rows - lo
+        task = partial(
+            _chunk_task,
+            func=func,
+            merge=merge,
+            batch_size=batch_size,
+            k=k,
+        )
+        parts.append(
+            dask.delayed(task, pure=False)(
+                xblocks[i],
+                yblocks[i],
+                lo,
+                local,
+                [_compact(a[rows]) for a in per_sample],
+                dask_key_name=(f"{name}-{token}", i),
+            )
+        )
+    level = 0
+    while len(parts) > _SPLIT_EVERY:
+        parts = [
+            dask.delayed(merge, pure=False)(
+                parts[j : j + _SPLIT_EVERY],
+                dask_key_name=(f"{name}-merge-{token}", level, j // _SPLIT_EVERY),
+            )
+            for j in range(0, len(parts), _SPLIT_EVERY)
+        ]
+        level += 1
+    if not parts:
+        return None
+    parts = dask.compute(*parts)  # the partials, in chunk order
+    return parts[0] if len(parts) == 1 else merge(list(parts))
+
+
+def _token_sum_batch(Xb, Yb, idx, w):
+    """Phase-1 partial of one batch: ``(gram, cross, v_sq)`` of its token sums."""
+    u, v = Xb.sum(axis=1), Yb.sum(axis=1)
+    uw = u * w[:, None]
+    return uw.T @ u, uw.T @ v, float(np.sum(w * np.sum(v**2, axis=1)))
+
+
+def _add_parts(parts):
+    """Merge of partials that are tuples of sums."""
+    return tuple(sum(values[1:], values[0]) for values in zip(*parts, strict=True))
+
+
 def token_sum_moments(X, Y, sample_weight):
     """Phase-1 statistics of token sums ``u = sum_l x_l``, ``v = sum_l y_l``.
 
-    Summed batch by batch; for dask sources, per chunk by dask and the chunks'
-    sums added here.
+    One scan (:func:`map_reduce_batches`): summed batch by batch, or for dask
+    sources per chunk by dask tasks named ``skattn-token-sums`` (on a cluster's
+    workers) and the chunks' sums added here.
 
     Parameters
     ----------
@@ -267,46 +481,13 @@ def token_sum_moments(X, Y, sample_weight):
     >>> float(gram[0, 0]), float(cross[0, 0]), v_sq
     (36.0, 36.0, 36.0)
     """
-    (_, k, d), d_out = X.shape, Y.shape[2]
-    if _is_dask(X.source) and _is_dask(Y.source):
-        return _dask_token_sum_moments(X.source, Y.source, sample_weight, k, d, d_out)
-    gram, cross, v_sq = np.zeros((d, d)), np.zeros((d, d_out)), 0.0
-    for start, Xb in X.iter_batches():
-        w = sample_weight[start : start + len(Xb)]
-        u, v = Xb.sum(axis=1), Y[start : start + len(Xb)].sum(axis=1)
-        gram += (u * w[:, None]).T @ u
-        cross += (u * w[:, None]).T @ v
-        v_sq += float(np.sum(w * np.sum(v**2, axis=1)))
-    return gram, cross, v_sq
-
-
-def _dask_token_sum_moments(X, Y, sample_weight, k, d, d_out):
-    import dask.array as da
-
-    X = X.astype(np.float64)
-    Y = da.asarray(Y).astype(np.float64).rechunk({0: X.chunks[0], 1: -1})
-    X = X.rechunk({1: -1})
-    w = da.from_array(np.asarray(sample_weight), chunks=(X.chunks[0],))
-
-    def moments(xb, yb, wb):
-        wb = wb[:, 0]
-        u = xb.reshape(len(xb), k, d).sum(axis=1)
-        v = yb.reshape(len(yb), k, d_out).sum(axis=1)
-        out = np.empty((1, d * d + d * d_out + 1))
-        out[0, : d * d] = ((u * wb[:, None]).T @ u).ravel()
-        out[0, d * d : -1] = ((u * wb[:, None]).T @ v).ravel()
-        out[0, -1] = np.sum(wb * np.sum(v**2, axis=1))
-        return out
-
-    parts = da.map_blocks(
-        moments,
+    gram, cross, v_sq = map_reduce_batches(
         X,
         Y,
-        w[:, None],
-        dtype=np.float64,
-        chunks=((1,) * len(X.chunks[0]), (d * d + d * d_out + 1,)),
+        _token_sum_batch,
+        _add_parts,
+        batch_size=getattr(X, "batch_size", 4096),
+        per_sample=(sample_weight,),
+        name="skattn-token-sums",
     )
-    total = parts.compute().sum(axis=0)  # one row per chunk, summed here
-    gram = total[: d * d].reshape(d, d)
-    cross = total[d * d : -1].reshape(d, d_out)
-    return gram, cross, float(total[-1])
+    return gram, cross, float(v_sq)

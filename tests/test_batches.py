@@ -19,6 +19,9 @@ from skattn._batches import (
     validate_batches,
 )
 from skattn.estimators import _phased
+from skattn.phased import _affine_hull, _projection_sum
+from skattn.phased._affine_hull import hull_constraints, sculpt_hull
+from skattn.phased._projection_sum import refine_projection_sum
 
 SOURCES = ["memmap", "zarr", "hdf5", "dask"]
 
@@ -233,32 +236,244 @@ def test_one_token_out_of_core_is_the_least_squares_fit(tmp_path):
     np.testing.assert_allclose(est.projection_, in_memory.projection_, atol=1e-10)
 
 
-def test_boolean_check_runs_in_chunks(tmp_path):
+@pytest.mark.parametrize("kind", ["memmap", "dask"])
+def test_boolean_check_runs_in_chunks(tmp_path, kind):
     X, y = make_attention_regression(400, 2, 3, 1, n_outputs=4, random_state=0)
     X = X.copy()
     X[399, 0] = 0.5
+    X[250, 4] = 2.0
     est = MultiHeadAttentionRegressor(
         n_tokens=2, input_distribution="boolean", batch_size=100
     )
-    with pytest.raises(ValueError, match="1"):
-        est.fit(_store(X, "memmap", tmp_path, "X"), y)
+    # the first offending value by its global row, and the count of all
+    with pytest.raises(ValueError, match=r"2\.0 at row 250, column 4 \(2 such"):
+        est.fit(
+            _store(X, kind, tmp_path, "X", chunks=120),
+            _store(y, kind, tmp_path, "y", chunks=120),
+        )
 
 
-def test_dask_fit_on_a_local_cluster_equals_in_memory(planted, in_memory):
+# ----------------------------------------------- phases 1-4 on dask workers
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    """A client of a local cluster of two worker processes (not this one)."""
     distributed = pytest.importorskip("distributed")
-    da = pytest.importorskip("dask.array")
-    X, y, layer = planted
+    pytest.importorskip("dask.array")
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         ) as cluster,
-        distributed.Client(cluster),
+        distributed.Client(cluster) as client,
     ):
+        yield client
+
+
+def _dask_views(X, y, chunks, batch_size, k=3):
+    import dask.array as da
+
+    return (
+        TokenBatches(da.from_array(X, chunks=(chunks, X.shape[1])), k, batch_size),
+        TokenBatches(da.from_array(y, chunks=(chunks, y.shape[1])), k, batch_size),
+    )
+
+
+def _spy_certify(monkeypatch):
+    """Samples certified in this process (the workers are other processes), by
+    module: ``"hull"`` (phase 2's scan) and ``"refine"`` (phase 3)."""
+    sizes = {"hull": [], "refine": []}
+    for name, module in (("hull", _affine_hull), ("refine", _projection_sum)):
+        original = module._certify_batch
+
+        def spy(X, *args, original=original, name=name):
+            sizes[name].append(len(X))
+            return original(X, *args)
+
+        monkeypatch.setattr(module, "_certify_batch", spy)
+    return sizes
+
+
+def _tasks(stream, prefix):
+    """The tasks of a task stream whose key starts with ``prefix``, by worker."""
+    from dask.utils import key_split
+
+    return [t["worker"] for t in stream if key_split(t["key"]) == prefix]
+
+
+@pytest.fixture(scope="module")
+def planted_tokens(planted):
+    X, y, _ = planted
+    n = len(X)
+    weights = np.random.default_rng(3).random(n) + 0.5
+    W0, _ = _projection_sum.crude_projection_sum(
+        X.reshape(n, 3, 4), y.reshape(n, 3, 8), weights
+    )
+    return X.reshape(n, 3, 4), y.reshape(n, 3, 8), weights, W0
+
+
+# 4000 samples: 27 chunks (partials first merged on the workers, 16 at a time) or
+# 3 uneven ones, batches of 256 or 1024 within a chunk; in memory: batches of 4096.
+CHUNKINGS = [(150, 256), (1500, 1024)]
+
+
+def _workers(client):
+    return set(client.scheduler_info()["workers"])
+
+
+@pytest.mark.parametrize("chunks, batch_size", CHUNKINGS)
+def test_phase_2_scan_on_dask_workers_equals_in_memory(
+    dask_client, planted, planted_tokens, monkeypatch, chunks, batch_size
+):
+    from distributed import get_task_stream
+
+    X, y, _ = planted
+    X3, Y3, weights, W0 = planted_tokens
+    n_chunks = -(-len(X) // chunks)
+    # max_rows cuts the 4296 certified rows: the kept ones must not depend on chunks
+    options = dict(
+        tol=0.3, sample_weight=weights, max_rows=1500, keep_rows=True, random_state=0
+    )
+    here = _spy_certify(monkeypatch)
+    stats_mem, info_mem = hull_constraints(X3, Y3, W0, **options)
+    assert sum(here["hull"]) == len(X)  # in memory: every sample certified here
+    assert info_mem["n_certified"] > 2 * options["max_rows"]
+    here["hull"].clear()
+    Xd, Yd = _dask_views(X, y, chunks, batch_size)
+    with get_task_stream(dask_client) as stream:
+        stats, info = hull_constraints(Xd, Yd, W0, batch_size=batch_size, **options)
+    assert here["hull"] == []  # on dask: none here, ...
+    workers = _tasks(stream.data, "skattn-certify")
+    assert len(workers) == n_chunks  # ... one task per chunk, on both workers
+    assert set(workers) == _workers(dask_client)
+    merges = _tasks(stream.data, "skattn-certify-merge")
+    assert len(merges) == (-(-n_chunks // 16) if n_chunks > 16 else 0)
+    assert info == info_mem
+    for name in ("normal", "rhs", "equations", "targets"):
+        np.testing.assert_allclose(stats[name], stats_mem[name], rtol=0, atol=1e-10)
+    assert stats["rhs_norm2"] == pytest.approx(stats_mem["rhs_norm2"], rel=1e-12)
+    for name, rows in stats_mem["rows"].items():
+        np.testing.assert_allclose(stats["rows"][name], rows, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("chunks, batch_size", CHUNKINGS)
+@pytest.mark.parametrize("solver", ["als", "gauss-newton"])
+def test_phase_3_scans_on_dask_workers_equal_in_memory(
+    dask_client, planted, planted_tokens, monkeypatch, chunks, batch_size, solver
+):
+    from distributed import get_task_stream
+
+    X, y, _ = planted
+    X3, Y3, weights, W0 = planted_tokens
+    n_chunks = -(-len(X) // chunks)
+    options = dict(tol=0.3, sample_weight=weights, max_iter=3, solver=solver)
+    here = _spy_certify(monkeypatch)
+    W_mem, info_mem = refine_projection_sum(X3, Y3, W0, **options)
+    assert sum(here["refine"]) >= len(X)  # in memory: the first pass is here
+    here["refine"].clear()
+    Xd, Yd = _dask_views(X, y, chunks, batch_size)
+    with get_task_stream(dask_client) as stream:
+        W_dask, info = refine_projection_sum(
+            Xd, Yd, W0, batch_size=batch_size, **options
+        )
+    np.testing.assert_allclose(W_dask, W_mem, rtol=0, atol=1e-10)
+    assert info["n_iter"] == info_mem["n_iter"] == 3
+    assert info["n_certified"] == info_mem["n_certified"]
+    assert info["mean_residual"] == pytest.approx(info_mem["mean_residual"], 1e-12)
+    # The passes ran on the workers: all chunks first, then those with samples
+    # near the tolerance.  Here: only the Gauss-Newton safeguard, on its
+    # subsample of at most hessian_rows=4000 certified rows (3 trials a pass).
+    workers = _tasks(stream.data, "skattn-refine")
+    assert n_chunks <= len(workers) <= 3 * n_chunks
+    assert set(workers) == _workers(dask_client)
+    if solver == "als":
+        assert here["refine"] == []
+    else:
+        subsample = [min(4000, n_cert) for n_cert in info["n_certified"]]
+        assert here["refine"] == [rows for rows in subsample for _ in range(3)]
+
+
+def test_kept_rows_do_not_depend_on_the_batch_size(planted_tokens):
+    # Boolean tokens at k=3, d=4 repeat (4096 distinct samples): rows of repeated
+    # samples tie up to rounding, which must not decide which rows are kept.
+    X3, Y3, weights, W0 = planted_tokens
+    assert len(np.unique(X3.reshape(len(X3), -1), axis=0)) < len(X3)
+    options = dict(W_sum=W0, tol_final=0.1, n_rounds=3, max_rows=1000)
+    _, point, _, info = sculpt_hull(X3, Y3, 2, batch_size=4096, **options)
+    _, point_b, _, info_b = sculpt_hull(X3, Y3, 2, batch_size=256, **options)
+    assert [r["n_rows_used"] for r in info["rounds"]] == [1000] * 3
+    np.testing.assert_allclose(point_b, point, rtol=0, atol=1e-12)
+    for r, r_b in zip(info["rounds"], info_b["rounds"], strict=True):
+        assert r_b["augmented_gap_ratio"] == pytest.approx(
+            r["augmented_gap_ratio"], rel=1e-10
+        )
+
+
+@pytest.mark.parametrize("chunks, batch_size", [(700, 512), (1500, 1024)])
+def test_phases_2_4_on_dask_workers_equal_in_memory(
+    dask_client, planted, planted_tokens, chunks, batch_size
+):
+    X, y, _ = planted
+    X3, Y3, weights, W0 = planted_tokens
+    options = dict(
+        W_sum=W0,
+        tol=0.3,
+        tol_final=0.1,
+        n_rounds=3,
+        refine_iter=2,
+        sample_weight=weights,
+        max_rows=1000,
+        random_state=0,
+    )
+    W_mem, point_mem, dirs_mem, info_mem = sculpt_hull(X3, Y3, 2, **options)
+    Xd, Yd = _dask_views(X, y, chunks, batch_size)
+    W_sum, point, dirs, info = sculpt_hull(Xd, Yd, 2, batch_size=batch_size, **options)
+    assert info["n_rounds"] == info_mem["n_rounds"] == 3
+    np.testing.assert_allclose(W_sum, W_mem, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(point, point_mem, rtol=0, atol=1e-10)
+    flat, flat_mem = dirs.reshape(len(dirs), -1), dirs_mem.reshape(len(dirs), -1)
+    np.testing.assert_allclose(flat.T @ flat, flat_mem.T @ flat_mem, atol=1e-10)
+    for r, r_mem in zip(info["rounds"], info_mem["rounds"], strict=True):
+        assert r["n_rows_used"] == r_mem["n_rows_used"]
+        assert r["n_equations"] == r_mem["n_equations"]
+
+
+@pytest.mark.parametrize("chunks", [700, 1500])
+def test_dask_fit_on_a_local_cluster_equals_in_memory(
+    dask_client, planted, in_memory, monkeypatch, chunks
+):
+    from distributed import get_task_stream
+
+    da = pytest.importorskip("dask.array")
+    X, y, layer = planted
+    here = _spy_certify(monkeypatch)
+    with get_task_stream(dask_client) as stream:
         est = _fit(
-            MultiHeadAttentionRegressor(batch_size=2000, **PARAMS),
-            da.from_array(X, chunks=(1000, 12)),
-            da.from_array(y, chunks=(1000, 24)),
+            MultiHeadAttentionRegressor(batch_size=512, **PARAMS),
+            da.from_array(X, chunks=(chunks, 12)),
+            da.from_array(y, chunks=(chunks, 24)),
         )
     np.testing.assert_allclose(est.attention_, in_memory.attention_, atol=1e-10)
     np.testing.assert_allclose(est.projection_, in_memory.projection_, atol=1e-10)
     assert parameter_error(layer, est).attention_error < 1e-10
+    # the polish makes any start exact: phases 1-4's own estimates must agree too
+    assert _hull_rounds(est) == _hull_rounds(in_memory)
+    for name in ("projection_sum_", "hull_point_", "hull_directions_"):
+        np.testing.assert_allclose(
+            np.abs(getattr(est, name)), np.abs(getattr(in_memory, name)), atol=1e-10
+        )
+    # Phases 1-4 scanned the data in tasks on the workers: one per chunk for the
+    # token sums and for each round's certification, more for phase 3.
+    # (A round that stops the loop early may have scanned before it failed.)
+    n_chunks, n_rounds = -(-len(X) // chunks), est.n_iter_
+    assert len(_tasks(stream.data, "skattn-token-sums")) == n_chunks
+    certify = len(_tasks(stream.data, "skattn-certify"))
+    assert certify in (n_rounds * n_chunks, (n_rounds + 1) * n_chunks)
+    refine = _tasks(stream.data, "skattn-refine")
+    assert n_rounds * n_chunks <= len(refine) <= 2 * (n_rounds + 1) * n_chunks
+    assert set(refine) == _workers(dask_client)
+    # Here: no certification scan, only phase 3's safeguard (3 trials in each of
+    # at most 2 iterations per round) on its subsample.
+    assert here["hull"] == []
+    assert len(here["refine"]) % 3 == 0
+    assert 0 < len(here["refine"]) <= 6 * (n_rounds + 1)

@@ -11,7 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from .._batches import TokenBatches
+from .._batches import TokenBatches, map_reduce_batches
 from ..datasets import BooleanTokens
 from ..phased._affine_hull import sculpt_hull
 from ..phased._errors import CertificationError, CertificationWarning
@@ -220,7 +220,8 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         its iterations and its Jacobian products.
     batch_size : int, default=4096
         Examples processed at once in phases 2-4: memory is bounded by the batch.
-        Also the rows read at a time from an out-of-core X (see Notes).
+        Also the rows read at a time from an out-of-core X, and the batches of a
+        dask chunk within its task (see Notes).
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and 6.
     verbose : int, default=0
@@ -324,9 +325,15 @@ n_features_per_token)
     arrays of shape ``(n_samples, n_tokens * width)``.  They are validated chunk
     by chunk and read ``batch_size`` rows at a time by phases 1-4 and the net
     (``net_samples`` rows); the result depends on the chunking only by rounding.
-    Phase 1's statistics of a dask array are reduced by dask over its chunks;
-    phases 2-4 compute each batch with dask and work on it in this process.  The
-    polish works in memory: on ``polish_samples`` random examples, 100000 when
+    When X and y are both dask arrays, every pass of phases 1-4 over the
+    examples (phase 1's token sums, phase 3's certification and normal
+    equations, phase 2's certification scan, and the Boolean input check) is
+    one dask task per chunk, run where the chunk lives -- on a
+    ``dask.distributed`` cluster's workers when a ``Client`` is active -- which
+    returns small partial statistics that are merged in this process
+    (:func:`~skattn._batches.map_reduce_batches`); only the rows kept by phase 2
+    (``max_rows``) and phase 3's curvature subsample are read here.  The polish
+    works in memory: on ``polish_samples`` random examples, 100000 when
     ``polish_samples=None`` and there are more.
 
     References
@@ -468,10 +475,10 @@ n_features_per_token)
         """
         X3, Y3, weights = self._validate_fit_data(X, y, sample_weight)
         if self.input_distribution == "boolean":
-            check = BooleanTokens(*X3.shape[1:]).check
-            batches = X3.iter_batches() if isinstance(X3, TokenBatches) else [(0, X3)]
-            for _, Xb in batches:
-                check(Xb.reshape(len(Xb), -1))
+            if isinstance(X3, TokenBatches):
+                _check_boolean_batches(X3, Y3, self.batch_size)
+            else:
+                BooleanTokens(*X3.shape[1:]).check(X3.reshape(len(X3), -1))
         if self.fit_intercept and isinstance(X3, TokenBatches):
             raise ValueError(
                 "fit_intercept=True needs in-memory X (the tokens [x, 1] are built "
@@ -920,6 +927,41 @@ n_features_per_token)
         self.projection_sum_ = W_sum
         self.hull_point_, self.hull_directions_ = np.zeros((d, d)), np.zeros((0, d, d))
         self._set_layer(np.zeros((m, d, d)), np.repeat(W_sum[None] / m, m, axis=0))
+
+
+def _boolean_scan_batch(Xb, Yb, idx):
+    """Count of entries other than +-1 in a batch, and the first: (row, col, value)."""
+    flat = Xb.reshape(len(Xb), -1)
+    bad = np.abs(flat) != 1.0
+    if not np.any(bad):
+        return 0, None
+    row, col = np.argwhere(bad)[0]
+    return int(bad.sum()), (int(idx[row]), int(col), float(flat[row, col]))
+
+
+def _merge_boolean_scans(parts):
+    first = next((part[1] for part in parts if part[1] is not None), None)
+    return sum(part[0] for part in parts), first
+
+
+def _check_boolean_batches(X3, Y3, batch_size):
+    """``BooleanTokens.check`` of out-of-core X, as one scan (dask: on its chunks)."""
+    n_bad, first = map_reduce_batches(
+        X3,
+        Y3,
+        _boolean_scan_batch,
+        _merge_boolean_scans,
+        batch_size=batch_size,
+        name="skattn-check-boolean",
+    )
+    if n_bad:
+        row, col, value = first
+        raise ValueError(
+            f"X must have entries in {{-1, +1}} for the Boolean input distribution, "
+            f"but found {value!r} at row {row}, column {col} ({n_bad} such "
+            f"value(s) in total). For real-valued tokens use "
+            f'input_distribution="gaussian".'
+        )
 
 
 class _NoBar:

@@ -18,15 +18,23 @@ than forming the equations; memory is bounded by ``max_rows``, not by ``n``.
 
 Phase 4 (:func:`sculpt_hull`) alternates the refinement of ``W_sum`` (phase 3) and
 the hull fit while the certification tolerance tightens.
+
+The certification scan over all samples is one
+:func:`~skattn._batches.map_reduce_batches` pass: each batch keeps its best
+certified rows (:func:`_hull_scan_batch`) and the merge keeps the best of those,
+so on dask arrays it runs as one task per chunk on the workers; only the kept
+rows' samples are read in this process.
 """
 
 import time
 import warnings
+from functools import partial
 
 import cvxpy as cp
 import numpy as np
 from sklearn.utils import check_random_state
 
+from .._batches import map_reduce_batches
 from ._errors import CertificationError, CertificationWarning
 from ._projection_sum import (
     _certify_batch,
@@ -79,11 +87,17 @@ def hull_constraints(
     max_rows : int, default=20000
         At most this many certified rows, those with the smallest residuals, are
         turned into equations (the normal matrix is ``d^2 x d^2``; a few times
-        ``d^2 / (k - 1)`` rows determine it).
+        ``d^2 / (k - 1)`` rows determine it).  Residuals are compared in single
+        precision, ties going to the first sample and row, so that the rows kept
+        do not depend on the batches or chunks.
     n_keep_equations : int, default=2000
         A random subsample of this many weighted equations is kept in ``stats`` for
         a robust fit of the point (:func:`fit_affine_hull` with ``method="huber"``).
     batch_size : int, default=4096
+        Samples certified at a time.  ``X`` and ``Y`` may be
+        :class:`~skattn._batches.TokenBatches` of out-of-core arrays, scanned by
+        :func:`~skattn._batches.map_reduce_batches` (dask arrays: one task per
+        chunk, named ``skattn-certify``, on a cluster's workers).
     rcond : float, default=1e-8
         See :func:`~skattn.phased._projection_sum.certify_rows`.
     random_state : int, RandomState instance or None, default=None
@@ -150,26 +164,20 @@ def hull_constraints(
             f"confidence_floor must be None or a positive float, got "
             f"{confidence_floor!r}."
         )
-    # Stream: keep the max_rows certified rows of smallest residual.
-    buf_res = np.empty(0)
-    buf_sample = np.empty(0, dtype=np.intp)
-    buf_row = np.empty(0, dtype=np.intp)
-    buf_p = np.empty((0, k))
-    n_cert, n_degenerate = 0, 0
-    for start in range(0, n, batch_size):
-        sl = slice(start, start + batch_size)
-        P, residual, usable = _certify_batch(X[sl], Y[sl], W_sum, rcond)
-        n_degenerate += int((~usable).sum())
-        s_idx, r_idx = np.nonzero(residual < tol)
-        n_cert += s_idx.size
-        buf_res = np.concatenate([buf_res, residual[s_idx, r_idx]])
-        buf_sample = np.concatenate([buf_sample, s_idx + start])
-        buf_row = np.concatenate([buf_row, r_idx])
-        buf_p = np.concatenate([buf_p, P[s_idx, r_idx]])
-        if buf_res.size > max_rows:
-            best = np.argpartition(buf_res, max_rows - 1)[:max_rows]
-            buf_res, buf_sample = buf_res[best], buf_sample[best]
-            buf_row, buf_p = buf_row[best], buf_p[best]
+    # One scan: the max_rows certified rows of smallest residual (ties: smallest
+    # global row index), then in global (sample, row) order.
+    scan = map_reduce_batches(
+        X,
+        Y,
+        partial(_hull_scan_batch, W_sum=W_sum, tol=tol, rcond=rcond, max_rows=max_rows),
+        partial(_merge_hull_scans, max_rows=max_rows),
+        batch_size=batch_size,
+        name="skattn-certify",
+    )
+    order = np.argsort(scan["row"])
+    buf_res, buf_p = scan["residual"][order], scan["p"][order]
+    buf_sample, buf_row = np.divmod(scan["row"][order], k)
+    n_cert, n_degenerate = scan["n_certified"], scan["n_degenerate"]
 
     d2 = d * d
     normal = np.zeros((d2, d2))
@@ -252,6 +260,58 @@ def hull_constraints(
         "median_residual": float(np.median(buf_res)) if buf_res.size else np.nan,
     }
     return stats, info
+
+
+def _hull_scan_batch(X, Y, idx, *, W_sum, tol, rcond, max_rows):
+    """Certified rows of one batch of samples ``idx`` (the phase-2 scan's partial).
+
+    A dict: ``residual`` (r,), ``row`` (r,) global row index ``n * k + l``, ``p``
+    (r, k) of the at most ``max_rows`` certified rows of smallest residual, and
+    the counts ``n_certified`` and ``n_degenerate`` (unusable samples).
+    """
+    k = X.shape[1]
+    P, residual, usable = _certify_batch(X, Y, W_sum, rcond)
+    s_idx, r_idx = np.nonzero(residual < tol)
+    part = {
+        "residual": residual[s_idx, r_idx],
+        "row": idx[s_idx].astype(np.int64) * k + r_idx,
+        "p": P[s_idx, r_idx],
+        "n_certified": int(s_idx.size),
+        "n_degenerate": int((~usable).sum()),
+    }
+    return _best_rows(part, max_rows)
+
+
+def _best_rows(part, max_rows):
+    """``part`` cut to its ``max_rows`` rows of smallest ``(residual, row)``.
+
+    Residuals are compared in single precision (relative 6e-8) and ties go to
+    the smaller global row index.  The order is total, so the rows kept from any
+    grouping of the samples into batches or chunks are the same; and rows whose
+    residuals are equal up to the rounding of their batch (the rows of repeated
+    samples: Boolean tokens repeat at small ``k * d``) tie exactly, instead of
+    being ordered by that rounding.
+    """
+    res = part["residual"].astype(np.float32)
+    if res.size <= max_rows:
+        return part
+    cut = np.partition(res, max_rows - 1)[max_rows - 1]
+    below = np.flatnonzero(res < cut)
+    tied = np.flatnonzero(res == cut)
+    tied = tied[np.argsort(part["row"][tied])[: max_rows - below.size]]
+    keep = np.sort(np.concatenate([below, tied]))
+    return {**part, **{name: part[name][keep] for name in ("residual", "row", "p")}}
+
+
+def _merge_hull_scans(parts, max_rows):
+    """Merge of :func:`_hull_scan_batch` partials of consecutive samples."""
+    merged = {
+        name: np.concatenate([part[name] for part in parts])
+        for name in ("residual", "row", "p")
+    }
+    merged["n_certified"] = sum(part["n_certified"] for part in parts)
+    merged["n_degenerate"] = sum(part["n_degenerate"] for part in parts)
+    return _best_rows(merged, max_rows)
 
 
 def _row_equations(tokens, p, omega):
@@ -633,6 +693,10 @@ def sculpt_hull(
     min_rows : int, default=None
         See :func:`~skattn.phased._projection_sum.refine_projection_sum`.
     batch_size : int, default=4096
+        Samples certified at a time.  ``X`` and ``Y`` may be
+        :class:`~skattn._batches.TokenBatches` of out-of-core arrays; on dask
+        arrays every pass of phases 1-4 over the samples runs as dask tasks on
+        the chunks (see :func:`hull_constraints`).
     max_heads : int, default=8
         Largest number of heads ``n_heads="auto"`` may return.
     random_state : int or None, default=None

@@ -14,12 +14,16 @@ takes ``W_sum`` from 0.2-0.3 to 0.002-0.02 for two heads where the paper's versi
 stalled at 0.1.
 
 All functions take token tensors ``X`` of shape ``(n, k, d)`` and ``Y`` of shape
-``(n, k, d_out)`` and return ``(estimate, info)``.
+``(n, k, d_out)`` and return ``(estimate, info)``.  Their passes over all samples
+go through :func:`~skattn._batches.map_reduce_batches` (a per-batch function and a
+merge of its partial statistics), so on dask arrays they run on the chunks' workers.
 """
+
+from functools import partial
 
 import numpy as np
 
-from .._batches import TokenBatches, token_sum_moments
+from .._batches import TokenBatches, map_reduce_batches, token_sum_moments
 from .._sequences import check_finite
 from ..solvers._objective import _factor, _solve_psd
 from ._errors import CertificationError
@@ -331,6 +335,65 @@ def certify_rows(X, Y, W_sum, *, tol, rcond=1e-8):
     return patterns, info
 
 
+def _refine_scan_batch(X, Y, idx, w, *, W_sum, tol, rcond, screen, hessian_rows):
+    """Phase-3 partial statistics of one batch of samples ``idx``.
+
+    Certifies every row under ``W_sum`` and returns a dict: ``gram`` and
+    ``cross`` (the normal equations of ``y_l`` on ``u_l = X^T p_l`` over the
+    certified rows, weighted by ``w``), ``n_cert``, ``res_sum`` (sum of their
+    residuals), ``keep`` (samples with a row below ``screen * tol``) and the
+    curvature subsample: the ``hessian_rows`` certified rows of smallest
+    :func:`_row_keys`, as ``sub_key``, ``sub_row`` (global row index
+    ``n * k + l``) and ``sub_u`` (``sqrt(w) u_l``).
+    """
+    k, d = X.shape[1], X.shape[2]
+    P, residual, _ = _certify_batch(X, Y, W_sum, rcond)
+    cert = residual < tol
+    # u_l = X^T p_l for the certified rows, weighted by the sample weight.
+    U = np.einsum("nla,nad->nld", P, X, optimize=True)[cert]  # (r, d)
+    wc = np.broadcast_to(w[:, None], cert.shape)[cert]
+    part = {
+        "gram": (U * wc[:, None]).T @ U,
+        "cross": (U * wc[:, None]).T @ Y[cert],
+        "n_cert": int(cert.sum()),
+        "res_sum": float(residual[cert].sum()),
+        "keep": idx[np.min(residual, axis=1) < screen * tol],
+        "sub_key": np.empty(0, dtype=np.uint64),
+        "sub_row": np.empty(0, dtype=np.int64),
+        "sub_u": np.empty((0, d)),
+    }
+    if hessian_rows:
+        s_idx, r_idx = np.nonzero(cert)
+        rows = idx[s_idx].astype(np.int64) * k + r_idx  # global row index
+        part.update(
+            sub_key=_row_keys(rows), sub_row=rows, sub_u=np.sqrt(wc)[:, None] * U
+        )
+        part = _smallest_keys(part, hessian_rows)
+    return part
+
+
+def _smallest_keys(part, hessian_rows):
+    """``part`` with the curvature subsample cut to its smallest keys (unique)."""
+    if part["sub_key"].size <= hessian_rows:
+        return part
+    best = np.argpartition(part["sub_key"], hessian_rows - 1)[:hessian_rows]
+    return {
+        **part,
+        **{name: part[name][best] for name in ("sub_key", "sub_row", "sub_u")},
+    }
+
+
+def _merge_refine_scans(parts, hessian_rows):
+    """Merge of :func:`_refine_scan_batch` partials of consecutive samples."""
+    merged = {
+        name: sum(p[name] for p in parts[1:]) + parts[0][name]
+        for name in ("gram", "cross", "n_cert", "res_sum")
+    }
+    for name in ("keep", "sub_key", "sub_row", "sub_u"):
+        merged[name] = np.concatenate([p[name] for p in parts])
+    return _smallest_keys(merged, hessian_rows)
+
+
 def refine_projection_sum(
     X,
     Y,
@@ -380,7 +443,11 @@ def refine_projection_sum(
         Fewest certified rows to refit ``W_sum`` (default ``4 * n_features``);
         fewer raise a ``CertificationError`` (a ``ValueError``) naming ``tol``.
     batch_size : int, default=4096
-        Samples certified at a time (memory is bounded by the batch).
+        Samples certified at a time (memory is bounded by the batch).  ``X`` and
+        ``Y`` may be :class:`~skattn._batches.TokenBatches` of out-of-core
+        arrays: every alternation is one :func:`~skattn._batches.map_reduce_batches`
+        pass (dask arrays: one task per chunk, named ``skattn-refine``, on a
+        cluster's workers); only the curvature subsample is read here.
     rcond : float, default=1e-8
         See :func:`certify_rows`.
     screen : float, default=4.0
@@ -434,40 +501,34 @@ def refine_projection_sum(
     min_rows = 4 * d if min_rows is None else int(min_rows)
     history_rows, history_change = [], []
     converged = False
-    candidates = np.arange(n)
+    candidates = None  # all samples
     for _ in range(max_iter):
-        gram = np.zeros((d, d))
-        cross = np.zeros((d, d_out))
-        n_cert, res_sum = 0, 0.0
-        keep = []
-        # curvature subsample: certified rows with the smallest keys so far
-        sub_key = np.empty(0, dtype=np.uint64)
-        sub_row = np.empty(0, dtype=np.int64)
-        sub_u = np.empty((0, d))
-        for start in range(0, len(candidates), batch_size):
-            idx = candidates[start : start + batch_size]
-            Xb, Yb = X[idx], Y[idx]
-            P, residual, _ = _certify_batch(Xb, Yb, W_sum, rcond)
-            cert = residual < tol
-            # u_l = X^T p_l for the certified rows, weighted by the sample weight.
-            U = np.einsum("nla,nad->nld", P, Xb, optimize=True)[cert]  # (r, d)
-            wc = np.broadcast_to(w[idx][:, None], cert.shape)[cert]
-            gram += (U * wc[:, None]).T @ U
-            cross += (U * wc[:, None]).T @ Yb[cert]
-            n_cert += int(cert.sum())
-            res_sum += float(residual[cert].sum())
-            keep.append(idx[np.min(residual, axis=1) < screen * tol])
-            if solver == "gauss-newton":
-                s_idx, r_idx = np.nonzero(cert)
-                rows = idx[s_idx] * k + r_idx  # global row index
-                sub_key = np.concatenate([sub_key, _row_keys(rows)])
-                sub_row = np.concatenate([sub_row, rows])
-                sub_u = np.concatenate([sub_u, np.sqrt(wc)[:, None] * U])
-                if sub_key.size > hessian_rows:
-                    best = np.argpartition(sub_key, hessian_rows - 1)[:hessian_rows]
-                    sub_key, sub_row, sub_u = sub_key[best], sub_row[best], sub_u[best]
+        scan = map_reduce_batches(
+            X,
+            Y,
+            partial(
+                _refine_scan_batch,
+                W_sum=W_sum,
+                tol=tol,
+                rcond=rcond,
+                screen=screen,
+                hessian_rows=hessian_rows if solver == "gauss-newton" else 0,
+            ),
+            partial(_merge_refine_scans, hessian_rows=hessian_rows),
+            batch_size=batch_size,
+            samples=candidates,
+            per_sample=(w,),
+            name="skattn-refine",
+        )
+        if scan is None:  # no candidate left: nothing certified
+            scan = {"gram": np.zeros((d, d)), "cross": np.zeros((d, d_out))}
+            scan.update(n_cert=0, res_sum=0.0, keep=np.empty(0, dtype=np.int64))
+            scan.update(sub_row=np.empty(0, dtype=np.int64), sub_u=np.empty((0, d)))
+        gram, cross = scan["gram"], scan["cross"]
+        n_cert, res_sum = scan["n_cert"], scan["res_sum"]
+        sub_row, sub_u = scan["sub_row"], scan["sub_u"]
         # Later alternations only revisit samples with a row near the tolerance.
-        candidates = np.concatenate(keep)
+        candidates = scan["keep"]
         history_rows.append(n_cert)
         if n_cert < min_rows:
             if n * k < min_rows:  # no tolerance can help
@@ -487,7 +548,8 @@ def refine_projection_sum(
             order = np.argsort(sub_row)
             sub_row, sub_u = sub_row[order], sub_u[order]
             s_idx, r_idx = np.divmod(sub_row, k)
-            Zs = X[s_idx] @ W_sum  # (r, k, o)
+            Xs, Ys = X[s_idx], Y[s_idx]  # at most hessian_rows samples, read once
+            Zs = Xs @ W_sum  # (r, k, o)
             step = _gauss_newton_step(
                 gram, cross - gram @ W_sum, sub_u, Zs[:, :-1] - Zs[:, -1:]
             )
@@ -495,8 +557,7 @@ def refine_projection_sum(
             # Gauss-Newton step on the subsampled certified rows.
             trials = [W_new, W_sum + step, W_sum + 0.5 * step]
             losses = [
-                _row_loss(X[s_idx], Y[s_idx], r_idx, w[s_idx], trial, rcond)
-                for trial in trials
+                _row_loss(Xs, Ys, r_idx, w[s_idx], trial, rcond) for trial in trials
             ]
             W_new = trials[int(np.argmin(losses))]
         change = np.linalg.norm(W_new - W_sum) / max(np.linalg.norm(W_sum), 1e-300)
