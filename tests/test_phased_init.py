@@ -128,3 +128,82 @@ def test_polish_solver_is_used_and_reported(solver):
     polish = est.phase_report_[-1]
     assert polish.phase == "6-polish" and polish["solver"] == solver
     assert parameter_error(layer, est).attention_error < 1e-8
+
+
+def test_whitening_map_is_exact_and_whitens():
+    from skattn._layer import forward
+    from skattn.solvers import whitening_map
+    from skattn.solvers._polish import _unwhiten
+
+    rng = np.random.default_rng(0)
+    scales = np.array([5.0, 1.0, 0.2, 0.05])
+    X = rng.normal(size=(400, 3, 4)) * scales + [1.0, 0.0, 0.0, 0.0]
+    A, condition = whitening_map(X)
+    Z = (X @ A).reshape(-1, A.shape[1])
+    np.testing.assert_allclose(Z.T @ Z / len(Z), np.eye(4), atol=1e-10)
+    assert condition > 1e3
+    # a layer on the whitened tokens, mapped back, has the same outputs
+    theta, W = rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4, 3))
+    back_theta, back_W = _unwhiten(theta, W, A)
+    np.testing.assert_allclose(
+        forward(X, back_theta, back_W), forward(X @ A, theta, W), atol=1e-10
+    )
+
+
+def test_whitening_drops_the_directions_tokens_do_not_reach():
+    from skattn.solvers import whitening_map
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 3, 5))
+    X -= X.mean(axis=2, keepdims=True)  # a LayerNorm's hyperplane
+    A, _ = whitening_map(X)
+    assert A.shape == (5, 4)
+
+
+def _anisotropic_data(seed=0):
+    # Gaussian tokens stretched along coordinates (condition number ~ 1e3) and
+    # offset from the origin: the polish is slow on them unless whitened
+    rng = np.random.default_rng(seed)
+    X, y, layer = make_attention_regression(
+        3000,
+        4,
+        6,
+        2,
+        n_outputs=12,
+        distribution="gaussian",
+        random_state=seed,
+        return_layer=True,
+    )
+    T = np.diag([4.0, 2.0, 1.0, 0.5, 0.25, 0.12]) + 0.3 * rng.normal(size=(6, 6))
+    X = (X.reshape(-1, 4, 6) @ T + 0.5).reshape(len(X), -1)
+    return X, layer.transform(X), layer
+
+
+@pytest.mark.parametrize("whiten", ["auto", True, False])
+def test_whiten_is_recorded_and_recovers(whiten):
+    X, y, layer = _anisotropic_data()
+    est = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, init="random", whiten=whiten, random_state=0
+    ).fit(X, y)
+    record = [r for r in est.phase_report_ if r.phase == "6-polish"][-1]
+    assert record["whitening"]["applied"] is (whiten is not False)
+    if whiten is not False:
+        assert record["whitening"]["condition"] > 10
+    err = parameter_error(layer, est)
+    assert max(err.attention_error, err.projection_error) < 1e-8
+
+
+def test_whiten_auto_leaves_boolean_tokens_alone():
+    X, y, layer = _data()
+    est = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, init="random", random_state=0
+    ).fit(X, y)
+    record = [r for r in est.phase_report_ if r.phase == "6-polish"][-1]
+    assert record["whitening"]["applied"] is False
+    assert record["whitening"]["condition"] < 10
+
+
+def test_whiten_rejects_unknown_values():
+    X, y, _ = _data(n=200)
+    with pytest.raises(ValueError, match="whiten"):
+        MultiHeadAttentionRegressor(n_heads=2, n_tokens=4, whiten="yes").fit(X, y)
