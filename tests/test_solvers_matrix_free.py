@@ -230,3 +230,51 @@ def test_warm_up_on_the_principal_outputs_of_low_rank_heads():
     assert info["final_stage"] == "skipped: realisable"
     np.testing.assert_allclose(th, attention, atol=1e-8)
     np.testing.assert_allclose(W, projection, atol=1e-8)
+
+
+def test_low_rank_preconditioner_is_a_change_of_variables():
+    par = LowRank(3, 6, 2)
+    rng = np.random.default_rng(11)
+    params = rng.normal(size=par.size)
+    apply, transpose, inverse = par.preconditioner(params)
+    z, g = rng.normal(size=par.size), rng.normal(size=par.size)
+    np.testing.assert_allclose(apply(inverse(params)), params, rtol=1e-12)
+    # transpose is the adjoint of apply: <M z, g> = <z, M^T g>
+    assert apply(z) @ g == pytest.approx(z @ transpose(g), rel=1e-12)
+    # the same Theta_i along the new variables' path: Q K^T = Z^Q C^K (Z^K C^Q)^T
+    np.testing.assert_allclose(
+        par.attention(apply(inverse(params))), par.attention(params), atol=1e-12
+    )
+    # at params the new variables are balanced: the logits' derivative along
+    # Z^Q_i is X dZ^Q_i (X K_i C^K_i)^T with K_i C^K_i orthonormal (same for Z^K)
+    unit = np.zeros((3, 6, 2))
+    unit[:, :2, :] = np.eye(2)
+    c_k, c_q = (
+        f[:, :2, :] for f in par.factors(apply(np.concatenate([unit.ravel()] * 2)))
+    )
+    Q, K = par.factors(params)
+    for factor, c in ((K, c_k), (Q, c_q)):
+        balanced = factor @ c
+        np.testing.assert_allclose(
+            np.swapaxes(balanced, 1, 2) @ balanced,
+            np.broadcast_to(np.eye(2), (3, 2, 2)),
+            atol=1e-8,
+        )
+    assert FullRank(2, 3).preconditioner(np.zeros(18)) is None
+
+
+def test_coarse_steps_far_from_the_minimum_then_exact_ones():
+    from skattn.solvers._matrix_free import varpro_least_squares
+
+    X, Y, attention, _ = planted(400, 4, 6, 2, 6, seed=12)
+    par = FullRank(2, 6)
+    start = np.random.default_rng(3).normal(size=par.size) * 0.3
+    results = {
+        coarse: varpro_least_squares(X, Y, start, par, coarse=coarse)
+        for coarse in (True, False)
+    }
+    for _, _, info in results.values():
+        assert info["converged"] and info["loss"] < 1e-24 * info["loss_start"]
+    assert results[True][2]["n_coarse_iter"] >= 1
+    assert results[False][2]["n_coarse_iter"] == 0
+    np.testing.assert_allclose(results[True][0], results[False][0], atol=1e-9)

@@ -21,6 +21,8 @@ parametrization (:mod:`skattn.solvers._parametrization`): full Theta_i or low ra
 ``Q_i K_i^T``.
 """
 
+import math
+
 import numpy as np
 from scipy.optimize import least_squares
 from scipy.sparse.linalg import LinearOperator
@@ -33,6 +35,14 @@ from ._parametrization import _token_maps
 # The states kept between Jacobian products (patterns, design, values) may take up to
 # this many times the chunk budget (2**21 floats): 2**27 floats, 1 GiB.
 _KEEP_FLOATS_PER_CHUNK_FLOAT = 64
+
+# Far from a minimum the trust region, not the accuracy of the Gauss-Newton step,
+# limits the progress: while the residual is above COARSE_UNTIL of the targets'
+# norm, each step's least-squares problem is solved by LSMR only to relative
+# tolerance COARSE_LSMR_TOL (its default is 1e-6); below, to the default, for the
+# quadratic convergence at the end.
+COARSE_UNTIL = 1e-2
+COARSE_LSMR_TOL = 1e-2
 
 
 def _softmax_jvp(patterns, d_logits):
@@ -262,6 +272,7 @@ def varpro_least_squares(
     max_iter=100,
     tol=1e-10,
     max_products=None,
+    coarse=True,
     verbose=0,
 ):
     """Minimise the reduced loss matrix-free: scipy's ``least_squares``, TRF + LSMR.
@@ -281,6 +292,9 @@ def varpro_least_squares(
         rounding floor so the solver stops on the step or at machine precision.
     max_products : int or None
         Cap on the LSMR iterations of one step (``None``: ``min(p, 200)``).
+    coarse : bool, default=True
+        Solve the steps loosely (``COARSE_LSMR_TOL``) while the residual is above
+        ``COARSE_UNTIL`` of the targets' norm, then to LSMR's default tolerance.
     verbose : int, default=0
         Passed to ``least_squares``: 2 prints one line per iteration.
 
@@ -289,7 +303,8 @@ def varpro_least_squares(
     params : ndarray of shape (p,)
     projection : ndarray of shape (m, d, d_out)
     info : dict
-        ``method``, ``n_iter`` (Jacobian evaluations), ``n_evaluations``,
+        ``method``, ``n_iter`` (Jacobian evaluations), ``n_coarse_iter`` (those
+        with loose steps), ``n_evaluations``,
         ``n_products`` (Jacobian-vector products: the linear solver's work),
         ``loss_start``, ``loss``, ``converged``, ``stop_reason``.
 
@@ -308,40 +323,103 @@ def varpro_least_squares(
     (True, True)
     """
     problem = VarproProblem(X, Y, sample_weight, parametrization)
-    x0 = np.asarray(params, dtype=float)
-    start = problem.residual(x0)
+    x = np.asarray(params, dtype=float)
+    start = problem.residual(x)
     loss_start = 0.5 * float(start @ start)
     if max_products is None:
         max_products = min(parametrization.size, 200)
     eps = np.finfo(float).eps
-    result = least_squares(
-        problem.residual,
-        x0,
-        # LSMR's left vectors stay orthogonal to the design (they are built from
-        # the residual at W* and from J v): the cheaper adjoint is exact there
-        jac=lambda p: problem.jacobian(p, orthogonal=True),
-        method="trf",
-        tr_solver="lsmr",
-        tr_options={"maxiter": max_products},
-        ftol=eps,
-        xtol=max(tol, eps),
-        gtol=eps,
-        max_nfev=max_iter,
-        x_scale=1.0,
-        verbose=verbose,
+    options = {
+        "ftol": eps,
+        "xtol": max(tol, eps),
+        "gtol": eps,
+        "verbose": verbose,
+    }
+    n_iter = n_evaluations = n_coarse = 0
+    target = math.sqrt(
+        float(np.sum(_normalized_weights(len(X), sample_weight)[:, None, None] * Y**2))
     )
-    final = problem.residual(result.x)
+    status = None
+    if coarse and math.sqrt(2.0 * loss_start) > COARSE_UNTIL * target:
+        # far from a minimum: loose steps until the residual is COARSE_UNTIL of Y
+        def close_enough(intermediate_result):
+            if math.sqrt(2.0 * intermediate_result.cost) <= COARSE_UNTIL * target:
+                raise StopIteration
+
+        x, result = _stage(
+            problem,
+            x,
+            {"maxiter": max_products, "atol": COARSE_LSMR_TOL, "btol": COARSE_LSMR_TOL},
+            max_iter,
+            callback=close_enough,
+            **options,
+        )
+        n_iter, n_evaluations = int(result.njev), int(result.nfev)
+        n_coarse, status = n_iter, result.status
+    if n_evaluations < max_iter and status in (None, -2):
+        x, result = _stage(
+            problem, x, {"maxiter": max_products}, max_iter - n_evaluations, **options
+        )
+        n_iter += int(result.njev)
+        n_evaluations += int(result.nfev)
+        status = result.status
+    final = problem.residual(x)
     info = {
         "method": "matrix-free",
-        "n_iter": int(result.njev),
-        "n_evaluations": int(result.nfev),
+        "n_iter": n_iter,
+        "n_coarse_iter": n_coarse,
+        "n_evaluations": n_evaluations,
         "n_products": int(problem.n_products),
         "loss_start": loss_start,
         "loss": 0.5 * float(final @ final),
-        "converged": result.status > 0,
-        "stop_reason": _STATUS.get(result.status, str(result.message)),
+        "converged": status > 0,
+        "stop_reason": _STATUS.get(status, str(result.message)),
     }
-    return result.x, problem.projection, info
+    return x, problem.projection, info
+
+
+def _stage(problem, params, tr_options, max_nfev, callback=None, **options):
+    """One run of scipy's ``least_squares`` (TRF, LSMR) from ``params``.
+
+    In the variables ``z`` of the parametrization's right preconditioner ``M``
+    at ``params`` (``p = M z``; see ``LowRank.preconditioner``), or in ``p``
+    itself when it has none.  Returns the final ``p`` and scipy's result.
+    """
+    precond = problem.par.preconditioner(params)
+    if precond is None:
+        apply = transpose = np.asarray
+        z0 = params
+    else:
+        apply, transpose, inverse = precond
+        z0 = inverse(params)
+
+    def jacobian(z):
+        p = apply(z)
+        problem._evaluate(p)
+        # LSMR's left vectors stay orthogonal to the design (they are built from
+        # the residual at W* and from J v): the cheaper adjoint is exact there
+        return LinearOperator(
+            problem.shape,
+            matvec=lambda v: problem.matvec(p, apply(np.ravel(v))),
+            rmatvec=lambda u: transpose(
+                problem.rmatvec(p, np.ravel(u), orthogonal=True)
+            ),
+            dtype=float,
+        )
+
+    result = least_squares(
+        lambda z: problem.residual(apply(z)),
+        z0,
+        jac=jacobian,
+        method="trf",
+        tr_solver="lsmr",
+        tr_options=tr_options,
+        x_scale=1.0,
+        max_nfev=max_nfev,
+        callback=callback,
+        **options,
+    )
+    return apply(result.x), result
 
 
 _STATUS = {
