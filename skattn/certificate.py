@@ -46,6 +46,7 @@ from .conditions import check_conditions
 from .metrics._recovery import _layer_parameters
 from .phased._model_selection import held_out_error
 from .solvers import solve_projections
+from .solvers._polish import relative_residual as _relative_rms
 
 __all__ = ["Certificate", "certify"]
 
@@ -250,12 +251,6 @@ def _check_xy(X, Y, attention, projection, k_layer, n_tokens, name_x, name_y):
         )
     check_finite(Y, name_y)
     return X3, Y.reshape(n, k, d_out)
-
-
-def _relative_rms(X, Y, attention, projection):
-    y_sq = float(np.sum(Y**2))
-    err = float(np.sum((forward(X, attention, projection) - Y) ** 2))
-    return math.sqrt(err / y_sq) if y_sq > 0 else math.sqrt(err)
 
 
 def head_redundancy(X, Y, attention, projection, tol):

@@ -54,6 +54,7 @@ from .._layer import forward
 from ..solvers import polish as _polish
 from ..solvers import solve_projections
 from ..solvers._objective import _normalized_weights
+from ..solvers._polish import relative_residual as _relative_rms
 
 # Relative RMS held-out error at or below which a fit counts as exact (machine
 # precision for float64 fits measured 1e-16-1e-13; the polish stops at a relative
@@ -267,13 +268,6 @@ def _polish_once(X, Y, attention, sample_weight, max_iter, tol, damping=1e-3):
         tol=tol,
         damping=damping,
     )
-
-
-def _relative_rms(X, Y, attention, projection, sample_weight):
-    omega = _normalized_weights(X.shape[0], sample_weight)
-    err = np.sum((forward(X, attention, projection) - Y) ** 2, axis=(1, 2))
-    y_sq = float(omega @ np.sum(Y**2, axis=(1, 2)))
-    return math.sqrt(float(omega @ err) / y_sq) if y_sq > 0 else math.sqrt(omega @ err)
 
 
 def select_n_heads(

@@ -55,7 +55,7 @@ def _loss_chunk_size(n, k, d, d_out, m):
     >>> _loss_chunk_size(10, 4, 8, 8, 2)
     10
     """
-    per_sample = m * k * max(k, d, d_out)
+    per_sample = max(m, 1) * k * max(k, d, d_out)  # m = 0: a layer of no heads
     return int(min(n, max(1, _CHUNK_FLOATS // per_sample)))
 
 
