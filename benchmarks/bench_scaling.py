@@ -215,7 +215,8 @@ def plot(rows, path):
         ax.set_xlabel(axis)
         ax.set_ylabel("wall time (s)")
         ax.set_title(f"sweep over {axis}")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a sweep not run has no curves
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"\nplot written to {path}")
