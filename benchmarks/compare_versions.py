@@ -76,6 +76,14 @@ def fit(tree, setting, seed):
     return json.loads(lines[-1])
 
 
+def _median_run(runs):
+    """The run of median time (or the first error)."""
+    errors = [run for run in runs if "error" in run]
+    if errors:
+        return errors[0]
+    return sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="source tree of the old code")
@@ -84,8 +92,24 @@ def main():
         "--grid", choices=["phased-vs-gradient", "recovery"], default="recovery"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="fit each setting this many times per tree, alternating; the times "
+        "printed are the medians (a recheck of noisy ratios)",
+    )
+    parser.add_argument(
+        "--only",
+        type=int,
+        nargs="+",
+        metavar="ROW",
+        help="run only these rows of the grid (0-based, in the printed order)",
+    )
     args = parser.parse_args()
     settings = PHASED_VS_GRADIENT if args.grid == "phased-vs-gradient" else RECOVERY
+    if args.only:
+        settings = [settings[i] for i in args.only]
     print(
         "| dist | m | d | k | d_out | n | scale | noise | before s | after s | "
         "after/before | before Theta, W err | after Theta, W err |"
@@ -93,9 +117,12 @@ def main():
     print("|---" * 13 + "|")
     ratios = []
     for i, setting in enumerate(settings):
-        order = ("before", "after") if i % 2 == 0 else ("after", "before")
-        res = {which: fit(getattr(args, which), setting, args.seed) for which in order}
-        b, a = res["before"], res["after"]
+        runs = {"before": [], "after": []}
+        for j in range(args.repeat):
+            order = ("before", "after") if (i + j) % 2 == 0 else ("after", "before")
+            for which in order:
+                runs[which].append(fit(getattr(args, which), setting, args.seed))
+        b, a = (_median_run(runs[which]) for which in ("before", "after"))
         cells = [str(v) for v in setting]
         if "error" in a or "error" in b:
             print("| " + " | ".join(cells) + f" | {b} | {a} |", flush=True)

@@ -113,3 +113,20 @@ def test_gradient_matches_finite_differences():
                 - squared_loss_gradient(X, Y, *args_m, weights)[0]
             ) / (2 * eps)
         np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
+
+
+def test_forward_in_chunks_equals_one_pass(monkeypatch):
+    import skattn._layer as layer_module
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(37, 3, 4))
+    attention, projection = rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4, 5))
+    key_bias, intercept = rng.normal(size=(2, 4)), rng.normal(size=5)
+    whole = layer_module.forward(
+        X, attention, projection, key_bias=key_bias, intercept=intercept
+    )
+    monkeypatch.setattr(layer_module, "_FORWARD_CHUNK_FLOATS", 2 * 3 * 4 * 5)  # 5 rows
+    chunked = layer_module.forward(
+        X, attention, projection, key_bias=key_bias, intercept=intercept
+    )
+    np.testing.assert_allclose(chunked, whole, rtol=1e-13, atol=1e-13)
