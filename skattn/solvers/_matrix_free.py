@@ -19,6 +19,12 @@ the Gauss-Newton matrix ``J^T J`` being the Schur complement that the dense solv
 (:mod:`skattn.solvers._dense`) forms explicitly.  The logits' derivatives come from a
 parametrization (:mod:`skattn.solvers._parametrization`): full Theta_i or low rank
 ``Q_i K_i^T``.
+
+:func:`varpro_least_squares` runs scipy's solver in two stages: loose LSMR steps
+while the residual is large (``COARSE_UNTIL``), then steps solved to LSMR's default
+tolerance for the quadratic convergence at the end.  Each stage works in the
+variables of the parametrization's right preconditioner at its start (for low-rank
+heads the metric of scaled gradient descent; none for full Theta_i).
 """
 
 import math
