@@ -342,9 +342,8 @@ def varpro_least_squares(
         "verbose": verbose,
     }
     n_iter = n_evaluations = n_coarse = 0
-    target = math.sqrt(
-        float(np.sum(_normalized_weights(len(X), sample_weight)[:, None, None] * Y**2))
-    )
+    omega = _normalized_weights(len(X), sample_weight)
+    target = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", Y, Y)))
     status = None
     if coarse and math.sqrt(2.0 * loss_start) > COARSE_UNTIL * target:
         # far from a minimum: loose steps until the residual is COARSE_UNTIL of Y
@@ -393,25 +392,19 @@ def _stage(problem, params, tr_options, max_nfev, callback=None, **options):
     """
     precond = problem.par.preconditioner(params)
     if precond is None:
-        apply = transpose = np.asarray
+        apply = np.asarray
         z0 = params
     else:
         apply, transpose, inverse = precond
         z0 = inverse(params)
+        size = problem.shape[1]
+        M = LinearOperator((size, size), matvec=apply, rmatvec=transpose, dtype=float)
 
     def jacobian(z):
-        p = apply(z)
-        problem._evaluate(p)
         # LSMR's left vectors stay orthogonal to the design (they are built from
         # the residual at W* and from J v): the cheaper adjoint is exact there
-        return LinearOperator(
-            problem.shape,
-            matvec=lambda v: problem.matvec(p, apply(np.ravel(v))),
-            rmatvec=lambda u: transpose(
-                problem.rmatvec(p, np.ravel(u), orthogonal=True)
-            ),
-            dtype=float,
-        )
+        J = problem.jacobian(apply(z), orthogonal=True)
+        return J if precond is None else J @ M
 
     result = least_squares(
         lambda z: problem.residual(apply(z)),
