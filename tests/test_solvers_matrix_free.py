@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 
+import skattn.solvers._matrix_free as matrix_free
 import skattn.solvers._objective as objective
 from skattn._layer import forward
 from skattn.solvers import (
+    FactoredHeads,
     FullRank,
     LowRank,
     VarproProblem,
@@ -134,6 +136,7 @@ def test_products_do_not_depend_on_chunking(monkeypatch):
         whole.rmatvec(params, u),
     )
     monkeypatch.setattr(objective, "_CHUNK_FLOATS", 50)
+    monkeypatch.setattr(matrix_free, "_KEEP_FLOATS_PER_CHUNK_FLOAT", 64)
     chunked = VarproProblem(X, Y, weight, FullRank(2, 4))
     assert len(chunked.slices) > 5 and not chunked._keep
     got = (
@@ -278,3 +281,134 @@ def test_coarse_steps_far_from_the_minimum_then_exact_ones():
     assert results[True][2]["n_coarse_iter"] >= 1
     assert results[False][2]["n_coarse_iter"] == 0
     np.testing.assert_allclose(results[True][0], results[False][0], atol=1e-9)
+
+
+def factored_planted(n, k, d, m, r, d_out, seed=0, intercept=False):
+    """Planted low-rank heads with W_i = V_i O_i on tokens [x, 1] (with an
+    intercept that no rank-r W_i holds) or on Boolean x."""
+    rng = np.random.default_rng(seed)
+    X = rng.choice([-1.0, 1.0], size=(n, k, d))
+    if intercept:
+        X = np.concatenate([X, np.ones((n, k, 1))], axis=2)
+        d += 1
+    Q, K, V = (rng.normal(size=(m, d, r)) / np.sqrt(d) for _ in range(3))
+    out = rng.normal(size=(m, r, d_out))
+    projection = V @ out
+    if intercept:
+        projection[0, -1] += rng.normal(size=d_out)
+    Y = forward(X, Q @ np.swapaxes(K, 1, 2), projection)
+    return X, Y, np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+def test_factored_products_are_adjoint(intercept):
+    X, Y, truth = factored_planted(30, 3, 5, 2, 2, 7, intercept=intercept)
+    rng = np.random.default_rng(1)
+    par = FactoredHeads(2, X.shape[2], 2)
+    params = truth + 0.3 * rng.normal(size=par.size)
+    problem = VarproProblem(X, Y, rng.uniform(0.5, 2, 30), par, intercept=intercept)
+    J = problem.jacobian(params)
+    assert J.shape == (30 * 3 * 7, 3 * 2 * X.shape[2] * 2)
+    v, u = rng.normal(size=J.shape[1]), rng.normal(size=J.shape[0])
+    assert u @ (J @ v) == pytest.approx(v @ (J.T @ u), rel=1e-12)
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+def test_factored_jacobian_matches_finite_differences(intercept):
+    # at a zero residual Kaufman's Jacobian is the exact one
+    X, Y, truth = factored_planted(40, 3, 4, 2, 2, 6, intercept=intercept)
+    par = FactoredHeads(2, X.shape[2], 2)
+    problem = VarproProblem(X, Y, None, par, intercept=intercept)
+    assert np.abs(problem.residual(truth)).max() < 1e-12
+    J = dense_jacobian(problem, truth)
+    eps = 1e-6
+    for j in np.random.default_rng(2).choice(par.size, size=12, replace=False):
+        step = np.zeros(par.size)
+        step[j] = eps
+        fd = (problem.residual(truth + step) - problem.residual(truth - step)) / (
+            2 * eps
+        )
+        np.testing.assert_allclose(J[:, j], fd, atol=1e-7)
+
+
+def test_factored_values_of_full_rank_are_the_unstructured_problem():
+    # with V_i square and invertible the design S_i X V_i spans what S_i X spans:
+    # the same residual, the same Jacobian along (Q, K), none along V (a gauge)
+    X, Y, _, _ = planted(30, 3, 4, 2, 6, noise=0.1)
+    rng = np.random.default_rng(3)
+    factored, unstructured = FactoredHeads(2, 4, 4), LowRank(2, 4, 4)
+    qk = rng.normal(size=unstructured.size)
+    params = np.concatenate([qk, rng.normal(size=2 * 4 * 4)])
+    weight = rng.uniform(0.5, 2.0, size=30)
+    one = VarproProblem(X, Y, weight, factored)
+    other = VarproProblem(X, Y, weight, unstructured)
+    np.testing.assert_allclose(one.residual(params), other.residual(qk), atol=1e-12)
+    np.testing.assert_allclose(one.projection, other.projection, atol=1e-10)
+    J_one, J_other = dense_jacobian(one, params), dense_jacobian(other, qk)
+    np.testing.assert_allclose(J_one[:, : qk.size], J_other, atol=1e-10)
+    assert np.abs(J_one[:, qk.size :]).max() < 1e-10
+
+
+def test_factored_products_do_not_depend_on_chunking(monkeypatch):
+    X, Y, truth = factored_planted(60, 3, 4, 2, 2, 5, intercept=True)
+    rng = np.random.default_rng(5)
+    weight = rng.uniform(0.5, 2.0, size=60)
+    par = FactoredHeads(2, 5, 2)
+    params, v = truth + 0.2 * rng.normal(size=par.size), rng.normal(size=par.size)
+    u = rng.normal(size=60 * 3 * 5)
+
+    def products(problem):
+        return (
+            problem.residual(params),
+            problem.matvec(params, v),
+            problem.rmatvec(params, u),
+        )
+
+    expected = products(VarproProblem(X, Y, weight, par, intercept=True))
+    monkeypatch.setattr(objective, "_CHUNK_FLOATS", 50)
+    monkeypatch.setattr(matrix_free, "_KEEP_FLOATS_PER_CHUNK_FLOAT", 64)
+    chunked = VarproProblem(X, Y, weight, par, intercept=True)
+    assert len(chunked.slices) > 5 and not chunked._keep
+    for a, b in zip(products(chunked), expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
+
+
+def test_regauge_balances_the_values_and_keeps_the_model():
+    X, Y, truth = factored_planted(40, 3, 4, 2, 2, 6, intercept=True)
+    par = FactoredHeads(2, 5, 2)
+    params = truth + 0.2 * np.random.default_rng(6).normal(size=par.size)
+    problem = VarproProblem(X, Y, None, par, intercept=True)
+    residual, projection = problem.residual(params).copy(), problem.projection
+    balanced = par.regauge(params, problem.output_factors)
+    np.testing.assert_allclose(problem.residual(balanced), residual, atol=1e-12)
+    np.testing.assert_allclose(problem.projection, projection, atol=1e-10)
+    grams = problem.output_factors @ np.swapaxes(problem.output_factors, 1, 2)
+    np.testing.assert_allclose(
+        grams, np.broadcast_to(np.eye(2), grams.shape), atol=1e-8
+    )
+    np.testing.assert_allclose(par.attention(balanced), par.attention(params))
+
+
+def test_factored_intercept_needs_a_constant_coordinate():
+    X, Y, _ = factored_planted(20, 3, 4, 2, 2, 6)
+    with pytest.raises(ValueError, match="constant coordinate"):
+        VarproProblem(X, Y, None, FactoredHeads(2, 4, 2), intercept=True)
+
+
+def test_polish_with_factored_values_recovers_an_intercept():
+    X, Y, truth = factored_planted(300, 4, 5, 2, 2, 12, seed=1, intercept=True)
+    par = FactoredHeads(2, 6, 2)
+    start = par.attention(truth) + 0.05
+    attention, projection, info = polish(
+        X, Y, start, head_rank=2, intercept=True, factor_values=True
+    )
+    assert info["stages"][0]["factored_values"]
+    assert info["converged"]
+    np.testing.assert_allclose(forward(X, attention, projection), Y, atol=1e-9)
+    # the last column of Theta_i on [x, 1] tokens is a gauge (constant in a row)
+    np.testing.assert_allclose(
+        attention[:, :, :-1], par.attention(truth)[:, :, :-1], atol=1e-8
+    )
+    # without the intercept column a rank-2 V_i O_i cannot fit these outputs
+    _, _, info = polish(X, Y, start, head_rank=2, factor_values=True, max_iter=30)
+    assert info["loss"] > 1e-6

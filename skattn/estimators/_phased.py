@@ -596,6 +596,7 @@ n_features_per_token)
             tol=self.polish_tol,
             solver=self.polish_solver,
             head_rank=self.head_rank,
+            intercept=self.fit_intercept,
             verbose=2 if self.verbose > 1 else 0,
         )
 

@@ -343,6 +343,7 @@ def fit_from_hull(
     n_warmup_samples=1000,
     solver="auto",
     head_rank=None,
+    intercept=False,
     verbose=0,
     random_state=None,
 ):
@@ -371,6 +372,9 @@ def fit_from_hull(
         Levenberg-Marquardt solver of the polish (:func:`skattn.solvers.polish`).
     head_rank : int or None, default=None
         Polish low-rank heads ``Theta_i = Q_i K_i^T`` of this rank.
+    intercept : bool, default=False
+        The tokens' last coordinate is constant (``fit_intercept``): see
+        :func:`skattn.solvers.polish`.
     verbose : int, default=0
         2 prints the matrix-free polish's iterations.
     n_warmup_samples : int or None, default=1000
@@ -438,6 +442,7 @@ def fit_from_hull(
             X,
             Y,
             attention,
+            projection,
             sample_weight=sample_weight,
             n_polish_samples=n_polish_samples,
             n_warmup_samples=n_warmup_samples,
@@ -448,6 +453,7 @@ def fit_from_hull(
             tol=tol,
             solver=solver,
             head_rank=head_rank,
+            intercept=intercept,
             verbose=verbose,
         )
         polish_info["seconds"] = time.perf_counter() - start

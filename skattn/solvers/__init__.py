@@ -5,8 +5,9 @@ One module per concern:
 * :mod:`._objective`: the weighted squared loss and its gradient, the normal
   equations and least-squares projections ``W*(Theta)``, the reduced (variable
   projection) loss;
-* :mod:`._parametrization`: full ``Theta_i`` or low rank ``Q_i K_i^T``, with the
-  logits' Jacobian-vector and vector-Jacobian products;
+* :mod:`._parametrization`: full ``Theta_i`` or low rank ``Q_i K_i^T`` (and
+  factored values ``W_i = V_i O_i``), with the logits' Jacobian-vector and
+  vector-Jacobian products;
 * :mod:`._dense`: Levenberg-Marquardt with the Gauss-Newton matrix formed (small
   layers);
 * :mod:`._matrix_free`: Levenberg-Marquardt from Jacobian products
@@ -22,14 +23,22 @@ from ._objective import (
     reduced_loss_gradient,
     solve_projections,
 )
-from ._parametrization import FullRank, LowRank, balanced_factors, make_parametrization
-from ._polish import choose_solver, polish, whitening_map
+from ._parametrization import (
+    FactoredHeads,
+    FullRank,
+    LowRank,
+    balanced_factors,
+    make_parametrization,
+)
+from ._polish import choose_factor_values, choose_solver, polish, whitening_map
 
 __all__ = [
+    "FactoredHeads",
     "FullRank",
     "LowRank",
     "VarproProblem",
     "balanced_factors",
+    "choose_factor_values",
     "choose_solver",
     "make_parametrization",
     "polish",

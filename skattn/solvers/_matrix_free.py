@@ -39,8 +39,9 @@ from ._objective import _chunks, _factor, _normalized_weights, _solve_psd
 from ._parametrization import _token_maps
 
 # The states kept between Jacobian products (patterns, design, values) may take up to
-# this many times the chunk budget (2**21 floats): 2**27 floats, 1 GiB.
-_KEEP_FLOATS_PER_CHUNK_FLOAT = 64
+# this many times the chunk budget (2**21 floats): 2**29 floats, 4 GiB (12 heads of
+# MiniLM on 2464 sequences keep 2 GB; recomputing them doubles a product's cost).
+_KEEP_FLOATS_PER_CHUNK_FLOAT = 256
 
 # Far from a minimum the trust region, not the accuracy of the Gauss-Newton step,
 # limits the progress: while the residual is above COARSE_UNTIL of the targets'
@@ -93,7 +94,7 @@ class VarproProblem:
     (300, 16)
     """
 
-    def __init__(self, X, Y, sample_weight, parametrization):
+    def __init__(self, X, Y, sample_weight, parametrization, intercept=False):
         n, k, d = X.shape
         self.X, self.Y = X, Y
         self.par = parametrization
@@ -101,8 +102,20 @@ class VarproProblem:
         self.d_out = Y.shape[2]
         self.root = np.sqrt(_normalized_weights(n, sample_weight))
         r = getattr(parametrization, "rank", 0)
+        # FactoredHeads: the design's columns are S_i X V_i (m r of them), the
+        # eliminated projections the output factors O_i
+        self.factored = getattr(parametrization, "eliminates_output_factors", False)
+        self.intercept_direction = None
+        if intercept and self.factored:
+            self.intercept_direction = _intercept_direction(X)
+        self.width = (self.m * r if self.factored else self.m * d) + (
+            self.intercept_direction is not None
+        )
         # kept per sample: patterns, design row block, values, token maps
-        per_sample = self.m * k * (k + d + self.d_out + 2 * r)
+        if self.factored:
+            per_sample = self.m * k * (k + self.d_out + 3 * r) + k * self.width
+        else:
+            per_sample = self.m * k * (k + d + self.d_out + 2 * r)
         self.slices = _chunks(n, 2 * per_sample)
         # keep every chunk's state between products when it fits the budget
         self._keep = n * per_sample <= _KEEP_FLOATS_PER_CHUNK_FLOAT * (
@@ -121,11 +134,16 @@ class VarproProblem:
         ``sqrt(w_n) (S_i X_n)_l``, laid out for one GEMM per product.
         """
         x = self.X[rows]
-        c, k, d = x.shape
+        c, k, _ = x.shape
         cache = self.par.cache(x, params)
         patterns = softmax(self.par.logits(x, params, cache), axis=-1)
-        features = np.matmul(patterns, x[:, None])  # (c, m, k, d)
-        design = features.transpose(0, 2, 1, 3).reshape(c * k, self.m * d)
+        if self.factored:  # S_i X V_i: (c, m, k, r)
+            features = np.matmul(patterns, self.par.values(x, params, cache))
+        else:  # S_i X: (c, m, k, d)
+            features = np.matmul(patterns, x[:, None])
+        design = features.transpose(0, 2, 1, 3).reshape(c * k, -1)
+        if self.intercept_direction is not None:
+            design = np.concatenate([design, np.ones((c * k, 1))], axis=1)
         design *= np.repeat(self.root[rows], k)[:, None]
         return {"cache": cache, "patterns": patterns, "design": design}
 
@@ -141,8 +159,7 @@ class VarproProblem:
         """Patterns, ``W*``, its Gram factor and the residual at ``params``."""
         if self._params is not None and np.array_equal(params, self._params):
             return
-        m, d = self.m, self.X.shape[2]
-        md, o = m * d, self.d_out
+        md, o = self.width, self.d_out
         self._params = np.array(params, copy=True)
         self._cached = None
         states = [] if self._keep else None
@@ -161,8 +178,26 @@ class VarproProblem:
         flat = flat - _solve_psd(
             gram, self._design_transpose(self._residual_for(flat)), self._factor
         )
-        self.projection = flat.reshape(m, d, o)
+        self._coef = flat
+        self.projection = self._projection_of(flat)
         self._residual = self._residual_for(flat)
+
+    def _projection_of(self, flat):
+        """The ``W_i`` ``(m, d, d_out)`` of the eliminated coefficients ``flat``.
+
+        Full ``W_i``: ``flat`` itself.  Factored values: ``W_i = V_i O_i``, and an
+        intercept column's row ``c`` goes to head 0 as ``g c^T`` (``X g = 1``):
+        the same outputs, since every pattern row sums to one.
+        """
+        m, d, o = self.m, self.X.shape[2], self.d_out
+        if not self.factored:
+            return flat.reshape(m, d, o)
+        r = self.par.rank
+        self.output_factors = flat[: m * r].reshape(m, r, o)
+        projection = np.matmul(self.par.factors(self._params)[2], self.output_factors)
+        if self.intercept_direction is not None:
+            projection[0] += np.outer(self.intercept_direction, flat[m * r])
+        return projection
 
     def _target(self, rows):
         """``sqrt(w) Y`` on a chunk, as rows ``(n, l)``: ``(c k, d_out)``."""
@@ -179,17 +214,18 @@ class VarproProblem:
         return out
 
     def _design_transpose(self, rows_out):
-        """``A^T u`` for ``u`` as rows ``(n k, d_out)``: ``(m d, d_out)``."""
-        out = np.zeros((self.m * self.X.shape[2], self.d_out))
+        """``A^T u`` for ``u`` as rows ``(n k, d_out)``: ``(width, d_out)``."""
+        out = np.zeros((self.width, self.d_out))
         k = self.X.shape[1]
         for rows, state in self._states():
             out += state["design"].T @ rows_out[rows.start * k : rows.stop * k]
         return out
 
-    def _project_out(self, rows_out):
-        """``(I - P) u``: remove the part of ``u`` that the projections can fit."""
+    def _project_out(self, rows_out, inplace=False):
+        """``(I - P) u``: remove the part of ``u`` that the projections can fit
+        (in ``rows_out`` itself with ``inplace``)."""
         coef = _solve_psd(self._gram, self._design_transpose(rows_out), self._factor)
-        out = rows_out.copy()
+        out = rows_out if inplace else rows_out.copy()
         k = self.X.shape[1]
         for rows, state in self._states():
             out[rows.start * k : rows.stop * k] -= state["design"] @ coef
@@ -199,7 +235,15 @@ class VarproProblem:
         """``X W*_i`` on a chunk: ``(c, m, k, d_out)`` (kept with the chunk's state)."""
         values = state.get("values")
         if values is None:
-            values = _token_maps(self.X[rows], self.projection)
+            if self.factored:  # (X V_i) O_i, r columns at a time
+                values = np.matmul(
+                    self.par.values(self.X[rows], self._params, state["cache"]),
+                    self.output_factors,
+                )
+            else:
+                values = np.ascontiguousarray(
+                    _token_maps(self.X[rows], self.projection)
+                )
             if self._cached is not None:
                 state["values"] = values
         return values
@@ -218,16 +262,31 @@ class VarproProblem:
         out = np.empty((self.shape[0] // self.d_out, self.d_out))
         for rows, state in self._states():
             x = self.X[rows]
-            d_patterns = _softmax_jvp(
-                state["patterns"],
-                self.par.logits_jvp(x, self._params, direction, state["cache"]),
-            )
-            change = np.matmul(d_patterns, self._values(rows, state)).sum(
-                axis=1
+            if self.factored:
+                d_logits, d_values = self.par.jvp(
+                    x, self._params, direction, state["cache"]
+                )
+            else:
+                d_logits = self.par.logits_jvp(
+                    x, self._params, direction, state["cache"]
+                )
+            d_patterns = _softmax_jvp(state["patterns"], d_logits)
+            c, m = d_patterns.shape[:2]
+            # sum_i dS_i (X W_i): one (k, m k) @ (m k, o) product a sample
+            change = np.matmul(
+                d_patterns.transpose(0, 2, 1, 3).reshape(c, k, m * k),
+                self._values(rows, state).reshape(c, m * k, self.d_out),
             )  # (c, k, o)
+            if self.factored:  # + sum_i S_i (X dV_i) O_i, one GEMM over heads
+                moved = np.matmul(state["patterns"], d_values)  # (c, m, k, r)
+                c, m, k_, r = moved.shape
+                change += (
+                    moved.transpose(0, 2, 1, 3).reshape(c * k_, m * r)
+                    @ self.output_factors.reshape(m * r, self.d_out)
+                ).reshape(c, k_, self.d_out)
             change *= self.root[rows, None, None]
             out[rows.start * k : rows.stop * k] = change.reshape(-1, self.d_out)
-        return self._project_out(out).reshape(-1)
+        return self._project_out(out, inplace=True).reshape(-1)
 
     def rmatvec(self, params, vector, *, orthogonal=False):
         """``J^T u``, flat ``(p,)``.
@@ -250,9 +309,34 @@ class VarproProblem:
                 projected[rows.start * k : rows.stop * k].reshape(-1, 1, k, self.d_out)
                 * self.root[rows, None, None, None]
             )
-            d_patterns = np.matmul(scaled, np.swapaxes(self._values(rows, state), 2, 3))
+            c, m = scaled.shape[0], self.m
+            # u_l . (X W_i)_a for every head: one (k, o) @ (o, m k) product a sample
+            d_patterns = (
+                np.matmul(
+                    scaled[:, 0],
+                    np.swapaxes(
+                        self._values(rows, state).reshape(c, m * k, self.d_out), 1, 2
+                    ),
+                )
+                .reshape(c, k, m, k)
+                .transpose(0, 2, 1, 3)
+            )
             d_logits = _softmax_jvp(state["patterns"], d_patterns)
-            grad += self.par.logits_vjp(x, self._params, d_logits, state["cache"])
+            if not self.factored:
+                grad += self.par.logits_vjp(x, self._params, d_logits, state["cache"])
+                continue
+            # the values' cotangent S_i^T (u O_i^T), the heads' O_i in one GEMM
+            r = self.par.rank
+            u_o = (
+                (
+                    scaled.reshape(c * k, self.d_out)
+                    @ self.output_factors.reshape(m * r, self.d_out).T
+                )
+                .reshape(c, k, m, r)
+                .transpose(0, 2, 1, 3)
+            )
+            d_values = np.matmul(np.swapaxes(state["patterns"], 2, 3), u_o)
+            grad += self.par.vjp(x, self._params, d_logits, d_values, state["cache"])
         return grad
 
     def jacobian(self, params, *, orthogonal=False):
@@ -268,6 +352,21 @@ class VarproProblem:
         )
 
 
+def _intercept_direction(X):
+    """A token-space vector ``g`` with ``X g = 1`` on every token (a constant
+    coordinate, possibly mixed by a whitening), by least squares on the tokens."""
+    tokens = X[: max(1, _objective._CHUNK_FLOATS // max(1, X.shape[1] * X.shape[2]))]
+    tokens = tokens.reshape(-1, X.shape[2])
+    g = np.linalg.lstsq(tokens, np.ones(len(tokens)), rcond=None)[0]
+    if np.abs(tokens @ g - 1.0).max() > 1e-8:
+        raise ValueError(
+            "intercept=True needs tokens with a constant coordinate (such as the "
+            "[x, 1] tokens of fit_intercept): no linear map of these tokens is 1 "
+            "on all of them."
+        )
+    return g
+
+
 def varpro_least_squares(
     X,
     Y,
@@ -279,6 +378,7 @@ def varpro_least_squares(
     tol=1e-10,
     max_products=None,
     coarse=True,
+    intercept=False,
     verbose=0,
 ):
     """Minimise the reduced loss matrix-free: scipy's ``least_squares``, TRF + LSMR.
@@ -301,6 +401,11 @@ def varpro_least_squares(
     coarse : bool, default=True
         Solve the steps loosely (``COARSE_LSMR_TOL``) while the residual is above
         ``COARSE_UNTIL`` of the targets' norm, then to LSMR's default tolerance.
+    intercept : bool, default=False
+        With :class:`FactoredHeads` only: also eliminate a constant output shift
+        (an intercept column in the design; the tokens must have a constant
+        coordinate, as the ``[x, 1]`` tokens of ``fit_intercept``).  A rank-r
+        ``V_i O_i`` cannot hold it; full ``W_i`` hold it in that coordinate.
     verbose : int, default=0
         Passed to ``least_squares``: 2 prints one line per iteration.
 
@@ -328,7 +433,7 @@ def varpro_least_squares(
     >>> bool(np.allclose(p, th.reshape(-1), atol=1e-8)), info["converged"]
     (True, True)
     """
-    problem = VarproProblem(X, Y, sample_weight, parametrization)
+    problem = VarproProblem(X, Y, sample_weight, parametrization, intercept)
     x = np.asarray(params, dtype=float)
     start = problem.residual(x)
     loss_start = 0.5 * float(start @ start)
@@ -390,6 +495,9 @@ def _stage(problem, params, tr_options, max_nfev, callback=None, **options):
     at ``params`` (``p = M z``; see ``LowRank.preconditioner``), or in ``p``
     itself when it has none.  Returns the final ``p`` and scipy's result.
     """
+    if problem.factored:  # balance V_i against the eliminated O_i
+        problem.residual(params)
+        params = problem.par.regauge(params, problem.output_factors)
     precond = problem.par.preconditioner(params)
     if precond is None:
         apply = np.asarray

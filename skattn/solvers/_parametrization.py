@@ -123,20 +123,7 @@ class LowRank:
         >>> bool(np.allclose(apply(inverse(p)), p))
         True
         """
-        Q, K = self.factors(params)
-        c_k, c_k_inv = _inverse_root(np.swapaxes(K, 1, 2) @ K)
-        c_q, c_q_inv = _inverse_root(np.swapaxes(Q, 1, 2) @ Q)
-
-        def apply(z):
-            z_q, z_k = self.factors(np.asarray(z, dtype=float))
-            return np.concatenate([(z_q @ c_k).reshape(-1), (z_k @ c_q).reshape(-1)])
-
-        def inverse(p):
-            p_q, p_k = self.factors(p)
-            return np.concatenate(
-                [(p_q @ c_k_inv).reshape(-1), (p_k @ c_q_inv).reshape(-1)]
-            )
-
+        apply, inverse = _scaled_metric(*self.factors(params))
         # the C are symmetric, so M^T = M
         return apply, apply, inverse
 
@@ -173,6 +160,126 @@ class LowRank:
         return _pull_back(X, both).reshape(-1)
 
 
+class FactoredHeads:
+    """Low-rank heads with factored values: ``Theta_i = Q_i K_i^T``, ``W_i = V_i O_i``.
+
+    ``p`` holds Q, K and V, each ``(m, d, r)``: ``3 m d r`` parameters.  The output
+    factors ``O_i`` ``(r, d_out)`` are not parameters: the variable projection
+    eliminates them (``m r`` design columns instead of the ``m d`` of the full
+    ``W_i``: for 12 heads of rank 32 at d = 385, 384 columns instead of 4620).
+    The values ``X V_i`` are then part of the nonlinear model, and their
+    products are given here next to the logits' (:meth:`jvp`, :meth:`vjp`).
+    Gauges: ``(Q_i G, K_i G^{-T})`` and ``(V_i H, H^{-1} O_i)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> par = FactoredHeads(2, 5, 2)
+    >>> par.size
+    60
+    >>> [f.shape for f in par.factors(np.arange(60.0))]
+    [(2, 5, 2), (2, 5, 2), (2, 5, 2)]
+    """
+
+    eliminates_output_factors = True
+
+    def __init__(self, n_heads, n_features, rank):
+        self.n_heads, self.n_features, self.rank = n_heads, n_features, rank
+        self.size = 3 * n_heads * n_features * rank
+
+    def factors(self, params):
+        """``Q, K, V``, each ``(m, d, r)``."""
+        m, d, r = self.n_heads, self.n_features, self.rank
+        block = m * d * r
+        return tuple(
+            params[j * block : (j + 1) * block].reshape(m, d, r) for j in range(3)
+        )
+
+    def attention(self, params):
+        """``Theta_i = Q_i K_i^T``: ``(m, d, d)``."""
+        Q, K, _ = self.factors(params)
+        return np.matmul(Q, np.swapaxes(K, 1, 2))
+
+    def from_attention(self, attention, projection):
+        """Balanced Q, K of the best rank-r approximation of each Theta_i, and V
+        the top r left singular vectors of each ``W_i`` (``projection``,
+        ``(m, d, d_out)``): the column space is what the output factors do not
+        absorb."""
+        Q, K = balanced_factors(attention, self.rank)
+        U = np.linalg.svd(np.asarray(projection, dtype=float), full_matrices=False)[0]
+        values = U[:, :, : self.rank]
+        return np.concatenate([Q.reshape(-1), K.reshape(-1), values.reshape(-1)])
+
+    def preconditioner(self, params):
+        """Q and K as :meth:`LowRank.preconditioner`; V in its own variables (the
+        variable projection's :meth:`regauge` balances it against O instead)."""
+        Q, K, V = self.factors(params)
+        qk_apply, qk_inverse = _scaled_metric(Q, K)
+        half = 2 * V.size
+
+        def apply(z):
+            z = np.ravel(np.asarray(z, dtype=float))
+            return np.concatenate([qk_apply(z[:half]), z[half:]])
+
+        def inverse(p):
+            return np.concatenate([qk_inverse(p[:half]), p[half:]])
+
+        return apply, apply, inverse
+
+    def regauge(self, params, output_factors):
+        """The same model with ``O_i`` of orthonormal rows: ``V_i (O_i O_i^T)^{1/2}``.
+
+        The derivative of the outputs along ``V_i`` is ``S_i X dV_i O_i``; with
+        orthonormal rows of ``O_i`` its scale no longer depends on ``O_i``'s
+        singular values (the metric of scaled gradient descent for ``V_i O_i``).
+        """
+        Q, K, V = self.factors(params)
+        grams = np.matmul(output_factors, np.swapaxes(output_factors, 1, 2))
+        _, root = _inverse_root(grams)
+        return np.concatenate(
+            [Q.reshape(-1), K.reshape(-1), np.matmul(V, root).reshape(-1)]
+        )
+
+    def cache(self, X, params):
+        """The token maps ``X Q_i``, ``X K_i``, ``X V_i``, each ``(n, m, k, r)``."""
+        Q, K, V = self.factors(params)
+        maps = _token_maps(X, np.concatenate([Q, K, V], axis=0))  # one GEMM
+        m = self.n_heads
+        return maps[:, :m], maps[:, m : 2 * m], maps[:, 2 * m :]
+
+    def logits(self, X, params, cache=None):
+        """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)``."""
+        xq, xk, _ = self.cache(X, params) if cache is None else cache
+        return np.matmul(xq, np.swapaxes(xk, 2, 3))
+
+    def values(self, X, params, cache=None):
+        """``X V_i``: ``(n, m, k, r)``."""
+        return (self.cache(X, params) if cache is None else cache)[2]
+
+    def jvp(self, X, params, direction, cache=None):
+        """Directional derivatives of the logits and of the values ``X dV_i``."""
+        xq, xk, _ = self.cache(X, params) if cache is None else cache
+        dxq, dxk, dxv = self.cache(X, direction)
+        d_logits = np.matmul(dxq, np.swapaxes(xk, 2, 3)) + np.matmul(
+            xq, np.swapaxes(dxk, 2, 3)
+        )
+        return d_logits, dxv
+
+    def vjp(self, X, params, d_logits, d_values, cache=None):
+        """Pull back cotangents of the logits ``(n, m, k, k)`` and of the values
+        ``(n, m, k, r)``: flat ``(3 m d r,)``, one GEMM."""
+        xq, xk, _ = self.cache(X, params) if cache is None else cache
+        both = np.concatenate(
+            [
+                np.matmul(d_logits, xk),
+                np.matmul(np.swapaxes(d_logits, 2, 3), xq),
+                d_values,
+            ],
+            axis=1,
+        )
+        return _pull_back(X, both).reshape(-1)
+
+
 def balanced_factors(matrices, rank):
     """Factors ``A (m, p, r)``, ``B (m, q, r)`` with ``A_i B_i^T`` the best rank-r
     approximation of ``matrices[i]`` (``(m, p, q)``), balanced: ``A = U sqrt(s)``,
@@ -193,6 +300,27 @@ def balanced_factors(matrices, rank):
     ]
 
 
+def _scaled_metric(Q, K):
+    """``(apply, inverse)`` of the scaled-gradient-descent change of variables of
+    :meth:`LowRank.preconditioner`, on flat ``[Q, K]`` vectors."""
+    c_k, c_k_inv = _inverse_root(np.swapaxes(K, 1, 2) @ K)
+    c_q, c_q_inv = _inverse_root(np.swapaxes(Q, 1, 2) @ Q)
+    half = Q.size
+
+    def apply(z):
+        z = np.ravel(np.asarray(z, dtype=float))
+        z_q, z_k = z[:half].reshape(Q.shape), z[half:].reshape(K.shape)
+        return np.concatenate([(z_q @ c_k).reshape(-1), (z_k @ c_q).reshape(-1)])
+
+    def inverse(p):
+        p_q, p_k = p[:half].reshape(Q.shape), p[half:].reshape(K.shape)
+        return np.concatenate(
+            [(p_q @ c_k_inv).reshape(-1), (p_k @ c_q_inv).reshape(-1)]
+        )
+
+    return apply, inverse
+
+
 def _inverse_root(grams, ridge=1e-10):
     """``(G + eps I)^{-1/2}`` and its inverse for a stack of PSD ``(m, r, r)``,
     ``eps`` = ``ridge`` times the mean eigenvalue (at least the smallest normal)."""
@@ -204,18 +332,23 @@ def _inverse_root(grams, ridge=1e-10):
     return inv_root, root_mat
 
 
-def make_parametrization(n_heads, n_features, head_rank=None):
-    """``FullRank`` when ``head_rank`` is None or ``>= n_features``, else ``LowRank``.
+def make_parametrization(n_heads, n_features, head_rank=None, factor_values=False):
+    """``FullRank`` when ``head_rank`` is None or ``>= n_features``, else ``LowRank``
+    (``FactoredHeads`` with ``factor_values``).
 
     Examples
     --------
     >>> type(make_parametrization(2, 8, 4)).__name__
     'LowRank'
+    >>> type(make_parametrization(2, 8, 4, factor_values=True)).__name__
+    'FactoredHeads'
     >>> type(make_parametrization(2, 8)).__name__
     'FullRank'
     """
     if head_rank is None or head_rank >= n_features:
         return FullRank(n_heads, n_features)
+    if factor_values:
+        return FactoredHeads(n_heads, n_features, head_rank)
     return LowRank(n_heads, n_features, head_rank)
 
 
