@@ -17,6 +17,7 @@ from skattn.solvers import (
     polish,
     reduced_loss_gradient,
     solve_projections,
+    varpro_least_squares,
 )
 from skattn.solvers._dense import _gauss_newton_system
 from skattn.solvers._polish import polish_from_random_starts, staged_polish
@@ -412,3 +413,39 @@ def test_polish_with_factored_values_recovers_an_intercept():
     # without the intercept column a rank-2 V_i O_i cannot fit these outputs
     _, _, info = polish(X, Y, start, head_rank=2, factor_values=True, max_iter=30)
     assert info["loss"] > 1e-6
+
+
+@pytest.mark.parametrize(
+    "par", [FullRank(2, 4), LowRank(2, 4, 2), FactoredHeads(2, 4, 2)]
+)
+def test_single_precision_products_agree_with_double(par):
+    X, Y, _, _ = planted(40, 3, 4, 2, 6, noise=0.1)
+    rng = np.random.default_rng(7)
+    params, v = rng.normal(size=par.size) / 2, rng.normal(size=par.size)
+    u = rng.normal(size=40 * 3 * 6)
+    double = VarproProblem(X, Y, None, par)
+    single = VarproProblem(X, Y, None, par, dtype=np.float32)
+    for name in ("residual", "matvec", "rmatvec"):
+        args = (
+            (params,) if name == "residual" else (params, v if name == "matvec" else u)
+        )
+        a, b = getattr(single, name)(*args), getattr(double, name)(*args)
+        assert a.dtype == np.float64
+        assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b)
+    np.testing.assert_allclose(
+        single.projection, double.projection, rtol=1e-4, atol=1e-5
+    )
+
+
+def test_single_precision_loose_stage_ends_in_a_double_precision_optimum():
+    X, Y, attention, _ = planted(300, 3, 5, 2, 8, seed=2)
+    par = FullRank(2, 5)
+    start = par.from_attention(attention + 0.3)
+    results = [
+        varpro_least_squares(X, Y, start, par, coarse_dtype=dtype)
+        for dtype in (np.float32, np.float64)
+    ]
+    for params, projection, info in results:
+        assert info["n_coarse_iter"] > 0 and info["converged"]
+        np.testing.assert_allclose(par.attention(params), attention, atol=1e-10)
+        np.testing.assert_allclose(forward(X, attention, projection), Y, atol=1e-10)

@@ -94,13 +94,13 @@ class VarproProblem:
     (300, 16)
     """
 
-    def __init__(self, X, Y, sample_weight, parametrization, intercept=False):
+    def __init__(
+        self, X, Y, sample_weight, parametrization, intercept=False, dtype=np.float64
+    ):
         n, k, d = X.shape
-        self.X, self.Y = X, Y
         self.par = parametrization
         self.m = parametrization.n_heads
         self.d_out = Y.shape[2]
-        self.root = np.sqrt(_normalized_weights(n, sample_weight))
         r = getattr(parametrization, "rank", 0)
         # FactoredHeads: the design's columns are S_i X V_i (m r of them), the
         # eliminated projections the output factors O_i
@@ -108,6 +108,14 @@ class VarproProblem:
         self.intercept_direction = None
         if intercept and self.factored:
             self.intercept_direction = _intercept_direction(X)
+        # products in ``dtype`` (float32: the loose steps far from a minimum);
+        # the eliminated coefficients are solved, and everything returned, in float64
+        self.dtype = np.dtype(dtype)
+        self.X, self.Y = (
+            X.astype(self.dtype, copy=False),
+            Y.astype(self.dtype, copy=False),
+        )
+        self.root = np.sqrt(_normalized_weights(n, sample_weight)).astype(self.dtype)
         self.width = (self.m * r if self.factored else self.m * d) + (
             self.intercept_direction is not None
         )
@@ -143,7 +151,9 @@ class VarproProblem:
             features = np.matmul(patterns, x[:, None])
         design = features.transpose(0, 2, 1, 3).reshape(c * k, -1)
         if self.intercept_direction is not None:
-            design = np.concatenate([design, np.ones((c * k, 1))], axis=1)
+            design = np.concatenate(
+                [design, np.ones((c * k, 1), dtype=design.dtype)], axis=1
+            )
         design *= np.repeat(self.root[rows], k)[:, None]
         return {"cache": cache, "patterns": patterns, "design": design}
 
@@ -153,20 +163,21 @@ class VarproProblem:
             yield from zip(self.slices, self._cached, strict=True)
             return
         for rows in self.slices:
-            yield rows, self._chunk_state(rows, self._params)
+            yield rows, self._chunk_state(rows, self._low)
 
     def _evaluate(self, params):
         """Patterns, ``W*``, its Gram factor and the residual at ``params``."""
         if self._params is not None and np.array_equal(params, self._params):
             return
         md, o = self.width, self.d_out
-        self._params = np.array(params, copy=True)
+        self._params = np.array(params, dtype=np.float64, copy=True)
+        self._low = self._params.astype(self.dtype)  # the products' precision
         self._cached = None
         states = [] if self._keep else None
         gram = np.zeros((md, md))
         rhs = np.zeros((md, o))
         for rows in self.slices:
-            state = self._chunk_state(rows, self._params)
+            state = self._chunk_state(rows, self._low)
             if states is not None:
                 states.append(state)
             gram += state["design"].T @ state["design"]
@@ -178,7 +189,6 @@ class VarproProblem:
         flat = flat - _solve_psd(
             gram, self._design_transpose(self._residual_for(flat)), self._factor
         )
-        self._coef = flat
         self.projection = self._projection_of(flat)
         self._residual = self._residual_for(flat)
 
@@ -194,6 +204,7 @@ class VarproProblem:
             return flat.reshape(m, d, o)
         r = self.par.rank
         self.output_factors = flat[: m * r].reshape(m, r, o)
+        self._output_factors_low = self.output_factors.astype(self.dtype)
         projection = np.matmul(self.par.factors(self._params)[2], self.output_factors)
         if self.intercept_direction is not None:
             projection[0] += np.outer(self.intercept_direction, flat[m * r])
@@ -206,7 +217,8 @@ class VarproProblem:
 
     def _residual_for(self, flat):
         """``sqrt(w) (A W - Y)`` as rows ``(n, l)``: ``(n k, d_out)``."""
-        out = np.empty((self.shape[0] // self.d_out, self.d_out))
+        out = np.empty((self.shape[0] // self.d_out, self.d_out), dtype=self.dtype)
+        flat = flat.astype(self.dtype, copy=False)
         k = self.X.shape[1]
         for rows, state in self._states():
             block = slice(rows.start * k, rows.stop * k)
@@ -216,6 +228,7 @@ class VarproProblem:
     def _design_transpose(self, rows_out):
         """``A^T u`` for ``u`` as rows ``(n k, d_out)``: ``(width, d_out)``."""
         out = np.zeros((self.width, self.d_out))
+        rows_out = rows_out.astype(self.dtype, copy=False)
         k = self.X.shape[1]
         for rows, state in self._states():
             out += state["design"].T @ rows_out[rows.start * k : rows.stop * k]
@@ -225,7 +238,8 @@ class VarproProblem:
         """``(I - P) u``: remove the part of ``u`` that the projections can fit
         (in ``rows_out`` itself with ``inplace``)."""
         coef = _solve_psd(self._gram, self._design_transpose(rows_out), self._factor)
-        out = rows_out if inplace else rows_out.copy()
+        coef = coef.astype(self.dtype, copy=False)
+        out = rows_out if inplace else rows_out.astype(self.dtype)
         k = self.X.shape[1]
         for rows, state in self._states():
             out[rows.start * k : rows.stop * k] -= state["design"] @ coef
@@ -237,12 +251,12 @@ class VarproProblem:
         if values is None:
             if self.factored:  # (X V_i) O_i, r columns at a time
                 values = np.matmul(
-                    self.par.values(self.X[rows], self._params, state["cache"]),
-                    self.output_factors,
+                    self.par.values(self.X[rows], self._low, state["cache"]),
+                    self._output_factors_low,
                 )
             else:
                 values = np.ascontiguousarray(
-                    _token_maps(self.X[rows], self.projection)
+                    _token_maps(self.X[rows], self.projection.astype(self.dtype))
                 )
             if self._cached is not None:
                 state["values"] = values
@@ -252,24 +266,23 @@ class VarproProblem:
     def residual(self, params):
         """The weighted residual at ``params``, flat ``(n k d_out,)``."""
         self._evaluate(params)
-        return self._residual.reshape(-1)
+        return self._residual.reshape(-1).astype(np.float64, copy=False)
 
     def matvec(self, params, direction):
         """``J v``, flat ``(n k d_out,)``."""
         self._evaluate(params)
         self.n_products += 1
         k = self.X.shape[1]
-        out = np.empty((self.shape[0] // self.d_out, self.d_out))
+        direction = np.asarray(direction).astype(self.dtype, copy=False)
+        out = np.empty((self.shape[0] // self.d_out, self.d_out), dtype=self.dtype)
         for rows, state in self._states():
             x = self.X[rows]
             if self.factored:
                 d_logits, d_values = self.par.jvp(
-                    x, self._params, direction, state["cache"]
+                    x, self._low, direction, state["cache"]
                 )
             else:
-                d_logits = self.par.logits_jvp(
-                    x, self._params, direction, state["cache"]
-                )
+                d_logits = self.par.logits_jvp(x, self._low, direction, state["cache"])
             d_patterns = _softmax_jvp(state["patterns"], d_logits)
             c, m = d_patterns.shape[:2]
             # sum_i dS_i (X W_i): one (k, m k) @ (m k, o) product a sample
@@ -282,11 +295,15 @@ class VarproProblem:
                 c, m, k_, r = moved.shape
                 change += (
                     moved.transpose(0, 2, 1, 3).reshape(c * k_, m * r)
-                    @ self.output_factors.reshape(m * r, self.d_out)
+                    @ self._output_factors_low.reshape(m * r, self.d_out)
                 ).reshape(c, k_, self.d_out)
             change *= self.root[rows, None, None]
             out[rows.start * k : rows.stop * k] = change.reshape(-1, self.d_out)
-        return self._project_out(out, inplace=True).reshape(-1)
+        return (
+            self._project_out(out, inplace=True)
+            .reshape(-1)
+            .astype(np.float64, copy=False)
+        )
 
     def rmatvec(self, params, vector, *, orthogonal=False):
         """``J^T u``, flat ``(p,)``.
@@ -299,7 +316,7 @@ class VarproProblem:
         self._evaluate(params)
         self.n_products += 1
         k = self.X.shape[1]
-        projected = vector.reshape(-1, self.d_out)
+        projected = vector.reshape(-1, self.d_out).astype(self.dtype, copy=False)
         if not orthogonal:
             projected = self._project_out(projected)
         grad = np.zeros(self.par.size)
@@ -323,20 +340,20 @@ class VarproProblem:
             )
             d_logits = _softmax_jvp(state["patterns"], d_patterns)
             if not self.factored:
-                grad += self.par.logits_vjp(x, self._params, d_logits, state["cache"])
+                grad += self.par.logits_vjp(x, self._low, d_logits, state["cache"])
                 continue
             # the values' cotangent S_i^T (u O_i^T), the heads' O_i in one GEMM
             r = self.par.rank
             u_o = (
                 (
                     scaled.reshape(c * k, self.d_out)
-                    @ self.output_factors.reshape(m * r, self.d_out).T
+                    @ self._output_factors_low.reshape(m * r, self.d_out).T
                 )
                 .reshape(c, k, m, r)
                 .transpose(0, 2, 1, 3)
             )
             d_values = np.matmul(np.swapaxes(state["patterns"], 2, 3), u_o)
-            grad += self.par.vjp(x, self._params, d_logits, d_values, state["cache"])
+            grad += self.par.vjp(x, self._low, d_logits, d_values, state["cache"])
         return grad
 
     def jacobian(self, params, *, orthogonal=False):
@@ -378,6 +395,7 @@ def varpro_least_squares(
     tol=1e-10,
     max_products=None,
     coarse=True,
+    coarse_dtype=np.float32,
     intercept=False,
     verbose=0,
 ):
@@ -401,6 +419,10 @@ def varpro_least_squares(
     coarse : bool, default=True
         Solve the steps loosely (``COARSE_LSMR_TOL``) while the residual is above
         ``COARSE_UNTIL`` of the targets' norm, then to LSMR's default tolerance.
+    coarse_dtype : dtype, default=numpy.float32
+        Precision of the Jacobian products of the loose stage (half the cost of
+        float64 BLAS); the eliminated coefficients are solved in float64 and the
+        final stage runs in float64, so the result is a float64 optimum.
     intercept : bool, default=False
         With :class:`FactoredHeads` only: also eliminate a constant output shift
         (an intercept column in the design; the tokens must have a constant
@@ -434,8 +456,13 @@ def varpro_least_squares(
     (True, True)
     """
     problem = VarproProblem(X, Y, sample_weight, parametrization, intercept)
+    loose = problem
+    if coarse and np.dtype(coarse_dtype) != problem.dtype:
+        loose = VarproProblem(
+            X, Y, sample_weight, parametrization, intercept, dtype=coarse_dtype
+        )
     x = np.asarray(params, dtype=float)
-    start = problem.residual(x)
+    start = loose.residual(x)
     loss_start = 0.5 * float(start @ start)
     if max_products is None:
         max_products = min(parametrization.size, 200)
@@ -457,7 +484,7 @@ def varpro_least_squares(
                 raise StopIteration
 
         x, result = _stage(
-            problem,
+            loose,
             x,
             {"maxiter": max_products, "atol": COARSE_LSMR_TOL, "btol": COARSE_LSMR_TOL},
             max_iter,
@@ -466,7 +493,11 @@ def varpro_least_squares(
         )
         n_iter, n_evaluations = int(result.njev), int(result.nfev)
         n_coarse, status = n_iter, result.status
-    if n_evaluations < max_iter and status in (None, -2):
+    n_loose_products = loose.n_products if loose is not problem else 0
+    # a single-precision stage may stop on rounding: the float64 stage always follows
+    finish = status in (None, -2) or loose is not problem
+    loose = None  # its kept states
+    if n_evaluations < max_iter and finish:
         x, result = _stage(
             problem, x, {"maxiter": max_products}, max_iter - n_evaluations, **options
         )
@@ -479,7 +510,7 @@ def varpro_least_squares(
         "n_iter": n_iter,
         "n_coarse_iter": n_coarse,
         "n_evaluations": n_evaluations,
-        "n_products": int(problem.n_products),
+        "n_products": int(problem.n_products + n_loose_products),
         "loss_start": loss_start,
         "loss": 0.5 * float(final @ final),
         "converged": status > 0,
