@@ -215,9 +215,7 @@ def test_stdlib_docstring_tokens():
     assert len(tokens) == len(again) > 5
     assert all(np.array_equal(a, b) for a, b in zip(tokens, again))
     # the first is textwrap's module docstring, tokenized without special tokens
-    source = (
-        sysconfig.get_paths()["stdlib"] + "/textwrap.py"
-    )
+    source = os.path.join(sysconfig.get_paths()["stdlib"], "textwrap.py")
     with open(source, "rb") as f:
         doc = ast.get_docstring(ast.parse(f.read()))
     tok.no_padding()
@@ -375,9 +373,8 @@ def test_bad_encoder_checkpoint(tmp_path, edit, match):
 
 def test_bad_encoder_tensors():
     t = _tiny_bert()
-    t["encoder.layer.1.output.dense.weight"] = t["encoder.layer.1.output.dense.weight"][
-        :, :5
-    ].copy()
+    name = "encoder.layer.1.output.dense.weight"
+    t[name] = t[name][:, :5].copy()
     with pytest.raises(ValueError, match=r"output.dense.weight has shape \(8, 5\)"):
         BertEncoder(t, n_heads=2)
     t = _tiny_bert()
