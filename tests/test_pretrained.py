@@ -180,17 +180,22 @@ def test_load_bert_attention_prefixed_checkpoint(tmp_path):
 @pytest.mark.parametrize(
     ("edit", "error", "match"),
     [
-        ("drop:bert.encoder.layer.0.attention.self.value.bias", KeyError, "value.bias"),
+        (
+            "drop:bert.encoder.layer.0.attention.self.value.bias",
+            ValueError,
+            "value.bias",
+        ),
         (
             "drop:bert.embeddings.position_embeddings.weight",
-            KeyError,
+            ValueError,
             "position_embeddings",
         ),
         ("shape:bert.encoder.layer.0.attention.self.key.weight", ValueError, "key"),
         ("nan:bert.encoder.layer.0.attention.output.dense.weight", ValueError, "NaN"),
         ("nan:bert.embeddings.word_embeddings.weight", ValueError, "embeddings"),
         ("heads:3", ValueError, "n_heads=3 does not divide"),
-        ("layer:5", KeyError, r"layers found: \[0\]"),
+        ("layer:5", ValueError, r"layers found: \[0\]"),
+        ("tokens:7", ValueError, r"n_tokens=7 exceeds .*max_position_embeddings=6"),
     ],
 )
 def test_load_bert_attention_bad_checkpoint(tmp_path, edit, error, match):
@@ -207,10 +212,12 @@ def test_load_bert_attention_bad_checkpoint(tmp_path, edit, error, match):
         kwargs["n_heads"] = int(name)
     elif what == "layer":
         kwargs["layer"] = int(name)
+    elif what == "tokens":
+        kwargs["n_tokens"] = int(name)
     path = tmp_path / "model.safetensors"
     safetensors_numpy.save_file(t, str(path))
     with pytest.raises(error, match=match):
-        load_bert_attention(path, n_tokens=4, **kwargs)
+        load_bert_attention(path, **{"n_tokens": 4, **kwargs})
     if what == "heads":  # without config.json, n_heads=None is an error too
         with pytest.raises(ValueError, match="num_attention_heads"):
             load_bert_attention(path, n_tokens=4)

@@ -116,15 +116,19 @@ class TokenDistribution:
     def _generate(self, rng, n_rows):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _chunks(self, n_samples, random_state):
-        """Yield ``(X, labels)`` chunks covering the first ``n_samples`` rows."""
+    def _chunk_generators(self, n_samples, random_state):
+        """Yield ``(rng, stop)`` per chunk: its generator and the rows kept of it."""
         seq = _seed_sequence(random_state)
         rows = self.chunk_rows
         n_chunks = -(-n_samples // rows)
         for j in range(n_chunks):
             child = np.random.SeedSequence(seq.entropy, spawn_key=(j,))
-            X, labels = self._generate(np.random.default_rng(child), rows)
-            stop = min(rows, n_samples - j * rows)
+            yield np.random.default_rng(child), min(rows, n_samples - j * rows)
+
+    def _chunks(self, n_samples, random_state):
+        """Yield ``(X, labels)`` chunks covering the first ``n_samples`` rows."""
+        for rng, stop in self._chunk_generators(n_samples, random_state):
+            X, labels = self._generate(rng, self.chunk_rows)
             yield X[:stop], None if labels is None else labels[:stop]
 
     def _batches(self, n_samples, batch_size, random_state):

@@ -284,26 +284,116 @@ def _load_tensors(path):
     return load_file(str(path))
 
 
-def _n_heads_from_config(path):
+def _read_config(path):
+    """The ``config.json`` next to a checkpoint as a dict (empty if there is none)."""
     config = Path(path).with_name("config.json")
-    if config.is_file():
-        heads = json.loads(config.read_text()).get("num_attention_heads")
-        if heads is not None:
-            return int(heads)
+    return json.loads(config.read_text()) if config.is_file() else {}
+
+
+def _n_heads_from_config(path, config):
+    heads = config.get("num_attention_heads")
+    if heads is not None:
+        return int(heads)
     raise ValueError(
         f"n_heads=None but no config.json with num_attention_heads next to {path}; "
         f"pass n_heads (12 for all-MiniLM-L6-v2 and BERT-base)."
     )
 
 
+# Parts of tensor names (lower case) of position schemes other than BERT's absolute
+# table: rotary embeddings (RoFormer, GPT-NeoX, LLaMA) and relative positions
+# (BERT relative_key, T5, DeBERTa).
+_OTHER_POSITION_TENSORS = (
+    "rotary",
+    "inv_freq",
+    "distance_embedding",
+    "relative_attention_bias",
+    "rel_embeddings",
+    "rel_pos",
+    "relative_position",
+)
+# config.json keys of rotary position embeddings.
+_ROTARY_CONFIG_KEYS = ("rotary_dim", "rotary_pct", "rotary_emb_base", "rope_theta")
+
+
+def _check_architecture(tensors, config, path):
+    """Refuse checkpoints whose attention is not BERT's.
+
+    BERT's attention has absolute position embeddings (added to the tokens before
+    layer 0) and one key and one value head per query head.  A config or tensors
+    of relative or rotary positions, or fewer key/value heads (grouped- or
+    multi-query attention), would make the loaded teacher silently wrong, so they
+    raise a ``ValueError`` naming what was found.
+    """
+    kind = config.get("position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise ValueError(
+            f"{path}: config.json has position_embedding_type={kind!r}; only "
+            f"'absolute' position embeddings (BERT's) are supported, not relative "
+            f"or rotary positions."
+        )
+    rotary = {key: config[key] for key in _ROTARY_CONFIG_KEYS if key in config}
+    if rotary or config.get("rope_scaling") is not None:
+        raise ValueError(
+            f"{path}: config.json describes rotary position embeddings "
+            f"({rotary or {'rope_scaling': config['rope_scaling']}}); only absolute "
+            f"position embeddings (BERT's) are supported."
+        )
+    heads, kv_heads = (
+        config.get("num_attention_heads"),
+        config.get("num_key_value_heads"),
+    )
+    if kv_heads is not None and heads is not None and kv_heads != heads:
+        raise ValueError(
+            f"{path}: config.json has num_key_value_heads={kv_heads} and "
+            f"num_attention_heads={heads} (grouped- or multi-query attention); only "
+            f"one key and value head per query head (BERT's) is supported."
+        )
+    found = sorted(
+        key
+        for key in tensors
+        if any(part in key.lower() for part in _OTHER_POSITION_TENSORS)
+    )
+    if found:
+        shown = ", ".join(repr(key) for key in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        raise ValueError(
+            f"{path} has tensors of relative or rotary position embeddings ({shown}"
+            f"{more}); only absolute position embeddings (BERT's) are supported."
+        )
+
+
+def _check_head_shapes(query, key, value, where):
+    """Key and value projections must have the query's shape (no grouped heads)."""
+    for role, weight in (("key", key), ("value", value)):
+        if weight.ndim == 2 and query.ndim == 2 and weight.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"{where}: the {role} weight has shape {weight.shape} but the query "
+                f"weight {query.shape}: fewer key/value than query features "
+                f"(grouped- or multi-query attention) is not supported; BERT-style "
+                f"attention has one key and value head per query head."
+            )
+
+
 def _tensor(tensors, prefix, name, path):
     key = prefix + name
     if key not in tensors:
-        raise KeyError(
-            f"The checkpoint {path} has no tensor {key!r}; expected a BERT-style "
-            f"checkpoint (encoder.layer.L.attention.self.query.weight, ...)."
+        raise ValueError(
+            f"{path} has no tensor {key!r}; expected a BERT-style "
+            f"checkpoint (embeddings.position_embeddings.weight, "
+            f"encoder.layer.L.attention.self.query.weight, ...)."
         )
     return tensors[key]
+
+
+def _layers_found(tensors):
+    return sorted(
+        {
+            int(k.split("encoder.layer.")[1].split(".")[0])
+            for k in tensors
+            if "encoder.layer." in k
+        }
+    )
 
 
 def _find_prefix(tensors, layer, path):
@@ -311,17 +401,22 @@ def _find_prefix(tensors, layer, path):
     for key in tensors:
         if key.endswith(suffix):
             return key[: -len(suffix)]
-    layers = sorted(
-        {
-            int(k.split("encoder.layer.")[1].split(".")[0])
-            for k in tensors
-            if "encoder.layer." in k
-        }
+    examples = ", ".join(repr(key) for key in sorted(tensors)[:3])
+    raise ValueError(
+        f"{path} has no tensor ending in {suffix!r} (not a "
+        f"BERT-style checkpoint, or no such layer); layers found: "
+        f"{_layers_found(tensors) or 'none'}; tensors such as {examples}."
     )
-    raise KeyError(
-        f"The checkpoint {path} has no tensor ending in {suffix!r}; layers found: "
-        f"{layers or 'none'}."
-    )
+
+
+def _check_n_tokens_fit(n_tokens, positions, path):
+    """Windows longer than the position table have no position embedding."""
+    if n_tokens > positions.shape[0]:
+        raise ValueError(
+            f"n_tokens={n_tokens} exceeds the position table of {path} "
+            f"(max_position_embeddings={positions.shape[0]}); use at most "
+            f"{positions.shape[0]} tokens per sequence."
+        )
 
 
 def load_bert_attention(path=None, *, layer=0, n_heads=None, n_tokens=16):
@@ -357,11 +452,11 @@ def load_bert_attention(path=None, *, layer=0, n_heads=None, n_tokens=16):
 
     Raises
     ------
-    KeyError
-        If a tensor is missing, naming it.
     ValueError
-        On wrong shapes, ``n_heads`` not dividing the width or non-finite
-        weights, naming the tensor.
+        If a tensor is missing, on wrong shapes, ``n_heads`` not dividing the
+        width, non-finite weights, naming the tensor; if ``n_tokens`` exceeds the
+        position table; and for architectures other than BERT's: relative or
+        rotary positions (config or tensors), grouped- or multi-query heads.
 
     Examples
     --------
@@ -375,9 +470,11 @@ def load_bert_attention(path=None, *, layer=0, n_heads=None, n_tokens=16):
         raise ValueError(f"layer must be a non-negative integer, got {layer!r}.")
     n_tokens = _check_positive_int(n_tokens, "n_tokens")
     tensors = _load_tensors(path)
+    config = _read_config(path)
+    _check_architecture(tensors, config, path)
     prefix = _find_prefix(tensors, layer, path)
     if n_heads is None:
-        n_heads = _n_heads_from_config(path)
+        n_heads = _n_heads_from_config(path, config)
     base = f"encoder.layer.{layer}.attention."
     names = {
         "query": base + "self.query",
@@ -389,6 +486,12 @@ def load_bert_attention(path=None, *, layer=0, n_heads=None, n_tokens=16):
         r: _tensor(tensors, prefix, n + ".weight", path) for r, n in names.items()
     }
     biases = {r: _tensor(tensors, prefix, n + ".bias", path) for r, n in names.items()}
+    _check_head_shapes(
+        weights["query"],
+        weights["key"],
+        weights["value"],
+        f"Layer {layer} of {path} ({prefix}{base}self.*)",
+    )
     try:
         attention_layer = AttentionLayer.from_projections(
             weights["query"],
@@ -408,6 +511,7 @@ def load_bert_attention(path=None, *, layer=0, n_heads=None, n_tokens=16):
     emb = prefix + "embeddings."
     word = _tensor(tensors, "", emb + "word_embeddings.weight", path)
     positions = _tensor(tensors, "", emb + "position_embeddings.weight", path)
+    _check_n_tokens_fit(n_tokens, positions, path)
     types = _tensor(tensors, "", emb + "token_type_embeddings.weight", path)
     norm = (
         _tensor(tensors, "", emb + "LayerNorm.weight", path),
