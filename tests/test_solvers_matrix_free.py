@@ -215,8 +215,10 @@ def test_polish_rejects_unsupported_combinations():
         polish(X, Y, attention, solver="matrix-free", alpha=0.1)
 
 
-def test_warm_up_on_the_principal_outputs_of_low_rank_heads():
-    # rank-2 heads into 40 outputs: the warm-up fits 2 * 2 + 9 = 13 directions
+@pytest.mark.parametrize("n_warmup_samples", [300, 1000])
+def test_warm_up_on_the_principal_outputs_of_low_rank_heads(n_warmup_samples):
+    # rank-2 heads into 40 outputs: the warm-up fits 2 * 2 + 9 = 13 directions, on a
+    # subset or (no more examples than a warm-up) on all of them
     rng = np.random.default_rng(10)
     X = rng.normal(size=(800, 4, 6))
     attention = rng.normal(size=(2, 6, 2)) @ rng.normal(size=(2, 2, 6)) / 3
@@ -227,7 +229,7 @@ def test_warm_up_on_the_principal_outputs_of_low_rank_heads():
         Y,
         attention + 0.02 * rng.normal(size=attention.shape),
         head_rank=2,
-        n_warmup_samples=300,
+        n_warmup_samples=n_warmup_samples,
         random_state=0,
     )
     assert info["warmup"]["output_rank"] == 13

@@ -420,12 +420,22 @@ def staged_polish(
         X, Y = X[rows], Y[rows]
         sample_weight = None if sample_weight is None else sample_weight[rows]
     warmup_info, final_stage = None, "none"
+    m, d = attention.shape[0], attention.shape[1]
+    output_rank = m * min(options.get("head_rank") or d, d)
+    X_w = None
     if n_warmup_samples is not None and X.shape[0] > n_warmup_samples:
         rows = np.sort(rng.choice(X.shape[0], size=n_warmup_samples, replace=False))
         X_w, Y_w = X[rows], Y[rows]
         w_w = None if sample_weight is None else sample_weight[rows]
-        m, d = attention.shape[0], attention.shape[1]
-        basis = output_basis(Y_w, m * min(options.get("head_rank") or d, d))
+        basis = output_basis(Y_w, output_rank)
+    elif n_warmup_samples is not None:
+        # no more examples than a warm-up: warm up on all of them when the heads'
+        # outputs span few of the output coordinates (the cheaper products of
+        # the principal outputs; without this, fewer examples fitted slower)
+        basis = output_basis(Y, output_rank)
+        if basis is not None:
+            X_w, Y_w, w_w = X, Y, sample_weight
+    if X_w is not None:
         attention, projection, warmup_info = polish(
             X_w,
             Y_w if basis is None else Y_w @ basis,
