@@ -18,6 +18,13 @@ fits ``--n-samples`` labelled sequences; the script prints
   exactly what the outputs on such inputs determine);
 * the wall time; and, with ``--plot FILE``, real vs learned attention patterns.
 
+``--text`` replaces the embedded random tokens by real text: windows of the
+standard library's docstrings (``PretrainedHiddenStates``) as the hidden states
+entering layer ``--layer`` (the model's own encoder in numpy), and layer
+``--layer``'s attention as the teacher.  The last tenth of the windows (in corpus
+order) is held out for the test error; the fit draws ``--n-samples`` windows from
+the rest with replacement (the distinct ones are reported).
+
 At d = 384 the phased learner's ``init="auto"`` skips phases 1-5 (their hull
 system has ``(d+1)^2`` unknowns) and polishes from random starts with the
 matrix-free Levenberg-Marquardt solver; ``--head-rank R`` (default: the model's
@@ -34,9 +41,12 @@ Examples::
         --n-samples 20000 --max-time 600 --plot minilm.png
     OMP_NUM_THREADS=1 python benchmarks/bench_minilm_teacher.py --planted 6 \
         --n-heads 2 --n-tokens 4 --n-samples 3000 --max-time 120
+    OMP_NUM_THREADS=2 python benchmarks/bench_minilm_teacher.py --text --layer 3 \
+        --n-heads 12 --n-samples 20000 --max-time 900
 """
 
 import argparse
+import resource
 import signal
 import time
 import warnings
@@ -49,7 +59,13 @@ from skattn import (
     MultiHeadAttentionRegressor,
     check_conditions,
 )
-from skattn.datasets import EmbeddedTokens, load_bert_attention, make_attention_layer
+from skattn.datasets import (
+    EmbeddedTokens,
+    PretrainedHiddenStates,
+    load_bert_attention,
+    load_bert_hidden_states,
+    make_attention_layer,
+)
 from skattn.metrics import (
     attention_pattern_error,
     parameter_error,
@@ -63,7 +79,8 @@ class _Timeout(Exception):
 
 
 def teacher(args):
-    """The teacher layer restricted to the chosen heads, and its input distribution."""
+    """The teacher layer restricted to the chosen heads, its input distribution and
+    the held-out one (the same, but for real text)."""
     if args.planted:
         d = args.planted
         rng = np.random.default_rng(args.seed)
@@ -87,10 +104,27 @@ def teacher(args):
         )
         heads = np.arange(args.n_heads)
         name = f"planted d={d} layer with biases"
+        test = dist
+    elif args.text:
+        full, whole = load_bert_hidden_states(layer=args.layer, n_tokens=args.n_tokens)
+        split = int(0.9 * len(whole.sequences))
+        dist, test = (
+            PretrainedHiddenStates(
+                whole.encoder, args.n_tokens, layer=args.layer, sequences=part
+            )
+            for part in (whole.sequences[:split], whole.sequences[split:])
+        )
+        heads = np.asarray(args.heads or range(args.n_heads))
+        name = (
+            f"all-MiniLM-L6-v2 layer {args.layer} on real text (stdlib docstrings, "
+            f"{split} training and {len(whole.sequences) - split} held-out windows), "
+            f"heads {heads.tolist()}"
+        )
     else:
         full, dist = load_bert_attention(layer=args.layer, n_tokens=args.n_tokens)
         heads = np.asarray(args.heads or range(args.n_heads))
         name = f"all-MiniLM-L6-v2 layer {args.layer}, heads {heads.tolist()}"
+        test = dist
     layer = AttentionLayer(
         full.attention[heads],
         full.projection[heads],
@@ -98,7 +132,7 @@ def teacher(args):
         intercept=full.intercept,
         n_tokens=args.n_tokens,
     )
-    return layer, dist, name
+    return layer, dist, test, name
 
 
 def learner(args):
@@ -132,6 +166,11 @@ def main(argv=None):
     parser.add_argument("--learner", choices=["phased", "gradient"], default="phased")
     parser.add_argument("--max-iter", type=int, default=2000, help="gradient only")
     parser.add_argument("--planted", type=int, default=0, metavar="D")
+    parser.add_argument(
+        "--text",
+        action="store_true",
+        help="inputs: hidden states of real text entering --layer",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", metavar="FILE.png")
     parser.add_argument(
@@ -150,13 +189,19 @@ def main(argv=None):
     elif args.head_rank == 0:
         args.head_rank = None
 
-    true, dist, name = teacher(args)
+    start = time.perf_counter()
+    true, dist, test, name = teacher(args)
     d = true.n_features
     print(f"# teacher: {name}; d={d}, d_out={true.n_outputs}, k={args.n_tokens}")
     print(check_conditions(true, n_tokens=args.n_tokens))
     X = dist.sample(args.n_samples, random_state=args.seed)
     y = true.transform(X)
-    X_test = dist.sample(args.n_test, random_state=args.seed + 1)
+    X_test = test.sample(args.n_test, random_state=args.seed + 1)
+    distinct = len(np.unique(X.reshape(len(X), -1), axis=0))
+    print(
+        f"\n{args.n_samples} training sequences ({distinct} distinct), "
+        f"{args.n_test} held out; data made in {time.perf_counter() - start:.0f} s"
+    )
     mean, R = reached_directions(X_test, d)
     print(
         f"\ninputs reach an affine subspace of dimension {int(round(np.trace(R)))} "
@@ -199,8 +244,12 @@ def main(argv=None):
             if polish
             else "",
         ),
-        ("n_samples", args.n_samples),
+        ("n_samples (distinct)", f"{args.n_samples} ({distinct})"),
         ("time [s]", f"{seconds:.1f}"),
+        (
+            "peak resident memory of the process [MB]",
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}",
+        ),
         (
             "held-out relative prediction error",
             f"{prediction_error(true, est, X_test):.2e}",
