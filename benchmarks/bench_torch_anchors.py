@@ -238,7 +238,7 @@ def run_adam(module, data, args, budget):
     evaluate = _evaluator(module, data["X_test"], data["Y_test"], args.chunk)
     opt = torch.optim.Adam(module.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)
-    clock = Clock(budget, args.checkpoints, lambda: evaluate(module.parameters()))
+    clock = Clock(budget, args.marks, lambda: evaluate(module.parameters()))
     steps = 0
     while True:
         for idx in torch.randperm(len(X), generator=gen).split(args.batch_size):
@@ -268,7 +268,7 @@ def run_lbfgs(module, data, args, budget):
         history_size=100,
         line_search_fn="strong_wolfe",
     )
-    clock = Clock(budget, args.checkpoints, lambda: evaluate(best["params"]))
+    clock = Clock(budget, args.marks, lambda: evaluate(best["params"]))
 
     def closure():
         # full batch: gradients of the mean squared error accumulated over chunks
@@ -326,7 +326,7 @@ def run_lm(module, data, args, budget):
         max_batch_size=slices,
     )
     evaluate = _evaluator(module, data["X_test"], data["Y_test"], args.chunk)
-    clock = Clock(budget, args.checkpoints, lambda: evaluate(module.parameters()))
+    clock = Clock(budget, args.marks, lambda: evaluate(module.parameters()))
     gen = torch.Generator().manual_seed(args.seed)
     steps, note = 0, ""
     signal.signal(signal.SIGALRM, _alarm)
@@ -542,7 +542,13 @@ def parse(argv):
         help="seconds for every learner (default: skattn's fit time; skattn is "
         "stopped by SIGALRM at the budget)",
     )
-    add("--checkpoints", type=float, nargs="+", default=[0.1, 0.25, 0.5])
+    add(
+        "--checkpoints",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.25, 0.5],
+        help="fractions of the budget at which the error is tabulated",
+    )
     add("--threads", type=int, default=2, help="torch threads and skattn's BLAS")
     add("--batch-size", type=int, default=256, help="Adam minibatch")
     add("--lr", type=float, default=1e-3, help="Adam learning rate")
@@ -565,6 +571,9 @@ def parse(argv):
     args.learners = args.learners or (
         ["skattn", "adam", "lbfgs"] if minilm else ["skattn", "lbfgs", "lm"]
     )
+    # evaluation times: the checkpoints, and every 5 % of the budget for the plot
+    dense = {i / 20 for i in range(1, 20)} if args.plot else set()
+    args.marks = sorted(set(args.checkpoints) | dense)
     if "skattn" not in args.learners and not args.budget:
         parser.error("without skattn among --learners, give --budget SECONDS")
     return args
