@@ -33,8 +33,10 @@ module with skattn's parameters (full Theta_i and W_i, random start
 ``LevenbergMarquardtModule`` on the same module and start (float64, dense
 ``J^T J`` of the p = m (d^2 + d d_out) parameters, skipped when its ~4 p^2
 floats would not fit in ``--max-jtj-gb``), on batches of ``--lm-batch-size``
-sequences.  Also head-matched parameter errors.  ``--learners`` picks any subset
-of skattn, adam, lbfgs, lm in either mode.
+sequences (default: enough for 8 p residuals, so every step is overdetermined and
+a dense step stays affordable; 0: full batch, its J^T J accumulated over Jacobian
+slices of at most 256 MB).  Also head-matched parameter errors.  ``--learners``
+picks any subset of skattn, adam, lbfgs, lm in either mode.
 
 torch-levenberg-marquardt is a benchmark-only dependency:
 ``pip install torch-levenberg-marquardt``.
