@@ -531,6 +531,11 @@ def parse(argv):
         help="default: skattn adam lbfgs (minilm), skattn lbfgs lm (planted)",
     )
     add("--layer", type=int, default=0, help="MiniLM layer")
+    add(
+        "--text",
+        action="store_true",
+        help="minilm: inputs are hidden states of real text entering --layer",
+    )
     add("--n-heads", type=int, help="m (default: 12 for minilm, 2 for planted)")
     add("--head-rank", type=int, default=32, help="r of skattn and torch (minilm)")
     add("--n-tokens", type=int, help="k (default: 16 for minilm, 8 for planted)")
@@ -601,13 +606,19 @@ def main(argv=None):
     k, m, seed = args.n_tokens, args.n_heads, args.seed
     if args.teacher == "minilm":
         ns = argparse.Namespace(
-            planted=0, heads=None, n_heads=m, n_tokens=k, layer=args.layer, seed=seed
+            planted=0,
+            text=args.text,
+            heads=None,
+            n_heads=m,
+            n_tokens=k,
+            layer=args.layer,
+            seed=seed,
         )
-        true, dist, name = teacher(ns)
+        true, dist, test, name = teacher(ns)
         d, d_out, r = true.n_features, true.n_outputs, args.head_rank
         print(f"# teacher: {name}; d={d}, d_out={d_out}, k={k}, r={r}")
         X = dist.sample(args.n_samples, random_state=seed)
-        X_test = dist.sample(args.n_test, random_state=seed + 1)
+        X_test = test.sample(args.n_test, random_state=seed + 1)
         y = true.transform(X)
         est = MultiHeadAttentionRegressor(
             n_heads=m, n_tokens=k, head_rank=r, fit_intercept=True, random_state=seed
