@@ -48,26 +48,38 @@ def choose_solver(n_heads, n_features, head_rank=None, hull=None):
     return "matrix-free"
 
 
-# Factor the values (W_i = V_i O_i, only the O_i eliminated) when that divides the
-# eliminated columns m d by at least this (m r + 1 of them instead).
+# Factor the values (W_i = V_i O_i, only the O_i eliminated) when the m d eliminated
+# columns of full W_i are at least this many and drop at least FACTOR_VALUES_MIN_RATIO
+# times (to m r + 1).  Measured on all-MiniLM-L6-v2's layer-0 heads (d = 385 with
+# [x, 1]): one head (385 columns) took 4.7x the Jacobian products factored (5319
+# against 1140), two heads (770) the same (1638 against 1649) at a fraction of the
+# cost each, twelve heads (4620) need it.
+FACTOR_VALUES_MIN_COLUMNS = 512
 FACTOR_VALUES_MIN_RATIO = 4
 
 
 def choose_factor_values(n_heads, n_features, head_rank):
     """Whether the polish of rank-``head_rank`` heads also factors the values.
 
-    True when ``n_features >= FACTOR_VALUES_MIN_RATIO (head_rank + 1)``: the
-    eliminated columns drop from ``m d`` to ``m r (+ 1)``, and a Jacobian
-    product's cost with them (12 MiniLM heads: 4620 columns against 385).
+    True when the ``m d`` eliminated columns of full ``W_i`` are at least
+    ``FACTOR_VALUES_MIN_COLUMNS`` and ``d >= FACTOR_VALUES_MIN_RATIO (r + 1)``:
+    then eliminating only the output factors (``m r + 1`` columns) cuts a
+    Jacobian product's cost more than the extra nonlinear parameters ``V_i``
+    cost in products.
 
     Examples
     --------
-    >>> choose_factor_values(12, 385, 32), choose_factor_values(2, 8, 4)
+    >>> choose_factor_values(12, 385, 32), choose_factor_values(1, 385, 32)
     (True, False)
+    >>> choose_factor_values(2, 8, 4)
+    False
     """
     if head_rank is None or head_rank >= n_features:
         return False
-    return n_features >= FACTOR_VALUES_MIN_RATIO * (head_rank + 1)
+    return (
+        n_heads * n_features >= FACTOR_VALUES_MIN_COLUMNS
+        and n_features >= FACTOR_VALUES_MIN_RATIO * (head_rank + 1)
+    )
 
 
 def polish(
@@ -149,8 +161,7 @@ def polish(
         With ``head_rank``: also factor ``W_i = V_i O_i`` (rank ``head_rank``),
         optimise ``V_i`` with ``Q_i, K_i`` and eliminate only the output factors
         ``O_i`` (:class:`~skattn.solvers.FactoredHeads`): ``m r`` eliminated
-        columns instead of ``m d``.  ``"auto"``: when that cuts the eliminated
-        columns at least ``FACTOR_VALUES_MIN_RATIO`` times
+        columns instead of ``m d``.  ``"auto"``: for many heads of a large ``d``
         (:func:`choose_factor_values`).
     intercept : bool, default=False
         The tokens carry a constant coordinate whose projection row is an
