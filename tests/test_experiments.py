@@ -410,6 +410,25 @@ def test_cli_sweep_refuses_a_bad_config(tmp_path, monkeypatch, edit, match):
         main(["sweep", str(config), "--quiet"])
 
 
+def test_the_config_example_of_the_docs_loads(tmp_path):
+    # the TOML shown in skattn.experiments._config's docstring is a valid config
+    from skattn.experiments import _config
+
+    after = _config.__doc__.split("::\n", 1)[1].splitlines()
+    block = []
+    for line in after:
+        if line.strip() and not line.startswith(" "):
+            break
+        block.append(line)
+    example = textwrap.dedent("\n".join(block))
+    config = tmp_path / "sweep.toml"
+    config.write_text(example)
+    kwargs = load_sweep_config(config)
+    assert kwargs["seeds"] == [0, 1, 2] and kwargs["tighten_tol"] is True
+    assert kwargs["learners"]["phased"].n_heads == "planted"
+    assert kwargs["planted"]["n_heads"] == [1, 2]
+
+
 def test_config_paths_are_relative_to_the_config(tmp_path):
     config = tmp_path / "sweep.toml"
     config.write_text(CONFIG)
