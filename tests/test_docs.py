@@ -121,7 +121,8 @@ def test_every_code_example_of_the_docs_is_a_doctest():
     # pytest runs the pages' >>> examples (--doctest-glob, docs/conftest.py); a
     # `code-block:: python` or a `::` block of code would never be executed
     pages = sorted(DOCS.rglob("*.rst")) + [EXAMPLES / "README.rst"]
-    pages = [p for p in pages if not {"_build", "generated", "_templates"} & set(p.parts)]
+    skipped = {"_build", "generated", "_templates"}
+    pages = [page for page in pages if not skipped & set(page.parts)]
     doctests = 0
     for page in pages:
         for language, body in _code_blocks(page):
