@@ -269,9 +269,12 @@ def _sweep(args):
         f"{int((~ok).sum())} failed."
     )
     for learner, group in results.groupby("learner", sort=False):
+        stops = group["stop_reason"].dropna().value_counts()
         print(
             f"{learner:<20} success rate {group['success'].astype(bool).mean():.2f} "
-            f"over {len(group)} fits"
+            f"over {len(group)} fits; median precision "
+            f"{group['precision'].median():.1e}; stopped: "
+            + (", ".join(f"{reason} {n}" for reason, n in stops.items()) or "-")
         )
     return 0
 

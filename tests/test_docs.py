@@ -99,6 +99,39 @@ def test_gallery_script_has_a_title(script):
     assert "# %%" in script.read_text(), f"{script.name} has no '# %%' cells"
 
 
+def _code_blocks(page):
+    """(language, body) of every code directive and literal block of an rst page."""
+    lines = page.read_text().splitlines()
+    blocks = []
+    for i, line in enumerate(lines):
+        directive = re.match(r"\s*\.\. (?:code-block|code|sourcecode)::\s*(\S*)", line)
+        literal = line.rstrip().endswith("::") and not line.lstrip().startswith("..")
+        if not (directive or literal):
+            continue
+        body = []
+        for following in lines[i + 1 :]:
+            if following.strip() and not following.startswith((" ", "\t")):
+                break
+            body.append(following)
+        blocks.append((directive.group(1) if directive else "literal", "\n".join(body)))
+    return blocks
+
+
+def test_every_code_example_of_the_docs_is_a_doctest():
+    # pytest runs the pages' >>> examples (--doctest-glob, docs/conftest.py); a
+    # `code-block:: python` or a `::` block of code would never be executed
+    pages = sorted(DOCS.rglob("*.rst")) + [EXAMPLES / "README.rst"]
+    skipped = {"_build", "generated", "_templates"}
+    pages = [page for page in pages if not skipped & set(page.parts)]
+    doctests = 0
+    for page in pages:
+        for language, body in _code_blocks(page):
+            assert language == "pycon", f"{page.name}: a {language} block is not run"
+            assert ">>> " in body, f"{page.name}: a pycon block without >>>"
+            doctests += 1
+    assert doctests >= 9  # index.rst and the 8 snippets of the user guide
+
+
 def test_gallery_has_a_header():
     assert (EXAMPLES / "README.rst").is_file()
 

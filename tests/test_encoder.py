@@ -92,9 +92,9 @@ def _torch_bert(tensors, config):
         num_hidden_layers=config["num_hidden_layers"],
         num_attention_heads=config["num_attention_heads"],
         intermediate_size=tensors["encoder.layer.0.intermediate.dense.bias"].shape[0],
-        max_position_embeddings=tensors[
-            "embeddings.position_embeddings.weight"
-        ].shape[0],
+        max_position_embeddings=tensors["embeddings.position_embeddings.weight"].shape[
+            0
+        ],
         layer_norm_eps=config["layer_norm_eps"],
         hidden_act="gelu",
         attn_implementation="eager",
@@ -213,7 +213,7 @@ def test_stdlib_docstring_tokens():
     assert tok.padding == padding  # the caller's tokenizer is left alone
     again = stdlib_docstring_tokens(modules=["textwrap"])
     assert len(tokens) == len(again) > 5
-    assert all(np.array_equal(a, b) for a, b in zip(tokens, again))
+    assert all(np.array_equal(a, b) for a, b in zip(tokens, again, strict=True))
     # the first is textwrap's module docstring, tokenized without special tokens
     source = os.path.join(sysconfig.get_paths()["stdlib"], "textwrap.py")
     with open(source, "rb") as f:
@@ -324,8 +324,8 @@ def _edit_checkpoint(edit):
 
 
 ARCHITECTURES = [
-    ("config:position_embedding_type=\"relative_key\"", "relative_key"),
-    ("config:position_embedding_type=\"rotary\"", "only 'absolute'"),
+    ('config:position_embedding_type="relative_key"', "relative_key"),
+    ('config:position_embedding_type="rotary"', "only 'absolute'"),
     ("config:rope_theta=10000", r"rotary position embeddings \({'rope_theta'"),
     ("config:num_key_value_heads=1", "num_key_value_heads=1"),
     (
@@ -354,7 +354,7 @@ def test_unsupported_architectures(tmp_path, edit, match):
 @pytest.mark.parametrize(
     ("edit", "match"),
     [
-        ("config:hidden_act=\"gelu_new\"", "hidden_act='gelu_new'"),
+        ('config:hidden_act="gelu_new"', "hidden_act='gelu_new'"),
         ("config:num_hidden_layers=3", "num_hidden_layers=3 but .* 2 encoder"),
         ("drop:encoder.layer.1.intermediate.dense.weight", "intermediate.dense.weight"),
         ("drop:encoder.layer.0.output.LayerNorm.bias", "output.LayerNorm.bias"),

@@ -144,6 +144,115 @@ def test_learner_parameters_follow_the_planted_layer():
     assert list(results["n_heads_fitted"]) == [1, 2]
 
 
+@pytest.mark.parametrize(
+    "seeds, expected",
+    [
+        (3, [0, 1, 2]),  # an int is a count, as in a TOML config
+        (np.int64(2), [0, 1]),
+        (range(5), [0, 1, 2, 3, 4]),
+        (range(2, 4), [2, 3]),
+        ([7], [7]),  # one seed
+        ((4, 1), [4, 1]),
+        (np.arange(2), [0, 1]),
+        ((s for s in (5, 6)), [5, 6]),
+    ],
+)
+def test_seeds_is_a_count_or_an_iterable_of_seeds(seeds, expected):
+    grid = _sweep._check_grid(_learners(), TINY, [100], [0.0], seeds)
+    assert grid["seed"] == expected
+    cells = _sweep._expand(_learners(), grid)
+    assert sorted({c["seed"] for c in cells}) == sorted(expected)
+    assert all(type(c["seed"]) is int for c in cells)
+
+
+def test_a_sweep_takes_a_range_of_seeds():
+    results = recovery_sweep(
+        {"gradient": GradientAttentionRegressor(n_heads="planted", max_iter=10)},
+        n_samples=100,
+        planted=TINY,
+        seeds=range(1, 3),
+        n_jobs=1,
+        n_test=20,
+        progress=False,
+    )
+    assert list(results["seed"]) == [1, 2] and set(results["status"]) == {"ok"}
+
+
+def test_seeds_mean_the_same_in_python_and_in_a_config(tmp_path):
+    config = tmp_path / "sweep.toml"
+    config.write_text(CONFIG.replace("seeds = 2", "seeds = 3"))
+    assert (
+        load_sweep_config(config)["seeds"]
+        == _sweep._check_grid(_learners(), TINY, [100], [0.0], 3)["seed"]
+        == [0, 1, 2]
+    )
+    config.write_text(CONFIG.replace("seeds = 2", "seeds = 0"))
+    with pytest.raises(ValueError, match=r"\[grid\] seeds=0: an int is the number"):
+        load_sweep_config(config)
+
+
+def test_rows_record_the_precision_reached_and_why_the_fit_stopped():
+    learners = {
+        "phased": MultiHeadAttentionRegressor(n_heads="planted"),
+        "gradient": GradientAttentionRegressor(n_heads="planted"),
+        "own_tol": GradientAttentionRegressor(n_heads="planted", tol=1e-4),
+        "capped": GradientAttentionRegressor(n_heads="planted", max_iter=3),
+        "phases": MultiHeadAttentionRegressor(n_heads="planted", polish=False),
+    }
+    results = recovery_sweep(
+        learners, n_samples=200, planted=TINY, n_jobs=1, n_test=50, progress=False
+    ).set_index("learner")
+    errors = results[["attention_error", "projection_error"]].max(axis=1)
+    np.testing.assert_array_equal(results["precision"], errors)
+    assert (results["success"] == (results["precision"] <= 1e-6)).all()
+    assert results["stop_reason"].to_dict() == {
+        "phased": "tol",  # the polish's step tolerance
+        "gradient": "no_progress",  # tol=0 in a sweep: to the rounding floor
+        "own_tol": "tol",
+        "capped": "max_iter",
+        "phases": "no_polish",
+    }
+    assert results["learner_tol"].to_dict() == {
+        "phased": 1e-10,
+        "gradient": 0.0,  # the default tol, tightened by the sweep
+        "own_tol": 1e-4,  # set by the user: kept
+        "capped": 0.0,
+        "phases": 1e-10,
+    }
+    # run to its floor, the gradient baseline reaches the phased learner's precision
+    assert results.loc["gradient", "precision"] < 1e-12
+    assert results.loc["gradient", "success"] and results.loc["phased", "success"]
+    assert results.loc["own_tol", "precision"] > 1e-6
+    assert "max_iter" in results.loc["capped", "warnings"]
+
+
+def test_tighten_tol_false_keeps_the_learners_defaults():
+    results = recovery_sweep(
+        {"gradient": GradientAttentionRegressor(n_heads="planted")},
+        n_samples=200,
+        planted=TINY,
+        seeds=2,
+        tighten_tol=False,
+        n_jobs=1,
+        n_test=50,
+        progress=False,
+    )
+    assert (results["learner_tol"] == 1e-6).all()
+    assert (results["stop_reason"] == "tol").all()
+    # the default gradient tolerance stops near 1e-6 parameter error, far above
+    # the floor the sweep's tol=0 reaches
+    assert (results["precision"] > 1e-10).all()
+
+
+def test_a_result_file_of_another_version_is_refused(tmp_path, monkeypatch):
+    output = tmp_path / "results.csv"
+    old_columns = [c for c in _sweep.COLUMNS if c != "precision"]
+    pd.DataFrame([dict.fromkeys(old_columns, 0)]).to_csv(output, index=False)
+    monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
+    with pytest.raises(ValueError, match=r"another version of skattn.*'precision'"):
+        recovery_sweep(_learners(), n_samples=100, output=output, progress=False)
+
+
 # -- bad input: a clear error before any fit starts ------------------------------
 
 
@@ -153,7 +262,14 @@ def test_learner_parameters_follow_the_planted_layer():
         ({"planted": {"n_head": 2}}, r"unknown key\(s\) \['n_head'\]"),
         ({"n_samples": [100, -1]}, "n_samples must hold positive ints"),
         ({"seeds": []}, "seeds is an empty list"),
+        ({"seeds": 0}, r"seeds=0: an int is the number of seeds .* seeds=\[0\]"),
+        ({"seeds": [0, -1]}, "seeds must hold non-negative ints, got -1"),
+        ({"seeds": [1, 2, 1]}, r"seeds holds \[1\] more than once"),
+        ({"seeds": "0"}, "seeds must be a number of seeds"),
+        ({"seeds": 1.5}, "seeds must be a number of seeds"),
+        ({"seeds": [0.5]}, "seeds must hold non-negative ints"),
         ({"noise": [-0.1]}, "noise must hold non-negative numbers"),
+        ({"tighten_tol": "yes"}, "tighten_tol must be True or False"),
         (
             {"learners": {"x": MultiHeadAttentionRegressor(max_rows="planted")}},
             "max_rows='planted'",
@@ -258,7 +374,8 @@ def test_cli_sweep_runs_and_resumes(tmp_path, capsys):
     assert main(["sweep", str(config), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "4 cells (4 fitted now, 0 from" in out
-    assert "success rate 1.00 over 4 fits" in out
+    assert "success rate 1.00 over 4 fits; median precision" in out
+    assert "stopped: tol 4" in out
     assert len(pd.read_csv(tmp_path / "results.csv")) == 4
     assert main(["sweep", str(config), "--quiet"]) == 0
     assert "(0 fitted now, 4 from" in capsys.readouterr().out
@@ -293,6 +410,25 @@ def test_cli_sweep_refuses_a_bad_config(tmp_path, monkeypatch, edit, match):
     config.write_text(CONFIG.replace(*edit))
     with pytest.raises(SystemExit, match=match):
         main(["sweep", str(config), "--quiet"])
+
+
+def test_the_config_example_of_the_docs_loads(tmp_path):
+    # the TOML shown in skattn.experiments._config's docstring is a valid config
+    from skattn.experiments import _config
+
+    after = _config.__doc__.split("::\n", 1)[1].splitlines()
+    block = []
+    for line in after:
+        if line.strip() and not line.startswith(" "):
+            break
+        block.append(line)
+    example = textwrap.dedent("\n".join(block))
+    config = tmp_path / "sweep.toml"
+    config.write_text(example)
+    kwargs = load_sweep_config(config)
+    assert kwargs["seeds"] == [0, 1, 2] and kwargs["tighten_tol"] is True
+    assert kwargs["learners"]["phased"].n_heads == "planted"
+    assert kwargs["planted"]["n_heads"] == [1, 2]
 
 
 def test_config_paths_are_relative_to_the_config(tmp_path):

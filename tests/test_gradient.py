@@ -207,6 +207,33 @@ def test_convergence_warning_when_max_iter_runs_out(solver):
     with pytest.warns(ConvergenceWarning, match="increase max_iter"):
         reg.fit(X, y)
     assert reg.n_iter_ == 2
+    assert reg.stop_reason_ == "max_iter"
+
+
+def test_stop_reason_and_the_precision_each_tolerance_reaches():
+    X, y, layer = make_attention_regression(
+        300, 4, 4, 1, random_state=0, return_layer=True
+    )
+    errors, iters = {}, {}
+    for tol in (1e-6, 0.0):
+        reg = GradientAttentionRegressor(n_tokens=4, tol=tol, random_state=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConvergenceWarning)
+            reg.fit(X, y)
+        e = parameter_error(layer, reg)
+        errors[tol] = max(e.attention_error, e.projection_error)
+        iters[tol] = reg.n_iter_
+        # tol met, or (tol=0) no step decreases the loss any more
+        assert reg.stop_reason_ == ("tol" if tol else "no_progress")
+    # the default stops near its gradient tolerance; tol=0 runs to the floor
+    assert errors[1e-6] > 1e-9 and errors[0.0] < 1e-13
+    assert iters[0.0] > iters[1e-6]
+    adam = GradientAttentionRegressor(
+        n_tokens=4, solver="adam", tol=1e-2, n_iter_no_change=2, random_state=0
+    ).fit(X, y)
+    assert adam.stop_reason_ == "tol" and adam.n_iter_ < adam.max_iter
+    adam.partial_fit(X, y)
+    assert adam.stop_reason_ == "partial_fit"
 
 
 def test_single_token_is_linear_and_converges_at_once():

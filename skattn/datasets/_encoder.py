@@ -28,8 +28,8 @@ from ._distributions import TokenDistribution, _check_positive_int
 from ._pretrained import (
     _check_architecture,
     _check_head_shapes,
-    _finite_table,
     _find_prefix,
+    _finite_table,
     _layers_found,
     _load_tensors,
     _n_heads_from_config,
@@ -236,7 +236,10 @@ class BertEncoder:
             """The float64 tensor prefix + name, checked against ``shape``."""
             key = prefix + name
             value = _finite_table(_tensor(tensors, "", key, where), key, len(shape))
-            if any(s is not None and s != v for s, v in zip(shape, value.shape)):
+            if any(
+                s is not None and s != v
+                for s, v in zip(shape, value.shape, strict=True)
+            ):
                 expected = tuple("*" if s is None else s for s in shape)
                 raise ValueError(f"{key} has shape {value.shape}, expected {expected}.")
             return value
@@ -580,9 +583,7 @@ def stdlib_docstring_tokens(tokenizer=None, *, modules=None):
     docs = _stdlib_docstrings(tuple(sorted(set(modules))))
     tok = _load_tokenizer(tokenizer)
     encodings = tok.encode_batch(list(docs), add_special_tokens=False)
-    return [
-        np.asarray(e.ids, dtype=np.int64) for e in encodings if len(e.ids) > 0
-    ]
+    return [np.asarray(e.ids, dtype=np.int64) for e in encodings if len(e.ids) > 0]
 
 
 def _text_windows(tokens, n_tokens, special=None):
@@ -765,7 +766,7 @@ class PretrainedHiddenStates(TokenDistribution):
             H = self.encoder.hidden_states(
                 self.sequences[todo], self.layer, dtype=self.dtype
             )
-            known.update(zip(todo, H.reshape(len(todo), -1)))
+            known.update(zip(todo, H.reshape(len(todo), -1), strict=True))
         rows = np.stack([known[i] for i in unique.tolist()])
         return rows[inverse.reshape(-1)]
 

@@ -8,6 +8,7 @@ A config file holds the same things as the arguments of
     n_jobs = 2                        # optional: local processes (default: all)
     n_test = 1000                     # optional: test examples per fit
     success_tol = 1e-6                # optional: parameter error counted a success
+    tighten_tol = true                # optional: learners to their precision floor
     retry_failed = false              # optional: rerun the failed cells
 
     [planted]                         # a value or a list of values (a grid axis)
@@ -19,7 +20,7 @@ A config file holds the same things as the arguments of
     [grid]
     n_samples = [200, 1000]
     noise = [0.0]
-    seeds = [0, 1, 2]                 # or an int: seeds 0 .. seeds - 1
+    seeds = [0, 1, 2]                 # the seeds; an int n means n seeds: 0 .. n-1
 
     [learners.phased]                 # a name, the estimator class, its parameters
     estimator = "MultiHeadAttentionRegressor"
@@ -30,6 +31,7 @@ is a ``ValueError`` naming it and listing what is allowed.
 """
 
 import tomllib
+from numbers import Integral
 from pathlib import Path
 
 # Keys of the planted layer: the arguments of make_attention_regression (n_samples
@@ -50,11 +52,71 @@ _TOP_KEYS = (
     "n_jobs",
     "n_test",
     "success_tol",
+    "tighten_tol",
     "retry_failed",
     "planted",
     "grid",
     "learners",
 )
+
+
+def seed_list(seeds):
+    """The seeds of a sweep as a list: an int is a count, an iterable the seeds.
+
+    ``seeds=n`` (an int, in Python as in a TOML config) means n seeds, ``0 .. n-1``;
+    any other iterable of non-negative ints (a list, a tuple, a ``range``, an
+    array) is the seeds themselves.  A single seed ``s`` is ``[s]``.
+
+    Parameters
+    ----------
+    seeds : int or iterable of int
+        A count of seeds, or the seeds.
+
+    Returns
+    -------
+    seeds : list of int
+        Distinct non-negative seeds, in the given order.
+
+    Examples
+    --------
+    >>> from skattn.experiments._config import seed_list
+    >>> seed_list(3), seed_list(range(2, 4)), seed_list([7])
+    ([0, 1, 2], [2, 3], [7])
+    """
+    if isinstance(seeds, bool) or isinstance(seeds, str | bytes):
+        raise ValueError(
+            f"seeds must be a number of seeds (an int) or an iterable of "
+            f"non-negative ints, got {seeds!r}."
+        )
+    if isinstance(seeds, Integral):
+        if seeds < 1:
+            raise ValueError(
+                f"seeds={seeds!r}: an int is the number of seeds (seeds=n runs the "
+                f"seeds 0 .. n-1), so it must be >= 1; to run the single seed "
+                f"{seeds!r}, pass seeds=[{seeds!r}]."
+            )
+        return list(range(int(seeds)))
+    try:
+        values = list(seeds)
+    except TypeError:
+        raise ValueError(
+            f"seeds must be a number of seeds (an int) or an iterable of "
+            f"non-negative ints, got {type(seeds).__name__} {seeds!r}."
+        ) from None
+    if not values:
+        raise ValueError("seeds is an empty list; give at least one seed.")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+            raise ValueError(
+                f"seeds must hold non-negative ints, got {value!r} in {seeds!r}."
+            )
+    repeated = sorted({int(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(
+            f"seeds holds {repeated} more than once; a seed is a cell of the grid, "
+            f"give each once."
+        )
+    return [int(v) for v in values]
 
 
 def _check_keys(table, allowed, where, path):
@@ -165,9 +227,10 @@ def load_sweep_config(path):
                 f"{sorted(cls().get_params())}."
             )
         learners[learner] = cls(**params)
-    seeds = grid.get("seeds", [0])
-    if isinstance(seeds, int):
-        seeds = list(range(seeds))
+    try:
+        seeds = seed_list(grid.get("seeds", [0]))
+    except ValueError as exc:
+        raise ValueError(f"{path}: [grid] {exc}") from None
     kwargs = {
         "learners": learners,
         "planted": planted,
@@ -176,7 +239,8 @@ def load_sweep_config(path):
         "seeds": seeds,
         "output": str(path.parent / config["output"]),
     }
-    for key in ("scheduler", "n_jobs", "n_test", "success_tol", "retry_failed"):
+    engine = ("scheduler", "n_jobs", "n_test", "success_tol", "tighten_tol")
+    for key in (*engine, "retry_failed"):
         if key in config:
             kwargs[key] = config[key]
     return kwargs

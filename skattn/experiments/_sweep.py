@@ -9,6 +9,7 @@ processes by default, a Dask cluster under ``joblib.parallel_backend("dask")``
 finished row to the output file, so an interrupted sweep resumes where it stopped.
 """
 
+import inspect
 import json
 import os
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import clone
 
-from ._config import PLANTED_KEYS
+from ._config import PLANTED_KEYS, seed_list
 
 # The planted layer of a cell when the sweep does not set a key.
 DEFAULT_PLANTED = {
@@ -41,6 +42,9 @@ RESULT_COLUMNS = (
     "status",
     "error",
     "success",
+    "precision",
+    "stop_reason",
+    "learner_tol",
     "attention_error",
     "projection_error",
     "prediction_error",
@@ -55,6 +59,18 @@ RESULT_COLUMNS = (
     "phase_summary",
 )
 COLUMNS = ("cell_id", *SETTING_COLUMNS, *RESULT_COLUMNS)
+# The stopping tolerance of each skattn learner (its value is the column
+# learner_tol), and the value a sweep gives it when the learner leaves it at its
+# default (tighten_tol=True; None: the default is kept).  tol=0 trains the gradient
+# baseline until no step decreases the loss: the rounding floor (about 1e-16 on
+# noise-free data) that the phased learner's polish reaches with its default, where
+# the default tol=1e-6 stops near 1e-6, on either side of success_tol=1e-6.
+STOPPING_TOL = {
+    "GradientAttentionRegressor": ("tol", 0.0),
+    "MultiHeadAttentionRegressor": ("polish_tol", None),
+}
+# The solvers' stop reasons in the words of the column stop_reason.
+_STOP_REASONS = {"step": "tol", "gradient": "tol", "no_decrease": "no_progress"}
 _SCHEDULER_TIMEOUT = 10  # seconds a scheduler has to answer
 
 
@@ -73,7 +89,8 @@ def _require(module, caller):
 
 
 def _as_list(value, name, kind, check):
-    values = list(value) if isinstance(value, list | tuple | np.ndarray) else [value]
+    is_list = isinstance(value, list | tuple | range | np.ndarray)
+    values = list(value) if is_list else [value]
     if not values:
         raise ValueError(f"{name} is an empty list; give at least one value.")
     for v in values:
@@ -114,7 +131,7 @@ def _check_grid(learners, planted, n_samples, noise, seeds):
     for key, default in DEFAULT_PLANTED.items():
         axes[key] = (
             list(planted[key])
-            if isinstance(planted.get(key), list | tuple)
+            if isinstance(planted.get(key), list | tuple | range)
             else [planted.get(key, default)]
         )
     positive_int = lambda v: isinstance(v, Integral) and v > 0  # noqa: E731
@@ -133,12 +150,7 @@ def _check_grid(learners, planted, n_samples, noise, seeds):
         "non-negative numbers",
         lambda v: isinstance(v, Real) and v >= 0,
     )
-    axes["seed"] = _as_list(
-        seeds,
-        "seeds",
-        "non-negative ints",
-        lambda v: isinstance(v, Integral) and v >= 0,
-    )
+    axes["seed"] = seed_list(seeds)
     return axes
 
 
@@ -185,8 +197,12 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _configured(estimator, cell):
-    """The learner of a cell: cloned, 'planted' parameters and n_tokens filled in."""
+def _configured(estimator, cell, tighten_tol=False):
+    """The learner of a cell: cloned, 'planted' parameters and n_tokens filled in.
+
+    With ``tighten_tol``, a stopping tolerance of :data:`STOPPING_TOL` left at its
+    default takes the sweep's value.
+    """
     est = clone(estimator)
     params = est.get_params(deep=False)
     update = {
@@ -198,7 +214,39 @@ def _configured(estimator, cell):
         update["n_tokens"] = cell["n_tokens"]  # else a 2-D X means one token
     if "random_state" in params:
         update["random_state"] = cell["seed"]
+    name, value = STOPPING_TOL.get(type(est).__name__, (None, None))
+    if tighten_tol and value is not None and name in params:
+        default = inspect.signature(type(est)).parameters[name].default
+        if params[name] == default:
+            update[name] = value
     return est.set_params(**update)
+
+
+def _stopping(estimator):
+    """``(stop_reason, learner_tol)`` of a fitted learner.
+
+    ``stop_reason`` is ``"tol"`` (its tolerance met), ``"no_progress"`` (no step
+    decreases the loss: the rounding floor), ``"max_iter"`` (the iteration cap),
+    another solver's reason, ``"no_polish"`` (the phased learner with
+    ``polish=False``), ``"closed_form"`` (no iterations: one token, or a learner
+    that solves in closed form) or ``"not_recorded"`` (an estimator that does not
+    say).
+    """
+    name, _ = STOPPING_TOL.get(type(estimator).__name__, (None, None))
+    tol = float(getattr(estimator, name)) if name else np.nan
+    reason = getattr(estimator, "stop_reason_", None)
+    reports = getattr(estimator, "phase_report_", None)
+    if reason is None and reports is not None:
+        polish = [r for r in reports if r.phase == "6-polish"]
+        if polish:
+            reason = polish[-1].info.get("stop_reason", "not_recorded")
+        elif getattr(estimator, "polish", True) is False:
+            reason = "no_polish"
+        else:
+            reason = "closed_form"
+    elif reason is None:
+        reason = "not_recorded" if hasattr(estimator, "n_iter_") else "closed_form"
+    return _STOP_REASONS.get(reason, reason), tol
 
 
 def _phase_summary(estimator):
@@ -218,7 +266,7 @@ def _phase_summary(estimator):
     return json.dumps(summary, default=str), gap, certified
 
 
-def _run_cell(estimator, cell, n_test, success_tol):
+def _run_cell(estimator, cell, n_test, success_tol, tighten_tol=True):
     """Plant, sample, fit and measure one cell; a failure becomes the row's error.
 
     Returns
@@ -256,7 +304,7 @@ def _run_cell(estimator, cell, n_test, success_tol):
             int(cell["n_features"]),
             random_state=np.random.default_rng([seed, 1]),
         )
-        est = _configured(estimator, cell)
+        est = _configured(estimator, cell, tighten_tol)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             start = time.perf_counter()
@@ -268,11 +316,11 @@ def _run_cell(estimator, cell, n_test, success_tol):
             errors = parameter_error(layer, est)
             row["attention_error"] = float(errors.attention_error)
             row["projection_error"] = float(errors.projection_error)
-            row["success"] = bool(
-                max(row["attention_error"], row["projection_error"]) <= success_tol
-            )
+            row["precision"] = max(row["attention_error"], row["projection_error"])
+            row["success"] = bool(row["precision"] <= success_tol)
         except (TypeError, ValueError):  # no heads to compare (e.g. random features)
             pass
+        row["stop_reason"], row["learner_tol"] = _stopping(est)
         n_iter = getattr(est, "n_iter_", None)
         row["n_iter"] = np.nan if n_iter is None else float(np.max(n_iter))
         row["n_heads_fitted"] = float(getattr(est, "n_heads_", np.nan))
@@ -380,6 +428,18 @@ class _ResultFile:
             return self.pd.concat([old, new], ignore_index=True)
 
 
+def _check_columns(frame, output):
+    """A result file of another skattn version cannot take this one's rows."""
+    if list(frame.columns) != list(COLUMNS):
+        missing = [c for c in COLUMNS if c not in frame.columns]
+        extra = [c for c in frame.columns if c not in COLUMNS]
+        raise ValueError(
+            f"output={str(output)!r} was written by another version of skattn: its "
+            f"columns differ (missing {missing}, unknown {extra}); pass another "
+            f"output path (a rerun cannot resume into it)."
+        )
+
+
 def _connect(scheduler):
     """A Client of the scheduler, or a ValueError when it does not answer."""
     distributed = _require("distributed", "recovery_sweep(scheduler=...)")
@@ -407,6 +467,7 @@ def recovery_sweep(
     scheduler=None,
     n_test=1000,
     success_tol=1e-6,
+    tighten_tol=True,
     retry_failed=False,
     progress=True,
 ):
@@ -443,9 +504,12 @@ def recovery_sweep(
         None, 2.0, "boolean", "random".
     noise : float or list of float, default=(0.0,)
         Label noise levels (a grid axis).
-    seeds : int or list of int, default=(0,)
+    seeds : int or iterable of int, default=(0,)
         Seeds (a grid axis): the planted layer, the data and the learner's
-        ``random_state`` of a cell.
+        ``random_state`` of a cell.  An int is a number of seeds, as in a TOML
+        config: ``seeds=10`` runs the seeds 0 .. 9 (``range(10)``); a single
+        seed s is ``[s]``.  Any other iterable of distinct non-negative ints
+        (list, tuple, ``range``, array) is the seeds themselves.
     output : str or path-like, default=None
         Result file, ``.csv`` (a row appended per fit) or ``.parquet`` (rewritten
         atomically per fit).  When it exists, its finished cells are skipped.
@@ -460,7 +524,19 @@ def recovery_sweep(
         Noise-free test examples per fit.
     success_tol : float, default=1e-6
         A fit is a success when both head-matched parameter errors are at most
-        this.
+        this (when its ``precision`` is).
+    tighten_tol : bool, default=True
+        Run the learners to the precision they can reach, so that success
+        measures the learner and not its stopping rule: a learner whose
+        stopping tolerance is at its default takes the sweep's instead
+        (``GradientAttentionRegressor``: ``tol=0``, train until no step
+        decreases the loss, the rounding floor that
+        ``MultiHeadAttentionRegressor``'s polish reaches by default; its default
+        ``tol=1e-6`` stops near 1e-6 parameter error, on either side of the
+        default ``success_tol``).  A tolerance the learner sets to another
+        value is kept.  ``False`` keeps every learner's defaults.  The column
+        ``learner_tol`` holds the tolerance used, ``stop_reason`` why the fit
+        stopped.
     retry_failed : bool, default=False
         Rerun the cells whose row in ``output`` failed (their old rows stay in
         the file; the returned frame keeps the newest).
@@ -472,7 +548,14 @@ def recovery_sweep(
     results : pandas.DataFrame
         One row per cell of the grid, in grid order: ``cell_id``, the settings
         (``learner``, ``estimator``, the planted keys, ``n_samples``, ``noise``,
-        ``seed``), ``status``, ``error``, ``success``, ``attention_error``,
+        ``seed``), ``status``, ``error``, ``success``, ``precision`` (the larger
+        head-matched parameter error, the one ``success`` compares with
+        ``success_tol``), ``stop_reason`` (``"tol"``: the learner's tolerance
+        met; ``"no_progress"``: no step decreases the loss, the rounding floor;
+        ``"max_iter"``: its iteration cap; ``"no_polish"``, ``"closed_form"``:
+        no iterative stop), ``learner_tol`` (the stopping tolerance used:
+        ``tol`` of the gradient baseline, ``polish_tol`` of the phased
+        learner), ``attention_error``,
         ``projection_error``, ``prediction_error``, ``test_r2``,
         ``fit_seconds``, ``n_iter``, ``n_heads_fitted``, ``hull_gap_ratio``,
         ``certified_fraction`` (of the hull the phased learner kept),
@@ -501,17 +584,22 @@ def recovery_sweep(
         raise ValueError(f"n_test must be a positive integer, got {n_test!r}.")
     if not isinstance(success_tol, Real) or not success_tol >= 0:
         raise ValueError(f"success_tol must be >= 0, got {success_tol!r}.")
+    if not isinstance(tighten_tol, bool | np.bool_):
+        raise ValueError(f"tighten_tol must be True or False, got {tighten_tol!r}.")
     axes = _check_grid(learners, planted, n_samples, noise, seeds)
     axes["noise"] = [float(v) for v in axes["noise"]]
     cells = _expand(learners, axes)
     file = _ResultFile(output) if output is not None else None
+    if file is not None and file.frame is not None:
+        _check_columns(file.frame, output)
     done = file.done(retry_failed) if file is not None else set()
     todo = [cell for cell in cells if cell["cell_id"] not in done]
     client = _connect(scheduler) if scheduler is not None else None
 
     rows = []
     try:
-        for row in _run(learners, todo, n_test, success_tol, n_jobs, client, progress):
+        measure = (n_test, success_tol, tighten_tol)
+        for row in _run(learners, todo, measure, n_jobs, client, progress):
             rows.append(row)
             if file is not None:
                 file.append(row)
@@ -531,7 +619,7 @@ def recovery_sweep(
     return results
 
 
-def _run(learners, todo, n_test, success_tol, n_jobs, client, progress):
+def _run(learners, todo, measure, n_jobs, client, progress):
     """Yield finished rows in completion order, with a progress bar."""
     from joblib import Parallel, delayed, parallel_backend
 
@@ -540,8 +628,7 @@ def _run(learners, todo, n_test, success_tol, n_jobs, client, progress):
     from tqdm.auto import tqdm
 
     jobs = (
-        delayed(_run_cell)(learners[cell["learner"]], cell, n_test, success_tol)
-        for cell in todo
+        delayed(_run_cell)(learners[cell["learner"]], cell, *measure) for cell in todo
     )
     bar = tqdm(total=len(todo), desc="sweep", unit="fit", disable=not progress)
     try:

@@ -6,6 +6,9 @@ from scipy.optimize import minimize
 from ._dense import _hull_basis, _hull_coordinates
 from ._objective import _loss_gradient, reduced_loss_gradient, solve_projections
 
+# scipy's L-BFGS-B status -> the stop reasons of the Levenberg-Marquardt stages.
+_STOP = {0: "gradient", 1: "max_iter", 2: "no_decrease"}
+
 
 def _lbfgs(fun, x0, max_iter, tol, *, maxcor=30, maxfun=15000, callback=None):
     """scipy L-BFGS-B with an analytic gradient; ``tol`` is the gradient tolerance.
@@ -69,6 +72,7 @@ def _lbfgs_info(result, loss_start):
         "loss_start": float(loss_start),
         "loss": float(result.fun),
         "converged": bool(result.success),
+        "stop_reason": _STOP.get(int(result.status), "no_decrease"),
         "message": str(result.message),
     }
 

@@ -174,8 +174,11 @@ def polish(
     attention : ndarray of shape (m, d, d)
     projection : ndarray of shape (m, d, d_out)
     info : dict
-        ``loss_start``, ``loss`` (final), ``converged``, ``n_iter`` (total) and one
-        dict per stage under ``stages``.
+        ``loss_start``, ``loss`` (final), ``converged``, ``stop_reason`` (of the
+        last stage: ``"step"`` or ``"gradient"``, its tolerance met;
+        ``"no_decrease"``, the loss at its rounding floor; ``"max_iter"``;
+        ``"singular"``), ``n_iter`` (total) and one dict per stage under
+        ``stages``.
 
     Notes
     -----
@@ -269,6 +272,7 @@ def polish(
         "loss_start": stages[0]["loss_start"],
         "loss": stages[-1]["loss"],
         "converged": all(stage["converged"] for stage in stages),
+        "stop_reason": stages[-1]["stop_reason"],
         "n_iter": sum(stage["n_iter"] for stage in stages),
         "n_samples": int(X.shape[0]),
         "solver": stages[0]["solver"],
