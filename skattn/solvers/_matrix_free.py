@@ -70,13 +70,25 @@ class VarproProblem:
     X : ndarray of shape (n, k, d)
     Y : ndarray of shape (n, k, d_out)
     sample_weight : ndarray of shape (n,) or None
-    parametrization : FullRank or LowRank
-        See :mod:`skattn.solvers._parametrization`.
+    parametrization : FullRank, LowRank or FactoredHeads
+        See :mod:`skattn.solvers._parametrization`.  With ``FactoredHeads`` the
+        design's columns are ``S_i X V_i`` and the eliminated coefficients the
+        output factors ``O_i`` (``W_i = V_i O_i``).
+    intercept : bool, default=False
+        ``FactoredHeads`` only: one more eliminated column of ones, an intercept
+        (the tokens need a constant coordinate, see :func:`varpro_least_squares`).
+    dtype : dtype, default=numpy.float64
+        Precision of the products (``float32`` for loose steps); the eliminated
+        coefficients are solved, and results returned, in float64.
 
     Attributes
     ----------
     n_products : int
         Jacobian products (matvec plus rmatvec) computed so far.
+    projection : ndarray of shape (m, d, d_out)
+        The ``W_i`` at the last point evaluated.
+    output_factors : ndarray of shape (m, r, d_out)
+        ``FactoredHeads`` only: the eliminated ``O_i`` at that point.
 
     Examples
     --------
