@@ -129,6 +129,13 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     hull_method : {"lstsq", "huber"}, default="lstsq"
         Fit of the hull's point: weighted least squares, or a Huber fit solved by
         cvxpy that resists mis-certified rows.
+    hull_solver : {"auto", "dense", "matrix-free"}, default="auto"
+        How phases 2 and 4 solve the hull's constraint system (``d^2`` unknowns):
+        ``"dense"`` forms its normal matrix (``O(rows d^4)`` a round) and
+        diagonalises it; ``"matrix-free"`` applies the system in factored form
+        (``O(rows d^2)`` a product) inside an iterative eigensolver (LOBPCG) and
+        conjugate gradients.  ``"auto"``: dense up to 16 features per token
+        (the measured crossover), matrix-free beyond.
     max_heads : int, default=6
         Largest number of heads ``n_heads="auto"`` may return.
     validation_fraction : float, default=0.2
@@ -363,6 +370,7 @@ n_features_per_token)
         "confidence_floor": [Interval(Real, 0, None, closed="neither"), None],
         "max_rows": [Interval(Integral, 1, None, closed="left")],
         "hull_method": [StrOptions({"lstsq", "huber"})],
+        "hull_solver": [StrOptions({"auto", "dense", "matrix-free"})],
         "max_heads": [Interval(Integral, 1, None, closed="left")],
         "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
         "selection_samples": [Interval(Integral, 1, None, closed="left")],
@@ -400,6 +408,7 @@ n_features_per_token)
         confidence_floor=None,
         max_rows=20000,
         hull_method="lstsq",
+        hull_solver="auto",
         max_heads=6,
         validation_fraction=0.2,
         selection_samples=400,
@@ -433,6 +442,7 @@ n_features_per_token)
         self.confidence_floor = confidence_floor
         self.max_rows = max_rows
         self.hull_method = hull_method
+        self.hull_solver = hull_solver
         self.max_heads = max_heads
         self.validation_fraction = validation_fraction
         self.selection_samples = selection_samples
@@ -840,6 +850,7 @@ n_features_per_token)
             max_heads=self.max_heads,
             random_state=rng.randint(np.iinfo(np.int32).max),
             gauge_features=(X3.shape[2] - 1,) if self.fit_intercept else (),
+            solver=self.hull_solver,
         )
 
     def _phase6(self, X3, Y3, weights, point, directions, rng, bar):
