@@ -23,7 +23,7 @@ matrix's spectrum by LOBPCG on the augmented operator.
 import warnings
 
 import numpy as np
-from scipy.sparse.linalg import LinearOperator, cg, eigsh, lobpcg
+from scipy.sparse.linalg import LinearOperator, cg, lobpcg
 
 
 def constraint_matvec(x_row, v, U):
@@ -44,6 +44,8 @@ def constraint_matvec(x_row, v, U):
     L, d = x_row.shape
     b = U.shape[1]
     T = (x_row @ U.reshape(d, d * b)).reshape(L, d, b)  # Theta_s^T x_l
+    if b == 1:  # a vector: einsum beats the stacked matmul
+        return np.einsum("lad,ld->la", v, T[:, :, 0])[:, :, None]
     return v @ T
 
 
@@ -63,7 +65,10 @@ def constraint_rmatvec(x_row, v, R):
     """
     L, d = x_row.shape
     b = R.shape[2]
-    S = np.swapaxes(v, 1, 2) @ R  # (L, d, b)
+    if b == 1:
+        S = np.einsum("lad,la->ld", v, R[:, :, 0])[:, :, None]
+    else:
+        S = np.swapaxes(v, 1, 2) @ R  # (L, d, b)
     return (x_row.T @ S.reshape(L, d * b)).reshape(d * d, b)
 
 
@@ -155,15 +160,25 @@ def _kronecker_preconditioner(x_row, v, mask, pin, scale):
     return apply
 
 
-def _top_eigenvalue(apply, n, rng, tol=1e-4):
-    """Largest eigenvalue of a symmetric PSD operator (Lanczos, loose tolerance)."""
-    op = LinearOperator((n, n), matvec=lambda u: apply(u[:, None])[:, 0], dtype=float)
-    v0 = rng.standard_normal(n)
-    return float(eigsh(op, k=1, which="LA", tol=tol, v0=v0, return_eigenvectors=False)[0])
+def _top_eigenvalue(apply, n, rng, n_iter=6):
+    """Largest eigenvalue of a symmetric PSD operator, to about 1e-3 (a scale).
+
+    A few LOBPCG iterations with a block of 3 (each a single block product,
+    which costs about as much as one vector's: the rows are read once).
+    """
+    if n < 15:
+        return float(np.linalg.eigvalsh(apply(np.eye(n)))[-1])
+    A = LinearOperator((n, n), matvec=apply, matmat=apply, dtype=float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        evals, _ = lobpcg(
+            A, rng.standard_normal((n, 3)), tol=1e-3, maxiter=n_iter, largest=True
+        )
+    return float(np.max(evals))
 
 
 def _bottom_eigenpairs(
-    apply, precondition, n, n_eig, rng, start=None, tol=1e-6, max_iter=40, guards=2
+    apply, precondition, n, n_eig, rng, start=None, tol=1e-6, max_iter=20, guards=2
 ):
     """The ``n_eig`` smallest eigenpairs of a PSD operator scaled to ``[0, 1]``.
 
@@ -196,15 +211,25 @@ def _bottom_eigenpairs(
     order = np.argsort(evals)
     evals, evecs = evals[order], evecs[:, order]
     residuals = np.asarray(history[-1])[order] if len(history) else np.full(b, np.nan)
-    return evals[:n_eig], evecs, {
-        "n_iter": len(history),
-        "max_residual": float(np.max(residuals[:n_eig])),
-    }
+    return (
+        evals[:n_eig],
+        evecs,
+        {
+            "n_iter": len(history),
+            "max_residual": float(np.max(residuals[:n_eig])),
+        },
+    )
 
 
 def iterative_hull(
-    stats, n_heads, *, n_eigenvalues=None, random_state=0, start=None, tol=1e-6,
-    max_iter=40
+    stats,
+    n_heads,
+    *,
+    n_eigenvalues=None,
+    random_state=0,
+    start=None,
+    tol=1e-6,
+    max_iter=20,
 ):
     """The hull from matrix-free statistics (``stats["constraints"]``).
 
@@ -237,6 +262,7 @@ def iterative_hull(
     n_eig = m + 1 if n_eigenvalues is None else max(int(n_eigenvalues), m + 1)
     n_eig = min(n_eig, n - 1)
     top = max(_top_eigenvalue(op.normal, n, rng), np.finfo(float).tiny)
+    n_top = op.n_products
     op.scale = top
     precond = _kronecker_preconditioner(x_row, v, mask, cons["pin"], top)
     evals, evecs, linfo = _bottom_eigenpairs(
@@ -257,12 +283,9 @@ def iterative_hull(
 
     A = LinearOperator((n, n), matvec=lambda u: project(op.normal(project(u))[:, 0]))
     M = LinearOperator((n, n), matvec=lambda u: project(precond(project(u))[:, 0]))
-    x0 = None
-    point, status = cg(
-        A, rhs, x0=x0, rtol=1e-10, atol=0.0, maxiter=500, M=M, callback=count
-    )
+    point, status = cg(A, rhs, rtol=1e-10, atol=0.0, maxiter=500, M=M, callback=count)
     point = project(point)
-    # the augmented spectrum (d^2 + 1 unknowns), its top by Lanczos
+    # the augmented spectrum (d^2 + 1 unknowns)
     aug_top = max(
         _top_eigenvalue(lambda u: op.augmented(u) * top, n + 1, rng),
         np.finfo(float).tiny,
@@ -276,7 +299,8 @@ def iterative_hull(
         U = U.reshape(n + 1, -1)
         out = np.empty_like(U)
         out[:n] = precond(U[:n]) * aug_scale
-        out[n:] = U[n:] * aug_scale * top / max(stats["rhs_norm2"], np.finfo(float).tiny)
+        tail = max(stats["rhs_norm2"], np.finfo(float).tiny) / top
+        out[n:] = U[n:] * aug_scale / tail
         return out
 
     # warm start: the homogeneous point (point, 1) and the normal's Ritz vectors
@@ -285,12 +309,18 @@ def iterative_hull(
     seed[:n, 0], seed[n, 0] = point, 1.0
     seed[:n, 1:] = evecs
     aug_vals, _, ainfo = _bottom_eigenpairs(
-
-        aug_apply, aug_precond, n + 1, n_eig + 1, rng, start=seed, tol=tol,
+        aug_apply,
+        aug_precond,
+        n + 1,
+        n_eig + 1,
+        rng,
+        start=seed,
+        tol=tol,
         max_iter=max_iter,
     )
     info = {
         "n_products": op.n_products,
+        "n_products_top": n_top,
         "lobpcg_iter": (linfo["n_iter"], ainfo["n_iter"]),
         "cg_iter": n_cg[0],
         "cg_status": int(status),
