@@ -94,10 +94,11 @@ def test_iterative_hull_matches_the_dense_eigensolver(distribution, k, m):
     # the bottom of both spectra, hence the gap ratios
     n1 = info1["spectrum"].size
     assert n1 == m + 1 and info1["augmented_spectrum"].size == m + 2
-    np.testing.assert_allclose(info1["spectrum"], info0["spectrum"][:n1], rtol=1e-3)
-    np.testing.assert_allclose(
-        info1["augmented_spectrum"], info0["augmented_spectrum"][: n1 + 1], rtol=1e-3
-    )
+    # up to their scale (the largest eigenvalue, estimated to about 1e-3)
+    for name, size in (("spectrum", n1), ("augmented_spectrum", n1 + 1)):
+        s0, s1 = info0[name][:size], info1[name]
+        np.testing.assert_allclose(s1 / s1[-1], s0 / s0[-1], rtol=1e-3)
+        assert s1[-1] == pytest.approx(s0[-1], rel=1e-2)
     assert info1["gap_ratio"] == pytest.approx(info0["gap_ratio"], rel=1e-3)
     assert info1["augmented_gap_ratio"] == pytest.approx(
         info0["augmented_gap_ratio"], rel=1e-3

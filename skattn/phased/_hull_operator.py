@@ -160,21 +160,23 @@ def _kronecker_preconditioner(x_row, v, mask, pin, scale):
     return apply
 
 
-def _top_eigenvalue(apply, n, rng, n_iter=6):
-    """Largest eigenvalue of a symmetric PSD operator, to about 1e-3 (a scale).
+def _top_eigenpair(apply, n, rng, n_iter=6):
+    """Largest eigenpair of a symmetric PSD operator, to about 1e-3 (a scale).
 
     A few LOBPCG iterations with a block of 3 (each a single block product,
     which costs about as much as one vector's: the rows are read once).
     """
     if n < 15:
-        return float(np.linalg.eigvalsh(apply(np.eye(n)))[-1])
+        evals, evecs = np.linalg.eigh(apply(np.eye(n)))
+        return float(evals[-1]), evecs[:, -1]
     A = LinearOperator((n, n), matvec=apply, matmat=apply, dtype=float)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        evals, _ = lobpcg(
+        evals, evecs = lobpcg(
             A, rng.standard_normal((n, 3)), tol=1e-3, maxiter=n_iter, largest=True
         )
-    return float(np.max(evals))
+    j = int(np.argmax(evals))
+    return float(evals[j]), evecs[:, j]
 
 
 def _bottom_eigenpairs(
@@ -230,6 +232,8 @@ def iterative_hull(
     start=None,
     tol=1e-6,
     max_iter=20,
+    augmented_iter=8,
+    cg_tol=1e-8,
 ):
     """The hull from matrix-free statistics (``stats["constraints"]``).
 
@@ -261,7 +265,8 @@ def iterative_hull(
     op = _NormalOperator(x_row, v, mask, cons["pin"], stats["rhs"], stats["rhs_norm2"])
     n_eig = m + 1 if n_eigenvalues is None else max(int(n_eigenvalues), m + 1)
     n_eig = min(n_eig, n - 1)
-    top = max(_top_eigenvalue(op.normal, n, rng), np.finfo(float).tiny)
+    top, top_vec = _top_eigenpair(op.normal, n, rng)
+    top = max(top, np.finfo(float).tiny)
     n_top = op.n_products
     op.scale = top
     precond = _kronecker_preconditioner(x_row, v, mask, cons["pin"], top)
@@ -283,13 +288,17 @@ def iterative_hull(
 
     A = LinearOperator((n, n), matvec=lambda u: project(op.normal(project(u))[:, 0]))
     M = LinearOperator((n, n), matvec=lambda u: project(precond(project(u))[:, 0]))
-    point, status = cg(A, rhs, rtol=1e-10, atol=0.0, maxiter=500, M=M, callback=count)
-    point = project(point)
-    # the augmented spectrum (d^2 + 1 unknowns)
-    aug_top = max(
-        _top_eigenvalue(lambda u: op.augmented(u) * top, n + 1, rng),
-        np.finfo(float).tiny,
+    x0 = None if start is None or not start.size else project(start[:, 0])
+    point, status = cg(
+        A, rhs, x0=x0, rtol=cg_tol, atol=0.0, maxiter=500, M=M, callback=count
     )
+    point = project(point)
+    # the augmented spectrum (d^2 + 1 unknowns); its top from the normal's top
+    # vector and the new coordinate (Rayleigh-Ritz on those two)
+    basis = np.zeros((n + 1, 2))
+    basis[:n, 0], basis[n, 1] = top_vec / np.linalg.norm(top_vec), 1.0
+    aug_top = top * float(np.linalg.eigvalsh(basis.T @ op.augmented(basis))[-1])
+    aug_top = max(aug_top, top * np.finfo(float).eps)
     aug_scale = aug_top / top
 
     def aug_apply(U):
@@ -316,7 +325,7 @@ def iterative_hull(
         rng,
         start=seed,
         tol=tol,
-        max_iter=max_iter,
+        max_iter=augmented_iter,
     )
     info = {
         "n_products": op.n_products,
