@@ -93,7 +93,8 @@ def main():
                 line = out.stdout.strip().splitlines()
                 print(line[-1] if line else out.stderr.strip()[-400:], flush=True)
             except subprocess.TimeoutExpired:
-                print(json.dumps(dict(tree=tree, d=d, timeout=args.timeout)), flush=True)
+                timed_out = dict(tree=tree, d=d, timeout=args.timeout)
+                print(json.dumps(timed_out), flush=True)
 
 
 if __name__ == "__main__":

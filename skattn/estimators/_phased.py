@@ -34,10 +34,13 @@ _TOLERANCE_NAMES = (
     "tol_final is certify_tol_final.)"
 )
 
-# init="auto" runs phases 1-5 up to this many features per token: their hull system
-# has d^2 unknowns and one round costs O(rows d^4).  Measured (bench_scaling.py,
-# n = 5e4, k = 8, m = 2): phases 1-5 took 35 s of a 48 s fit at d = 16 and 57 s of
-# 82 s at d = 32, while the polish alone recovers these layers from random starts.
+# init="auto" runs phases 1-5 up to this many features per token.  Their hull
+# system has d^2 unknowns; past hull_constraints' dense crossover it is solved
+# matrix-free (O(rows d^2) a product), which made phases 1-5 affordable at d = 32-128
+# (benchmarks/README.md, "Phases at transformer size"), but their start does not
+# save the polish work: from the phases' start the polish takes as many
+# iterations as from a random start, so beyond d = 16 the phases cost more time
+# than they save and the faster default is kept.  init="phased" runs them at any d.
 _MAX_PHASE_FEATURES = 16
 
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
@@ -195,8 +198,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         2-4 certify too few rows.  ``"random"``: no phases; the polish runs from
         up to ``n_restarts`` random starts (the first whose fit is realisable
         wins, else the lowest residual).  ``"auto"``: ``"phased"`` when the
-        phases are affordable (``n_features_per_token <= 16``: their hull
-        system has ``d^2`` unknowns and costs ``O(rows d^4)`` per round) and
+        phases pay for themselves (``n_features_per_token <= 16``; beyond, they
+        run in seconds with ``hull_solver="matrix-free"`` but their start saves
+        the polish no iterations, see ``benchmarks/README.md``) and
         ``n_outputs_per_token >= n_tokens`` (phase 2's condition), else
         ``"random"`` with a ``UserWarning`` saying why; and when phases 2-4 fail
         to certify, a ``CertificationWarning`` names the failure and the fit
@@ -528,8 +532,8 @@ n_features_per_token)
         if d > _MAX_PHASE_FEATURES:
             return "random", (
                 f"init='auto': {d} features per token > {_MAX_PHASE_FEATURES}, "
-                f"the phases' hull system ({d * d} unknowns, O(rows d^4) a round) "
-                f"is not affordable; init='phased' forces it"
+                f"where phases 1-5 (a hull system of {d * d} unknowns) cost more "
+                f"time than their start saves the polish; init='phased' runs them"
             )
         if d_out < k:
             return "random", (
