@@ -37,9 +37,13 @@ est = MultiHeadAttentionRegressor(
     n_heads=m, n_tokens=k, init=spec["init"], random_state=0, **spec["params"]
 )
 start = time.perf_counter()
+error = None
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    est.fit(X, y)
+    try:
+        est.fit(X, y)
+    except Exception as exc:  # report the phases that ran, and what raised
+        error = f"{type(exc).__name__}: {exc}"[:300]
 total = time.perf_counter() - start
 rep = est.phase_report_
 phases = sum(
@@ -47,9 +51,11 @@ phases = sum(
     if r.phase in ("1-crude-projection-sum", "2-4-hull-selected", "5-span")
 )
 phase6 = sum(r.seconds for r in rep if r.phase in ("6-net", "6-polish"))
-polish = [r.info for r in rep if r.phase == "6-polish"][-1]
+polish = ([r.info for r in rep if r.phase == "6-polish"] or [{}])[-1]
 hull = [r.info for r in rep if r.phase == "2-4-hull-selected"]
-err = float(np.linalg.norm(est.predict(Xt) - yt) / np.linalg.norm(yt))
+err = None
+if error is None:
+    err = float(np.linalg.norm(est.predict(Xt) - yt) / np.linalg.norm(yt))
 print(json.dumps(dict(
     tree=skattn.__file__.rsplit("/skattn/", 1)[0], d=d, init=spec["init"],
     total=round(total, 2), phases_1_5=round(phases, 2), phase_6=round(phase6, 2),
@@ -58,6 +64,7 @@ print(json.dumps(dict(
     polish_products=polish.get("n_products"),
     gap=hull[0].get("augmented_gap_ratio") if hull else None,
     test_error=err,
+    error=error,
     warnings=sorted({w.category.__name__ for w in caught}),
 )))
 """
