@@ -34,13 +34,13 @@ _TOLERANCE_NAMES = (
     "tol_final is certify_tol_final.)"
 )
 
-# init="auto" runs phases 1-5 up to this many features per token.  Their hull
-# system has d^2 unknowns; past hull_constraints' dense crossover it is solved
-# matrix-free (O(rows d^2) a product), which made phases 1-5 affordable at d = 32-128
-# (benchmarks/README.md, "Phases at transformer size"), but their start does not
-# save the polish work: from the phases' start the polish takes as many
-# iterations as from a random start, so beyond d = 16 the phases cost more time
-# than they save and the faster default is kept.  init="phased" runs them at any d.
+# init="auto" runs phases 1-5 up to this many features per token.  Since the
+# matrix-free hull (hull_solver) they run at any d (k = 8, m = 2, n = 5e4, loaded
+# machine: 11 s at d = 16 and 32, 34 s at d = 64, 57 s at d = 128), but their start
+# saves the polish little: 8 Levenberg-Marquardt iterations against 8-9 from a
+# random start at d = 8-16, 8 vs 10-11 at d = 32-64, 11 vs 16 at d = 128 (benchmarks/
+# README.md, 2026-11-24), far less time than the phases take.  So beyond d = 16 the
+# faster default (random starts) is kept; init="phased" runs the phases at any d.
 _MAX_PHASE_FEATURES = 16
 
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
@@ -137,7 +137,7 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         ``"dense"`` forms its normal matrix (``O(rows d^4)`` a round) and
         diagonalises it; ``"matrix-free"`` applies the system in factored form
         (``O(rows d^2)`` a product) inside an iterative eigensolver (LOBPCG) and
-        conjugate gradients.  ``"auto"``: dense up to 16 features per token
+        conjugate gradients.  ``"auto"``: dense up to 32 features per token
         (the measured crossover), matrix-free beyond.
     max_heads : int, default=6
         Largest number of heads ``n_heads="auto"`` may return.

@@ -47,8 +47,12 @@ from ._projection_sum import (
 )
 
 # hull_constraints(solver="auto") keeps the dense normal matrix up to this many
-# features per token and the factored (matrix-free) system beyond.
-_DENSE_HULL_MAX_FEATURES = 16
+# features per token and the factored (matrix-free) system beyond.  Measured
+# (benchmarks/bench_hull_solvers.py, k = 8, m = 2, n = 5e4, one round of phase 2,
+# constraints + fit): d = 8, 16, 24: dense 0.001-0.2 s to fit against 2-3 s for
+# LOBPCG; d = 32: 2.7 vs 3.6 s at tol 0.3, 1.3 vs 0.9 s at tol 0.08; the dense
+# normal matrix costs O(rows d^4), so beyond d = 32 the factored system wins.
+_DENSE_HULL_MAX_FEATURES = 32
 
 
 def hull_constraints(
