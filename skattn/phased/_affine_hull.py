@@ -527,9 +527,9 @@ def fit_affine_hull(
     n_eigenvalues : int, default=None
         Matrix-free statistics only (``hull_constraints(..., solver=
         "matrix-free")``): how many of the smallest eigenvalues of each spectrum
-        to compute (default ``n_heads + 2``; :func:`sculpt_hull` asks for
-        ``max_heads + 2`` when it counts the heads).  The dense path returns them
-        all.
+        to compute (default ``n_heads + 1``, and one more of the augmented
+        spectrum; :func:`sculpt_hull` asks for ``max_heads + 2`` when it counts
+        the heads).  The dense path returns them all.
     start : ndarray of shape (r, d, d), default=None
         Matrix-free only: matrices that seed the iterative eigensolver (e.g. the
         previous round's point and directions).

@@ -241,7 +241,12 @@ def iterative_hull(
     :func:`~skattn.phased._affine_hull.fit_affine_hull`: the ``m - 1`` bottom
     eigenvectors of the normal matrix (directions), the least-squares point
     orthogonal to them, and the bottom of both spectra divided by their largest
-    eigenvalue; only ``n_eigenvalues`` (default ``m + 2``) of each are computed.
+    eigenvalue; only the ``n_eigenvalues`` (default ``m + 1``, at least that)
+    smallest of the normal matrix and one more of the augmented one are computed.
+    The largest eigenvalues (the scales) are estimated to about 1e-3; LOBPCG stops
+    after ``max_iter`` iterations (``augmented_iter`` for the augmented matrix)
+    even when unconverged, which happens in rounds without a spectral gap (the
+    bottom eigenvalues cluster and the directions are ill-determined anyway).
 
     Returns
     -------
