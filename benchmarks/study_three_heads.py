@@ -377,6 +377,61 @@ def score_precision(n=30000, tol=0.3, p_min=0.05):
             )
 
 
+def rule_comparison(n=100000, m=3, k=4, dist="boolean", p_min=0.05, spread=0.1):
+    """Our certification rule against the paper's, on the same rows (exact W_sum).
+
+    Rules, each at several tolerances ``t``:
+
+    * ``ours``: affine pattern fit (``sum p = 1``), relative residual < t;
+    * ``paper``: the talk's test, ``y_l`` a linear combination of the rows of
+      ``X W_sum`` with probability-vector coefficients (the combination is the
+      common pattern): residual < t, ``min p >= -t`` and ``|sum p - 1| <= t``
+      with ``p`` the unconstrained least-squares coefficients;
+    * ``ours+simplex``: ours and ``min p >= -t`` (the paper's sign condition).
+
+    Printed per rule and tolerance: rows certified (that give equations),
+    precision (share whose heads truly agree: centred log-ratio spread <=
+    ``spread`` on the kept tokens) and the number of truly agreeing rows.
+    """
+    X, Y, theta, W_sum = _plant(n, k, 8, m, 16, dist, 2.0, 0)
+    P, residual, _ = _certify_batch(X, Y, W_sum, 1e-8)
+    Z = X @ W_sum
+    # unconstrained coefficients of every row: (n, k rows, k tokens)
+    G = Z @ np.swapaxes(Z, 1, 2)
+    C = np.swapaxes(np.linalg.pinv(G) @ (Z @ np.swapaxes(Y, 1, 2)), 1, 2)
+    lin_res = np.linalg.norm(Y - C @ Z, axis=2) / np.linalg.norm(Y, axis=2)
+    lin_res[~np.isfinite(residual)] = np.inf  # the same usable samples for all
+    Ptrue = attention_patterns(X, theta)  # (n, m, k, k)
+    print(f"m={m} k={k} {dist} n={n}: rows {n * k}")
+    print("| rule | tol | certified rows | precision | agreeing rows |")
+    print("|---|---|---|---|---|")
+    for tol in (0.3, 0.1, 0.03, 0.01):
+        rules = {
+            "ours": (residual < tol, P),
+            "ours+simplex": ((residual < tol) & (P.min(axis=2) >= -tol), P),
+            "paper": (
+                (lin_res < tol)
+                & (C.min(axis=2) >= -tol)
+                & (np.abs(C.sum(axis=2) - 1) <= tol),
+                C,
+            ),
+        }
+        for name, (cert, patterns) in rules.items():
+            s_idx, r_idx = np.nonzero(cert)
+            p = patterns[s_idx, r_idx]
+            kept = p >= p_min
+            usable = kept.sum(axis=1) >= 2
+            c_true = _centred_log(Ptrue[s_idx, :, r_idx], kept[:, None, :])  # (L, m, k)
+            agree = np.max(np.ptp(c_true, axis=1), axis=1) <= spread
+            rows = int(usable.sum())
+            prec = float(np.mean(agree[usable])) if rows else float("nan")
+            print(
+                f"| {name} | {tol:g} | {rows} | {prec:.3f} | "
+                f"{int(np.sum(agree & usable))} |",
+                flush=True,
+            )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=30000, help="samples per setting")
@@ -389,7 +444,16 @@ def main():
         action="store_true",
         help="only the precision of truth-free certification scores",
     )
+    parser.add_argument(
+        "--rules",
+        action="store_true",
+        help="only our certification rule against the paper's (m=3, k=4)",
+    )
     args = parser.parse_args()
+    if args.rules:
+        for dist in ("boolean", "gaussian"):
+            rule_comparison(args.n, dist=dist)
+        return
     if args.scores:
         score_precision(args.n)
         return

@@ -6,7 +6,9 @@ from scipy.optimize import linear_sum_assignment
 
 from skattn._layer import forward
 from skattn.phased._net import (
+    _MAX_GRID_GRAM,
     _candidate_residuals,
+    _default_resolution,
     fit_from_hull,
     hull_grid,
     minimum_norm_point,
@@ -189,3 +191,12 @@ def test_fit_from_hull_without_polish_returns_the_net():
     assert info["polish"] is None
     np.testing.assert_array_equal(th, th_net)
     np.testing.assert_array_equal(W, W_net)
+
+
+@pytest.mark.parametrize("m, d", [(2, 8), (2, 128), (3, 64), (4, 64), (6, 32)])
+def test_default_resolution_fits_the_gram_budget(m, d):
+    resolution = _default_resolution(m, d)
+    assert resolution >= 2
+    assert (resolution ** (m - 1) * d) ** 2 <= _MAX_GRID_GRAM
+    if (m, d) == (2, 8):  # small layers keep the measured defaults
+        assert resolution == 41

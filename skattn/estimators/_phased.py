@@ -34,10 +34,13 @@ _TOLERANCE_NAMES = (
     "tol_final is certify_tol_final.)"
 )
 
-# init="auto" runs phases 1-5 up to this many features per token: their hull system
-# has d^2 unknowns and one round costs O(rows d^4).  Measured (bench_scaling.py,
-# n = 5e4, k = 8, m = 2): phases 1-5 took 35 s of a 48 s fit at d = 16 and 57 s of
-# 82 s at d = 32, while the polish alone recovers these layers from random starts.
+# init="auto" runs phases 1-5 up to this many features per token.  Since the
+# matrix-free hull (hull_solver) they run at any d (k = 8, m = 2, n = 5e4, loaded
+# machine: 11 s at d = 16 and 32, 34 s at d = 64, 57 s at d = 128), but their start
+# saves the polish little: 8 Levenberg-Marquardt iterations against 8-9 from a
+# random start at d = 8-16, 8 vs 10-11 at d = 32-64, 11 vs 16 at d = 128 (benchmarks/
+# README.md, 2026-11-24), far less time than the phases take.  So beyond d = 16 the
+# faster default (random starts) is kept; init="phased" runs the phases at any d.
 _MAX_PHASE_FEATURES = 16
 
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
@@ -129,6 +132,13 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     hull_method : {"lstsq", "huber"}, default="lstsq"
         Fit of the hull's point: weighted least squares, or a Huber fit solved by
         cvxpy that resists mis-certified rows.
+    hull_solver : {"auto", "dense", "matrix-free"}, default="auto"
+        How phases 2 and 4 solve the hull's constraint system (``d^2`` unknowns):
+        ``"dense"`` forms its normal matrix (``O(rows d^4)`` a round) and
+        diagonalises it; ``"matrix-free"`` applies the system in factored form
+        (``O(rows d^2)`` a product) inside an iterative eigensolver (LOBPCG) and
+        conjugate gradients.  ``"auto"``: dense up to 32 features per token
+        (the measured crossover), matrix-free beyond.
     max_heads : int, default=6
         Largest number of heads ``n_heads="auto"`` may return.
     validation_fraction : float, default=0.2
@@ -188,8 +198,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         2-4 certify too few rows.  ``"random"``: no phases; the polish runs from
         up to ``n_restarts`` random starts (the first whose fit is realisable
         wins, else the lowest residual).  ``"auto"``: ``"phased"`` when the
-        phases are affordable (``n_features_per_token <= 16``: their hull
-        system has ``d^2`` unknowns and costs ``O(rows d^4)`` per round) and
+        phases pay for themselves (``n_features_per_token <= 16``; beyond, they
+        run in seconds with ``hull_solver="matrix-free"`` but their start saves
+        the polish no iterations, see ``benchmarks/README.md``) and
         ``n_outputs_per_token >= n_tokens`` (phase 2's condition), else
         ``"random"`` with a ``UserWarning`` saying why; and when phases 2-4 fail
         to certify, a ``CertificationWarning`` names the failure and the fit
@@ -363,6 +374,7 @@ n_features_per_token)
         "confidence_floor": [Interval(Real, 0, None, closed="neither"), None],
         "max_rows": [Interval(Integral, 1, None, closed="left")],
         "hull_method": [StrOptions({"lstsq", "huber"})],
+        "hull_solver": [StrOptions({"auto", "dense", "matrix-free"})],
         "max_heads": [Interval(Integral, 1, None, closed="left")],
         "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
         "selection_samples": [Interval(Integral, 1, None, closed="left")],
@@ -400,6 +412,7 @@ n_features_per_token)
         confidence_floor=None,
         max_rows=20000,
         hull_method="lstsq",
+        hull_solver="auto",
         max_heads=6,
         validation_fraction=0.2,
         selection_samples=400,
@@ -433,6 +446,7 @@ n_features_per_token)
         self.confidence_floor = confidence_floor
         self.max_rows = max_rows
         self.hull_method = hull_method
+        self.hull_solver = hull_solver
         self.max_heads = max_heads
         self.validation_fraction = validation_fraction
         self.selection_samples = selection_samples
@@ -518,8 +532,8 @@ n_features_per_token)
         if d > _MAX_PHASE_FEATURES:
             return "random", (
                 f"init='auto': {d} features per token > {_MAX_PHASE_FEATURES}, "
-                f"the phases' hull system ({d * d} unknowns, O(rows d^4) a round) "
-                f"is not affordable; init='phased' forces it"
+                f"where phases 1-5 (a hull system of {d * d} unknowns) cost more "
+                f"time than their start saves the polish; init='phased' runs them"
             )
         if d_out < k:
             return "random", (
@@ -841,6 +855,7 @@ n_features_per_token)
             max_heads=self.max_heads,
             random_state=rng.randint(np.iinfo(np.int32).max),
             gauge_features=(X3.shape[2] - 1,) if self.fit_intercept else (),
+            solver=self.hull_solver,
         )
 
     def _phase6(self, X3, Y3, weights, point, directions, rng, bar):

@@ -36,6 +36,7 @@ from sklearn.utils import check_random_state
 
 from .._batches import map_reduce_batches
 from ._errors import CertificationError, CertificationWarning
+from ._hull_operator import _normal_diag, constraint_matvec, iterative_hull
 from ._projection_sum import (
     _certify_batch,
     _check_certifiable,
@@ -44,6 +45,14 @@ from ._projection_sum import (
     crude_projection_sum,
     refine_projection_sum,
 )
+
+# hull_constraints(solver="auto") keeps the dense normal matrix up to this many
+# features per token and the factored (matrix-free) system beyond.  Measured
+# (benchmarks/bench_hull_solvers.py, k = 8, m = 2, n = 5e4, one round of phase 2,
+# constraints + fit): d = 8, 16, 24: dense 0.001-0.2 s to fit against 2-3 s for
+# LOBPCG; d = 32: 2.7 vs 3.6 s at tol 0.3, 1.3 vs 0.9 s at tol 0.08; the dense
+# normal matrix costs O(rows d^4), so beyond d = 32 the factored system wins.
+_DENSE_HULL_MAX_FEATURES = 32
 
 
 def hull_constraints(
@@ -63,6 +72,7 @@ def hull_constraints(
     confidence_floor=None,
     keep_rows=False,
     gauge_features=(),
+    solver="auto",
 ):
     """Phase 2, step 2: affine constraints on ``vec(Theta)`` from certified rows.
 
@@ -126,6 +136,15 @@ def hull_constraints(
         term equal to the normal matrix's largest diagonal entry, at most its top
         eigenvalue), so they neither count as hull directions nor disturb the
         spectral gap; the Huber fit constrains them to 0.
+    solver : {"auto", "dense", "matrix-free"}, default="auto"
+        ``"dense"`` accumulates the normal matrix ``A^T Omega A`` (d^2, d^2),
+        ``O(rows d^4)``.  ``"matrix-free"`` keeps the rows' equations in factored
+        form (``x_row`` and ``v``, ``O(rows k d)`` floats) for
+        :func:`fit_affine_hull`'s iterative solver
+        (:mod:`~skattn.phased._hull_operator`: products with ``A`` and ``A^T`` in
+        ``O(rows d^2)``); ``stats["normal"]`` is then ``None``.  ``"auto"``:
+        matrix-free when ``n_features > _DENSE_HULL_MAX_FEATURES`` (the measured
+        crossover).
 
     Returns
     -------
@@ -164,6 +183,7 @@ def hull_constraints(
             f"confidence_floor must be None or a positive float, got "
             f"{confidence_floor!r}."
         )
+    matrix_free = _use_matrix_free(solver, d)
     # One scan: the max_rows certified rows of smallest residual (ties: smallest
     # global row index), then in global (sample, row) order.
     scan = map_reduce_batches(
@@ -180,7 +200,8 @@ def hull_constraints(
     n_cert, n_degenerate = scan["n_certified"], scan["n_degenerate"]
 
     d2 = d * d
-    normal = np.zeros((d2, d2))
+    normal = None if matrix_free else np.zeros((d2, d2))
+    factors = []  # matrix-free: the rows' (x_row, v, beta)
     rhs = np.zeros(d2)
     rhs_norm2 = 0.0
     n_equations = 0
@@ -206,8 +227,13 @@ def hull_constraints(
             rows_kept.append((tokens[u], x_row[u], p[u], omega[u], row_weight[u]))
         omega *= row_weight[:, None]
         v, beta = _row_equations(tokens, p, omega)
-        part = _normal_equations(x_row, v, beta)
-        normal += part[0]
+        if matrix_free:
+            u = (omega > 0).sum(axis=1) >= 2  # rows that give equations
+            factors.append((x_row[u], v[u], beta[u]))
+            part = _rhs_terms(x_row, v, beta)
+        else:
+            part = _normal_equations(x_row, v, beta)
+            normal += part[0]
         rhs += part[1]
         rhs_norm2 += part[2]
         n_eq_rows = np.maximum(kept.sum(axis=1) - 1, 0) * usable_row
@@ -217,15 +243,14 @@ def hull_constraints(
         if li.size:
             pick = rng.random_sample(li.size) < keep_prob
             li, ai = li[pick], ai[pick]
-            kept_eq.append(
-                np.einsum("ei,ej->eij", x_row[li], v[li, ai]).reshape(-1, d2)
-            )
+            kept_eq.append((x_row[li], v[li, ai]))
             kept_b.append(beta[li, ai])
-    equations = np.concatenate(kept_eq) if kept_eq else np.empty((0, d2))
+    eq_x = np.concatenate([e[0] for e in kept_eq]) if kept_eq else np.empty((0, d))
+    eq_v = np.concatenate([e[1] for e in kept_eq]) if kept_eq else np.empty((0, d))
     targets = np.concatenate(kept_b) if kept_b else np.empty(0)
-    if equations.shape[0] > n_keep_equations:
-        pick = rng.choice(equations.shape[0], n_keep_equations, replace=False)
-        equations, targets = equations[pick], targets[pick]
+    if targets.size > n_keep_equations:
+        pick = rng.choice(targets.size, n_keep_equations, replace=False)
+        eq_x, eq_v, targets = eq_x[pick], eq_v[pick], targets[pick]
     stats = {
         "gauge_features": tuple(int(j) for j in gauge_features),
         "normal": normal,
@@ -236,10 +261,20 @@ def hull_constraints(
         "n_features": d,
         "tol": float(tol),
         "n_samples": n,
-        "equations": equations,
+        "equation_factors": (eq_x, eq_v),
         "targets": targets,
     }
-    stats["normal"] = _pin_gauge(normal, stats["gauge_features"], d)
+    if matrix_free:
+        x_all = np.concatenate([f[0] for f in factors]) if factors else np.empty((0, d))
+        v_all = (
+            np.concatenate([f[1] for f in factors]) if factors else np.empty((0, k, d))
+        )
+        stats["constraints"] = _constraint_factors(
+            x_all, v_all, stats["gauge_features"], d
+        )
+    else:
+        stats["normal"] = _pin_gauge(normal, stats["gauge_features"], d)
+        stats["equations"] = np.einsum("ei,ej->eij", eq_x, eq_v).reshape(-1, d2)
     stats["rhs"][_gauge_indices(stats["gauge_features"], d)] = 0.0
     if keep_rows:
         names = ("tokens", "x_row", "p", "omega", "row_weight")
@@ -330,6 +365,32 @@ def _row_equations(tokens, p, omega):
     return v, beta
 
 
+def _rhs_terms(x_row, v, beta):
+    """``A^T b`` (d^2,) and ``b^T b`` of rows' equations (``None`` for ``A^T A``)."""
+    h = np.einsum("lad,la->ld", v, beta)  # (L, d)
+    return None, (x_row.T @ h).reshape(-1), float(np.sum(beta**2))
+
+
+def _use_matrix_free(solver, d):
+    """Whether the hull's system stays in factored form (see ``hull_constraints``)."""
+    if solver not in ("auto", "dense", "matrix-free"):
+        raise ValueError(
+            f"solver must be 'auto', 'dense' or 'matrix-free', got {solver!r}."
+        )
+    if solver == "auto":
+        return d > _DENSE_HULL_MAX_FEATURES
+    return solver == "matrix-free"
+
+
+def _constraint_factors(x_row, v, gauge_features, d):
+    """The factored system: rows, gauge mask and pin (as ``_pin_gauge`` sets it)."""
+    mask = np.ones(d * d)
+    mask[_gauge_indices(gauge_features, d)] = 0.0
+    diag = _normal_diag(x_row, v) * mask
+    pin = max(float(np.max(diag, initial=0.0)), np.finfo(float).tiny)
+    return {"x_row": x_row, "v": v, "mask": mask, "pin": pin if mask.min() < 1 else 0.0}
+
+
 def _normal_equations(x_row, v, beta):
     """``A^T A`` (d^2, d^2), ``A^T b`` (d^2,) and ``b^T b`` of rows' equations."""
     d = x_row.shape[1]
@@ -368,8 +429,14 @@ def _reweighted_stats(stats, row_factor):
     rows = stats["rows"]
     omega = rows["omega"] * (rows["row_weight"] * row_factor)[:, None]
     v, beta = _row_equations(rows["tokens"], rows["p"], omega)
+    gauge, d = stats.get("gauge_features", ()), stats["n_features"]
+    if stats.get("normal") is None:
+        _, rhs, rhs_norm2 = _rhs_terms(rows["x_row"], v, beta)
+        rhs[_gauge_indices(gauge, d)] = 0.0
+        constraints = _constraint_factors(rows["x_row"], v, gauge, d)
+        return {**stats, "constraints": constraints, "rhs": rhs, "rhs_norm2": rhs_norm2}
     normal, rhs, rhs_norm2 = _normal_equations(rows["x_row"], v, beta)
-    normal = _pin_gauge(normal, stats.get("gauge_features", ()), stats["n_features"])
+    normal = _pin_gauge(normal, gauge, d)
     return {**stats, "normal": normal, "rhs": rhs, "rhs_norm2": rhs_norm2}
 
 
@@ -409,7 +476,14 @@ def _too_few(stats, needed):
 
 
 def fit_affine_hull(
-    stats, n_heads, *, method="lstsq", huber_delta=None, reweight_iter=0
+    stats,
+    n_heads,
+    *,
+    method="lstsq",
+    huber_delta=None,
+    reweight_iter=0,
+    n_eigenvalues=None,
+    start=None,
 ):
     """Phase 2, step 3: the affine hull of the ``Theta_i`` from the constraints.
 
@@ -450,6 +524,15 @@ def fit_affine_hull(
         layers and hurt on others (m=3, k=2: hull error 0.16 -> 0.30 with a gap
         ratio of 84), and breaks down when most certified rows have disagreeing
         heads (m=3, k=4).
+    n_eigenvalues : int, default=None
+        Matrix-free statistics only (``hull_constraints(..., solver=
+        "matrix-free")``): how many of the smallest eigenvalues of each spectrum
+        to compute (default ``n_heads + 1``, and one more of the augmented
+        spectrum; :func:`sculpt_hull` asks for ``max_heads + 2`` when it counts
+        the heads).  The dense path returns them all.
+    start : ndarray of shape (r, d, d), default=None
+        Matrix-free only: matrices that seed the iterative eigensolver (e.g. the
+        previous round's point and directions).
 
     Returns
     -------
@@ -461,7 +544,10 @@ def fit_affine_hull(
         largest), ``augmented_spectrum`` (same for the augmented matrix),
         ``gap_ratio`` (m-th / (m-1)-th smallest eigenvalue; ``nan`` for m = 1),
         ``augmented_gap_ratio`` ((m+1)-th / m-th), ``rms_residual`` (weighted RMS
-        residual of the equations at the point), ``n_equations``, ``method``.
+        residual of the equations at the point), ``n_equations``, ``method``,
+        ``solver`` (``"dense"`` or ``"matrix-free"``; the latter also reports
+        ``iterative``: operator products and iterations, and its spectra hold
+        only the smallest ``n_eigenvalues`` eigenvalues).
 
     Examples
     --------
@@ -502,6 +588,12 @@ def fit_affine_hull(
         r = _hull_row_residual(stats["rows"], point, directions.T.reshape(m - 1, d, d))
         c = 1.5 * float(np.median(r)) + np.finfo(float).tiny
         stats = _reweighted_stats(stats, 1.0 / (1.0 + (r / c) ** 2))
+    if method not in ("lstsq", "huber"):
+        raise ValueError(f"method must be 'lstsq' or 'huber', got {method!r}.")
+    if stats.get("normal") is None:
+        return _fit_matrix_free(
+            stats, m, method, huber_delta, reweight_iter, n_eigenvalues, start
+        )
     normal, rhs = stats["normal"], stats["rhs"]
     evals, evecs = np.linalg.eigh(normal)
     top = max(evals[-1], np.finfo(float).tiny)
@@ -517,8 +609,6 @@ def fit_affine_hull(
     point = rest_vecs @ (rest_vecs.T @ rhs / rest_vals)
     if method == "huber":
         point = _huber_point(stats, point, directions, huber_delta)
-    elif method != "lstsq":
-        raise ValueError(f"method must be 'lstsq' or 'huber', got {method!r}.")
     augmented = np.empty((d2 + 1, d2 + 1))
     augmented[:d2, :d2] = normal
     augmented[:d2, d2] = augmented[d2, :d2] = -rhs
@@ -538,12 +628,58 @@ def fit_affine_hull(
         "augmented_gap_ratio": _ratio(aug, m),
         "rms_residual": float(np.sqrt(max(sq, 0.0) / stats["n_equations"])),
     }
+    info["solver"] = "dense"
+    return (point.reshape(d, d), directions.T.reshape(m - 1, d, d)), info
+
+
+def _fit_matrix_free(stats, m, method, huber_delta, reweight_iter, n_eig, start):
+    """:func:`fit_affine_hull` on factored statistics (iterative eigensolver)."""
+    d = stats["n_features"]
+    d2 = d * d
+    if start is not None:
+        start = np.asarray(start, dtype=float).reshape(-1, d2).T
+    point, directions, spectrum, aug, it_info = iterative_hull(
+        stats, m, n_eigenvalues=n_eig, start=start
+    )
+    if spectrum[m - 1] <= 1e-12:
+        raise CertificationError(
+            "The certified constraints do not determine the affine hull: the normal "
+            f"operator has {int(np.sum(spectrum <= 1e-12))} null directions, more "
+            f"than n_heads - 1 = {m - 1}. Certify more diverse rows: relax the "
+            f"tolerance (tol={stats.get('tol', np.nan):g}) or pass more samples."
+        )
+    if method == "huber":
+        point = _huber_point(stats, point, directions, huber_delta)
+    cons = stats["constraints"]
+    fitted = constraint_matvec(cons["x_row"], cons["v"], point[:, None])
+    sq = float(np.sum(fitted**2) - 2 * point @ stats["rhs"] + stats["rhs_norm2"])
+    info = {
+        "method": method,
+        "reweight_iter": reweight_iter,
+        "n_equations": int(stats["n_equations"]),
+        "n_rows": int(stats["n_rows"]),
+        "spectrum": spectrum,
+        "augmented_spectrum": aug,
+        "gap_ratio": _ratio(spectrum, m - 1) if m >= 2 else np.nan,
+        "augmented_gap_ratio": _ratio(aug, m),
+        "rms_residual": float(np.sqrt(max(sq, 0.0) / stats["n_equations"])),
+        "solver": "matrix-free",
+        "iterative": it_info,
+    }
     return (point.reshape(d, d), directions.T.reshape(m - 1, d, d)), info
 
 
 def _lstsq_hull(stats, m):
     """Least-squares point (d, d) and directions (d^2, m - 1) of the hull."""
     d = stats["n_features"]
+    if stats.get("normal") is None:
+        point, directions, spectrum, _, _ = iterative_hull(stats, m)
+        if spectrum[m - 1] <= 1e-12:
+            raise CertificationError(
+                "The reweighted constraints do not determine the affine hull; use "
+                "fewer reweighting iterations (reweight_iter) or more samples."
+            )
+        return point.reshape(d, d), directions
     evals, evecs = np.linalg.eigh(stats["normal"])
     top = max(evals[-1], np.finfo(float).tiny)
     rest_vals, rest_vecs = evals[m - 1 :], evecs[:, m - 1 :]
@@ -565,7 +701,10 @@ def _ratio(values, j):
 
 def _huber_point(stats, point, directions, delta):
     """Huber fit of the point on the kept equations, orthogonal to the directions."""
-    A, b = stats["equations"], stats["targets"]
+    A, b = stats.get("equations"), stats["targets"]
+    if A is None:  # matrix-free statistics keep the equations factored
+        eq_x, eq_v = stats["equation_factors"]
+        A = np.einsum("ei,ej->eij", eq_x, eq_v).reshape(b.size, -1)
     if A.shape[0] < A.shape[1]:
         raise CertificationError(
             _too_few({**stats, "n_equations": A.shape[0]}, A.shape[1])
@@ -653,6 +792,7 @@ def sculpt_hull(
     confidence_floor=None,
     reweight_iter=0,
     gauge_features=(),
+    solver="auto",
 ):
     """Phases 2-4: refine ``W_sum`` and fit the hull with a tightening tolerance.
 
@@ -706,6 +846,9 @@ def sculpt_hull(
         See :func:`fit_affine_hull` (0: no reweighting).
     gauge_features : tuple of int, default=()
         Constant token features; see :func:`hull_constraints`.
+    solver : {"auto", "dense", "matrix-free"}, default="auto"
+        How the hull's system is solved; see :func:`hull_constraints`.  The
+        matrix-free solver starts each round from the previous round's hull.
 
     Returns
     -------
@@ -777,16 +920,22 @@ def sculpt_hull(
                 confidence_floor=confidence_floor,
                 keep_rows=reweight_iter > 0,
                 gauge_features=gauge_features,
+                solver=solver,
             )
             if auto:
                 m, _ = estimate_n_heads(
-                    fit_affine_hull(stats, 1)[1]["augmented_spectrum"],
+                    fit_affine_hull(stats, 1, n_eigenvalues=max_heads + 2)[1][
+                        "augmented_spectrum"
+                    ],
                     max_heads=max_heads,
                 )
             else:
                 m = int(n_heads)
+            start = None
+            if result is not None and result[2].shape[0] == m - 1:
+                start = np.concatenate([result[1][None], result[2]])
             (point, directions), hinfo = fit_affine_hull(
-                stats, m, method=method, reweight_iter=reweight_iter
+                stats, m, method=method, reweight_iter=reweight_iter, start=start
             )
         except CertificationError as exc:
             if result is None:

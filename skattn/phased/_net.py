@@ -33,11 +33,14 @@ _BATCH_FLOATS = 2**21
 def _default_resolution(n_heads, n_features):
     """41 points per coordinate for 2 heads, 7 for 3, 5 for 4 (1 for one head).
 
-    Beyond, the finest grid whose Gram matrix fits the memory budget (at least 2).
+    Beyond, or when that grid's Gram matrix does not fit the memory budget (e.g.
+    2 heads at d = 128, 4 heads at d = 64), the finest grid that fits (at least 2).
     """
-    if n_heads <= 4:
-        return {1: 1, 2: 41, 3: 7, 4: 5}[n_heads]
     max_points = math.isqrt(_MAX_GRID_GRAM) // n_features
+    if n_heads <= 4:
+        preferred = {1: 1, 2: 41, 3: 7, 4: 5}[n_heads]
+        if n_heads == 1 or preferred ** (n_heads - 1) <= max_points:
+            return preferred
     resolution = 2
     while (resolution + 1) ** (n_heads - 1) <= max_points:
         resolution += 1

@@ -171,8 +171,8 @@ def _certify_batch(X, Y, W_sum, rcond):
     Z = (X.reshape(n * k, d) @ W_sum).reshape(n, k, d_out)
     D = Z[:, :-1] - Z[:, -1:]  # (n, k-1, o)
     target = Y - Z[:, -1:]  # (n, k, o): y_l - z_k
-    gram = np.einsum("nio,njo->nij", D, D, optimize=True)
-    rhs = np.einsum("nio,nlo->nil", D, target, optimize=True)  # column l = row l
+    gram = D @ np.swapaxes(D, 1, 2)
+    rhs = D @ np.swapaxes(target, 1, 2)  # (n, k-1, k): column l = row l
     sign, logdet = np.linalg.slogdet(gram)
     diag = np.einsum("nii->ni", gram)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -184,9 +184,9 @@ def _certify_batch(X, Y, W_sum, rcond):
     patterns = np.empty((n, k, k))
     patterns[:, :, :-1] = np.swapaxes(coef, 1, 2)
     patterns[:, :, -1] = 1.0 - coef.sum(axis=1)
-    fit = np.einsum("nla,nao->nlo", patterns, Z, optimize=True)
-    err = Y - fit
-    num = np.sqrt(np.einsum("nlo,nlo->nl", err, err))
+    # y_l - p_l^T Z = (y_l - z_k) - sum_a c_al (z_a - z_k), in place of target
+    target -= np.swapaxes(coef, 1, 2) @ D
+    num = np.sqrt(np.einsum("nlo,nlo->nl", target, target))
     den = np.sqrt(np.einsum("nlo,nlo->nl", Y, Y))
     with np.errstate(divide="ignore", invalid="ignore"):
         residual = np.where(den > 0, num / den, np.where(num > 0, np.inf, 0.0))
