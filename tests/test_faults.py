@@ -227,3 +227,137 @@ def test_a_damaged_result_file_is_an_error_that_names_it(tmp_path, suffix, how, 
         _sweep_again(output)
     assert info.match(match)
     assert output.read_bytes() == damaged  # nothing repaired or overwritten
+
+
+# -- data files that change or vanish during a fit --------------------------------
+
+from skattn import (  # noqa: E402
+    GradientAttentionRegressor,
+    MultiHeadAttentionRegressor,
+)
+from skattn import _batches  # noqa: E402
+from skattn._batches import SourceChangedError  # noqa: E402
+from skattn.datasets import make_attention_regression  # noqa: E402
+
+PHASED = dict(n_heads=2, n_tokens=3, random_state=0, batch_size=256)
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return make_attention_regression(
+        2000, 3, 4, 2, n_outputs=8, random_state=0, return_layer=True
+    )
+
+
+def _write_memmap(path, array):
+    out = np.lib.format.open_memmap(path, "w+", "f8", array.shape)
+    out[:] = array
+    out.flush()
+    del out
+    return np.load(path, mmap_mode="r")
+
+
+def _write_zarr(path, array, chunks=250):
+    zarr = pytest.importorskip("zarr")
+    out = zarr.open_array(
+        str(path), mode="w", shape=array.shape, chunks=(chunks, array.shape[1])
+    )
+    out[:] = array
+    return zarr.open_array(str(path), mode="r")
+
+
+def _memmap_fault(path, how):
+    if how == "overwritten":  # same size, other values
+        data = np.load(path, mmap_mode="r+")
+        data[:] = -data
+        data.flush()
+        del data
+        os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    elif how == "truncated":
+        os.truncate(path, os.path.getsize(path) // 2)
+    elif how == "deleted":
+        os.unlink(path)
+    elif how == "replaced":  # a new file under the same name
+        data = np.load(path)
+        os.unlink(path)
+        np.save(path, data)
+
+
+def _zarr_fault(path, how):
+    import shutil
+
+    chunk = next(p for p in sorted(path.rglob("*")) if p.is_file() and "c" in p.parts)
+    if how == "chunk rewritten":
+        zarr = pytest.importorskip("zarr")
+        data = zarr.open_array(str(path), mode="r+")
+        data[:250] = 0.5
+    elif how == "chunk deleted":  # zarr reads a missing chunk as its fill value
+        chunk.unlink()
+    elif how == "folder deleted":
+        shutil.rmtree(path)
+
+
+def _inject_after_reads(monkeypatch, n_reads, fault):
+    """Run ``fault()`` once, after the ``n_reads``-th read of a TokenBatches."""
+    original = _batches.TokenBatches._getitem
+    count = {"reads": 0}
+
+    def reading(self, key):
+        rows = original(self, key)
+        count["reads"] += 1
+        if count["reads"] == n_reads:
+            fault()
+        return rows
+
+    monkeypatch.setattr(_batches.TokenBatches, "_getitem", reading)
+    return count
+
+
+@pytest.mark.parametrize("how", ["overwritten", "truncated", "deleted", "replaced"])
+def test_memmap_that_changes_mid_fit_is_a_clear_error(
+    tmp_path, planted, monkeypatch, how
+):
+    X, y, _ = planted
+    X_mm = _write_memmap(tmp_path / "X.npy", X)
+    y_mm = _write_memmap(tmp_path / "y.npy", y)
+    X_before = X.copy()
+    count = _inject_after_reads(
+        monkeypatch, 20, lambda: _memmap_fault(tmp_path / "X.npy", how)
+    )
+    with pytest.raises(SourceChangedError, match=f"X's file '{tmp_path / 'X.npy'}'"):
+        MultiHeadAttentionRegressor(**PHASED).fit(X_mm, y_mm)
+    assert count["reads"] >= 20  # the fault happened mid-fit, after the validation
+    np.testing.assert_array_equal(X, X_before)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("how", ["chunk rewritten", "chunk deleted", "folder deleted"])
+@pytest.mark.parametrize("learner", ["phased", "gradient"])
+def test_zarr_that_changes_mid_fit_is_a_clear_error(
+    tmp_path, planted, monkeypatch, how, learner
+):
+    X, y, _ = planted
+    X_z = _write_zarr(tmp_path / "X.zarr", X)
+    y_z = _write_zarr(tmp_path / "y.zarr", y)
+    est = (
+        MultiHeadAttentionRegressor(**PHASED)
+        if learner == "phased"
+        else GradientAttentionRegressor(n_heads=2, n_tokens=3, max_iter=5)
+    )
+    fault = lambda: _zarr_fault(tmp_path / "X.zarr", how)  # noqa: E731
+    _inject_after_reads(monkeypatch, 12, fault)
+    what = "deleted" if how == "folder deleted" else "modified"
+    with pytest.raises(SourceChangedError, match=f"X's folder .*X.zarr' was {what}"):
+        est.fit(X_z, y_z)
+
+
+def test_unchanged_files_fit_as_before(tmp_path, planted):
+    # The checks do not change a fit whose files stay as they are.
+    X, y, _ = planted
+    in_memory = MultiHeadAttentionRegressor(**PHASED).fit(X, y)
+    for source in (_write_memmap, _write_zarr):
+        est = MultiHeadAttentionRegressor(**PHASED).fit(
+            source(tmp_path / f"X{source.__name__}", X),
+            source(tmp_path / f"y{source.__name__}", y),
+        )
+        np.testing.assert_allclose(est.attention_, in_memory.attention_, atol=1e-10)

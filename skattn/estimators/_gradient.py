@@ -24,6 +24,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_sample_weight, validate_data
 from tqdm.auto import tqdm
 
+from .._batches import check_sources
 from .._sequences import (
     check_fitted_tokens,
     flatten_tokens,
@@ -618,6 +619,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         """
         warm = self.warm_start and hasattr(self, "attention_")
         X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
+        sources = (X3, Y3)
         if self.head_rank is not None and self.solver != "lbfgs":
             raise ValueError(
                 f"head_rank={self.head_rank} needs solver='lbfgs' (the factors are "
@@ -705,6 +707,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                 ConvergenceWarning,
                 stacklevel=2,
             )
+        check_sources(*sources)  # files read in batches did not change during the fit
         self._set_layer(attention, projection)
         self.loss_ = float(loss)
         self.loss_curve_ = list(curve)

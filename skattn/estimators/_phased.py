@@ -11,7 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from .._batches import TokenBatches, map_reduce_batches
+from .._batches import TokenBatches, check_sources, map_reduce_batches
 from ..datasets import BooleanTokens
 from ..phased._affine_hull import sculpt_hull
 from ..phased._errors import CertificationError, CertificationWarning
@@ -505,6 +505,7 @@ n_features_per_token)
             from ..certificate import certify
 
             self.certificate_ = certify(self, X3, Y3)
+        check_sources(X3, Y3)  # files read in batches did not change during the fit
         return self
 
     def _choose_init(self, X3, Y3):
