@@ -573,7 +573,14 @@ def _dask_map_reduce(X, Y, func, merge, batch_size, samples, per_sample, name):
         level += 1
     if not parts:
         return None
-    parts = dask.compute(*parts)  # the partials, in chunk order
+    try:
+        parts = dask.compute(*parts)  # the partials, in chunk order
+    except Exception as exc:  # e.g. KilledWorker: keep its type, say which scan
+        exc.add_note(
+            f"skattn: raised by the dask scan {name!r} of a fit (one task per "
+            f"chunk of X); the fit stopped there and fitted nothing."
+        )
+        raise
     return parts[0] if len(parts) == 1 else merge(list(parts))
 
 

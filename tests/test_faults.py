@@ -361,3 +361,108 @@ def test_unchanged_files_fit_as_before(tmp_path, planted):
             source(tmp_path / f"y{source.__name__}", y),
         )
         np.testing.assert_allclose(est.attention_, in_memory.attention_, atol=1e-10)
+
+
+# -- a dask worker killed during phases 1-4 ----------------------------------------
+
+# The fit runs in another process (a hang cannot outlive the timeout) with a real
+# LocalCluster of 2 worker processes.  X's chunks pass through die_when_armed, which
+# SIGKILLs the worker running it once the ARM_AT-th dask scan of the fit has begun:
+# once ("once": dask recomputes the lost chunks elsewhere) or every time ("always":
+# every worker that tries dies).
+DASK_SCRIPT = """
+import json, os, signal, sys, warnings
+
+import numpy as np
+
+warnings.simplefilter("ignore")
+tmp, arm_at, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+armed, fired = os.path.join(tmp, "armed"), os.path.join(tmp, "fired")
+
+
+def die_when_armed(block):
+    if os.path.exists(armed):
+        if mode == "always":
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            os.close(os.open(fired, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return block
+        os.kill(os.getpid(), signal.SIGKILL)
+    return block
+
+
+if __name__ == "__main__":
+    import dask
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    from skattn import MultiHeadAttentionRegressor, _batches
+    from skattn.datasets import make_attention_regression
+
+    X, y = make_attention_regression(2000, 3, 4, 2, n_outputs=8, random_state=0)
+    params = dict(n_heads=2, n_tokens=3, random_state=0, batch_size=256)
+    in_memory = MultiHeadAttentionRegressor(**params).fit(X, y)
+    scans = []
+    original = _batches._dask_map_reduce
+
+    def arming(*args):
+        scans.append(args[-1])
+        if len(scans) == arm_at:
+            open(armed, "w").close()
+        return original(*args)
+
+    _batches._dask_map_reduce = arming
+    config = {"distributed.scheduler.allowed-failures": 2}
+    with dask.config.set(config), LocalCluster(
+        n_workers=2, threads_per_worker=1, dashboard_address=None
+    ) as cluster, Client(cluster):
+        Xd = da.from_array(X, chunks=(500, 12)).map_blocks(die_when_armed)
+        yd = da.from_array(y, chunks=(500, 24))
+        try:
+            est = MultiHeadAttentionRegressor(**params).fit(Xd, yd)
+            diff = max(
+                float(np.abs(est.attention_ - in_memory.attention_).max()),
+                float(np.abs(est.projection_ - in_memory.projection_).max()),
+            )
+            out = {"fitted": True, "diff": diff}
+        except Exception as exc:
+            notes = " ".join(getattr(exc, "__notes__", []))
+            out = {"fitted": False, "error": f"{type(exc).__name__}: {exc} {notes}"}
+    out.update(fired=os.path.exists(fired), scans=scans)
+    print(json.dumps(out))
+"""
+
+
+def _fit_on_a_cluster_killing_a_worker(tmp_path, arm_at, mode):
+    import json
+
+    pytest.importorskip("distributed")
+    script = tmp_path / "dask_fit.py"
+    script.write_text(textwrap.dedent(DASK_SCRIPT))
+    process = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(arm_at), mode],
+        timeout=_TIMEOUT,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+    )
+    assert process.returncode == 0, process.stderr.decode()[-3000:]
+    return json.loads(process.stdout.decode().strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("arm_at", [1, 4])  # phase 1's token sums; phase 2's scan
+def test_dask_worker_killed_mid_fit_gives_the_same_layer(tmp_path, arm_at):
+    out = _fit_on_a_cluster_killing_a_worker(tmp_path, arm_at, "once")
+    assert out["fired"]  # a worker did die, during the scan armed
+    assert out["scans"][0] == "skattn-token-sums"
+    assert out["scans"][arm_at - 1] in ("skattn-token-sums", "skattn-certify")
+    assert out["fitted"], out.get("error")
+    assert out["diff"] <= 1e-10  # dask recomputed the lost chunks: the same layer
+
+
+def test_dask_workers_that_keep_dying_are_a_clear_error(tmp_path):
+    out = _fit_on_a_cluster_killing_a_worker(tmp_path, 4, "always")
+    assert not out["fitted"]
+    assert out["error"].startswith("KilledWorker")
+    assert "array-die_when_armed" in out["error"]  # dask names the task that died
+    assert "the dask scan 'skattn-certify'" in out["error"]  # skattn, the scan
