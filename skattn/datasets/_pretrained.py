@@ -281,7 +281,17 @@ def _load_tensors(path):
             'it with `pip install "skattn[pretrained]"` (or `pip install '
             "safetensors`)."
         ) from exc
-    return load_file(str(path))
+    try:  # safetensors holds a JSON header and raw bytes: loading runs no code
+        return load_file(str(path))
+    except OSError:  # a missing or unreadable file says so itself
+        raise
+    except Exception as exc:  # SafetensorError and the like: bytes of another kind
+        raise ValueError(
+            f"{path} is not a .safetensors checkpoint that can be read "
+            f"({type(exc).__name__}: {exc}); pass the model.safetensors file of a "
+            f"BERT-style model (pickled .bin/.pt checkpoints are not loaded, as "
+            f"unpickling can run code)."
+        ) from exc
 
 
 def _n_heads_from_config(path):
@@ -360,8 +370,11 @@ def load_bert_attention(path=None, *, layer=0, n_heads=None, n_tokens=16):
     KeyError
         If a tensor is missing, naming it.
     ValueError
-        On wrong shapes, ``n_heads`` not dividing the width or non-finite
-        weights, naming the tensor.
+        If the file is not a readable ``.safetensors`` file (random bytes, cut
+        short, a pickle), naming it; on wrong shapes, ``n_heads`` not dividing
+        the width or non-finite weights, naming the tensor.
+    FileNotFoundError
+        If the file does not exist.
 
     Examples
     --------

@@ -1,0 +1,513 @@
+"""Fuzzed inputs on the public surface (hypothesis).
+
+Every case must end in one of two ways: a result that is finite and of the
+documented shape, or an exception of the documented type (``ValueError`` or
+``TypeError``; ``KeyError`` for a missing checkpoint tensor, ``FileNotFoundError``
+for a missing file) whose message is not empty.  The inputs are never modified
+and no case may take longer than ``_CASE_SECONDS``.  The number of cases tried per
+surface is printed at the end of the module (run with ``-s``) and written to the
+file named by ``$SKATTN_FUZZ_COUNTS`` when set.
+"""
+
+import contextlib
+import json
+import os
+import pickle
+import signal
+import struct
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+from skattn import (  # noqa: E402
+    AttentionLayer,
+    GradientAttentionRegressor,
+    MultiHeadAttentionRegressor,
+    RandomAttentionFeatures,
+    RandomFeatureAttentionRegressor,
+)
+
+COUNTS = Counter()
+DOCUMENTED = (ValueError, TypeError)
+_CASE_SECONDS = 30
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts():
+    yield
+    print(f"\nfuzz cases per surface: {dict(sorted(COUNTS.items()))}")
+    target = os.environ.get("SKATTN_FUZZ_COUNTS")
+    if target:
+        Path(target).write_text(json.dumps(dict(sorted(COUNTS.items())), indent=1))
+
+
+class _Hang(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _no_hang(seconds=_CASE_SECONDS):
+    """Fail a case that runs longer than ``seconds`` (SIGALRM, main thread)."""
+
+    def alarm(signum, frame):
+        raise _Hang(f"a fuzz case ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _snapshot(value):
+    if isinstance(value, np.ndarray):
+        return (value.dtype, value.shape, value.flags.writeable, value.tobytes())
+    return repr(value)
+
+
+def _outcome(surface, call, *inputs, allowed=DOCUMENTED):
+    """Run ``call()``: it returns or raises an allowed exception with a message;
+    the inputs are unchanged.  Returns the result, or None when it raised."""
+    COUNTS[surface] += 1
+    before = [_snapshot(v) for v in inputs]
+    result = None
+    with _no_hang(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            result = call()
+        except allowed as exc:
+            assert str(exc).strip(), f"{type(exc).__name__} without a message"
+    assert [_snapshot(v) for v in inputs] == before, "an input was modified"
+    return result
+
+
+# -- arrays: shapes, dtypes, NaN/inf, empty, huge, non-contiguous, read-only -------
+
+DTYPES = st.sampled_from(
+    [np.float64, np.float32, np.float16, np.int64, np.int8, np.bool_, np.complex128]
+)
+ELEMENTS = st.one_of(
+    st.floats(-3, 3),
+    st.sampled_from([0.0, 1.0, -1.0, np.nan, np.inf, -np.inf, 1e308, -1e308, 1e-308]),
+)
+
+
+@st.composite
+def arrays(draw, n=None, width=None, ndim=None):
+    """An array of a random dtype and layout, possibly hostile."""
+    ndim = draw(st.sampled_from([1, 2, 2, 2, 3, 0])) if ndim is None else ndim
+    shape = []
+    for axis in range(ndim):
+        if axis == 0 and n is not None:
+            shape.append(n)
+        elif axis == ndim - 1 and width is not None and ndim == 2:
+            shape.append(width)
+        else:
+            shape.append(draw(st.integers(0, 6)))
+    dtype = draw(DTYPES)
+    values = draw(hnp.arrays(np.float64, tuple(shape), elements=ELEMENTS))
+    with np.errstate(all="ignore"):
+        array = values.astype(dtype)
+    layout = draw(st.sampled_from(["C", "F", "strided", "read-only"]))
+    if layout == "F":
+        array = np.asfortranarray(array)
+    elif layout == "strided" and array.ndim:
+        array = np.repeat(array, 2, axis=0)[::2]  # a non-contiguous view
+    elif layout == "read-only":
+        array.setflags(write=False)
+    return array
+
+
+@st.composite
+def regression_data(draw):
+    """X and y that are often compatible (same length, 2-D/3-D) and often not."""
+    n = draw(st.integers(0, 8))
+    if draw(st.booleans()):
+        k = draw(st.integers(1, 3))
+        d = draw(st.integers(1, 3))
+        X = draw(arrays(n=n, ndim=3 if draw(st.booleans()) else 2))
+        if X.ndim == 3 or draw(st.booleans()):
+            X = np.resize(X, (n, k, d) if X.ndim == 3 else (n, k * d))
+        y = draw(arrays(n=n if draw(st.integers(0, 5)) else n + 1))
+        if y.ndim == 2 and draw(st.booleans()):
+            y = np.resize(y, (n, k * d))
+    else:
+        X, y = draw(arrays()), draw(arrays())
+    return X, y
+
+
+ESTIMATORS = {
+    "MultiHeadAttentionRegressor": lambda: MultiHeadAttentionRegressor(
+        n_heads=1, random_state=0
+    ),
+    "GradientAttentionRegressor": lambda: GradientAttentionRegressor(
+        n_heads=1, max_iter=5, random_state=0
+    ),
+    "RandomFeatureAttentionRegressor": lambda: RandomFeatureAttentionRegressor(
+        n_heads=3, random_state=0
+    ),
+    "RandomAttentionFeatures": lambda: RandomAttentionFeatures(
+        n_heads=3, random_state=0
+    ),
+}
+
+
+def _fit_and_predict(est, X, y, X_new):
+    est.fit(X, y)
+    method = est.transform if hasattr(est, "transform") else est.predict
+    out = np.asarray(method(X_new))
+    assert len(out) == len(X_new)
+    assert np.all(np.isfinite(out)), "a fit on accepted input predicts non-finite"
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@FUZZ
+@given(data=regression_data(), X_new=arrays())
+def test_fit_predict_of_every_estimator(name, data, X_new):
+    X, y = data
+    est = ESTIMATORS[name]()
+    _outcome(
+        f"fit/predict {name}",
+        lambda: _fit_and_predict(est, X, y, X_new),
+        X,
+        y,
+        X_new,
+    )
+
+
+# -- AttentionLayer: constructor, from_projections, from_torch ---------------------
+
+
+@FUZZ
+@given(
+    attention=arrays(),
+    projection=arrays(),
+    key_bias=st.none() | arrays(),
+    intercept=st.none() | arrays(),
+    X=arrays(),
+)
+def test_attention_layer_constructor_and_transform(
+    attention, projection, key_bias, intercept, X
+):
+    def call():
+        layer = AttentionLayer(attention, projection, key_bias, intercept)
+        out = layer.fit(X).transform(X)
+        assert np.all(np.isfinite(out)), "transform of accepted input is not finite"
+
+    _outcome("AttentionLayer(...).fit/transform", call, attention, projection, X)
+
+
+@st.composite
+def projection_weights(draw):
+    e = draw(st.integers(1, 6))
+    square = st.just((e, e))
+    shape = draw(st.sampled_from([square, st.tuples(*(st.integers(0, 6),) * 2)]))
+    weights = [draw(arrays(ndim=2)) for _ in range(4)]
+    if draw(st.booleans()):
+        weights = [np.resize(np.asarray(w, dtype=float), draw(shape)) for w in weights]
+    n_heads = draw(st.sampled_from([1, 2, 3, 0, -1, 2.5, "2", None, True]))
+    biases = draw(
+        st.none()
+        | st.dictionaries(
+            st.sampled_from(["query", "key", "value", "output", "other"]),
+            arrays(ndim=1),
+            max_size=4,
+        )
+    )
+    return weights, n_heads, biases
+
+
+@FUZZ
+@given(spec=projection_weights(), n_tokens=st.sampled_from([None, 1, 2, 0, -1]))
+def test_from_projections(spec, n_tokens):
+    weights, n_heads, biases = spec
+
+    def call():
+        layer = AttentionLayer.from_projections(
+            *weights, n_heads, biases=biases, n_tokens=n_tokens
+        )
+        d = layer.n_features
+        X = np.random.default_rng(0).normal(size=(2, 2, d))
+        assert np.all(np.isfinite(layer.transform(X)))
+
+    _outcome("AttentionLayer.from_projections", call, *weights)
+
+
+@st.composite
+def torch_modules(draw):
+    torch = pytest.importorskip("torch")
+    if draw(st.integers(0, 5)) == 0:
+        return draw(st.sampled_from([None, 3, "mha", torch.nn.Linear(2, 2)]))
+    heads = draw(st.integers(1, 3))
+    embed = heads * draw(st.integers(1, 3))
+    kwargs = dict(
+        bias=draw(st.booleans()),
+        add_bias_kv=draw(st.integers(0, 4)) == 0,
+        add_zero_attn=draw(st.integers(0, 4)) == 0,
+        batch_first=draw(st.booleans()),
+    )
+    if draw(st.integers(0, 4)) == 0:
+        kwargs["kdim"] = embed + 1
+    torch.manual_seed(draw(st.integers(0, 100)))
+    module = torch.nn.MultiheadAttention(embed, heads, **kwargs)
+    module = module.to(draw(st.sampled_from([torch.float32, torch.float64])))
+    poison = draw(st.sampled_from([None, np.nan, np.inf, 1e30]))
+    if poison is not None:
+        with torch.no_grad():
+            module.out_proj.weight[0, 0] = poison
+    return module
+
+
+@FUZZ
+@given(module=torch_modules(), n_tokens=st.sampled_from([None, 1, 3, 0]))
+def test_from_torch(module, n_tokens):
+    def call():
+        layer = AttentionLayer.from_torch(module, n_tokens=n_tokens)
+        X = np.random.default_rng(0).normal(size=(2, 3, layer.n_features))
+        assert np.all(np.isfinite(layer.transform(X)))
+
+    _outcome("AttentionLayer.from_torch", call)
+
+
+# -- checkpoint loaders: random bytes, truncated safetensors, wrong dtypes ---------
+
+
+def _safetensors_bytes(tensors):
+    from safetensors.numpy import save
+
+    return save(tensors)
+
+
+def _bert_tensors(e=4, vocab=5, positions=6, dtype=np.float32, drop=None):
+    rng = np.random.default_rng(0)
+    names = {
+        "encoder.layer.0.attention.self.query": (e, e),
+        "encoder.layer.0.attention.self.key": (e, e),
+        "encoder.layer.0.attention.self.value": (e, e),
+        "encoder.layer.0.attention.output.dense": (e, e),
+    }
+    tensors = {}
+    for name, shape in names.items():
+        tensors[name + ".weight"] = rng.normal(size=shape).astype(dtype)
+        tensors[name + ".bias"] = rng.normal(size=shape[0]).astype(dtype)
+    tensors["embeddings.word_embeddings.weight"] = rng.normal(size=(vocab, e))
+    tensors["embeddings.position_embeddings.weight"] = rng.normal(size=(positions, e))
+    tensors["embeddings.token_type_embeddings.weight"] = rng.normal(size=(2, e))
+    tensors["embeddings.LayerNorm.weight"] = np.ones(e)
+    tensors["embeddings.LayerNorm.bias"] = np.zeros(e)
+    tensors = {k: np.asarray(v).astype(dtype) for k, v in tensors.items()}
+    if drop is not None:
+        tensors.pop(sorted(tensors)[drop % len(tensors)])
+    return tensors
+
+
+@st.composite
+def checkpoint_bytes(draw):
+    kind = draw(
+        st.sampled_from(["random", "truncated", "dtype", "missing", "header", "valid"])
+    )
+    if kind == "random":
+        return kind, draw(st.binary(min_size=0, max_size=300))
+    if kind == "header":  # a length prefix pointing far past the end
+        size = draw(st.sampled_from([0, 7, 2**40, 2**64 - 1]))
+        return kind, struct.pack("<Q", size) + draw(st.binary(max_size=40))
+    dtype = np.float32
+    if kind == "dtype":
+        dtype = draw(
+            st.sampled_from([np.int32, np.int8, np.uint8, np.float16, np.bool_])
+        )
+    drop = draw(st.integers(0, 100)) if kind == "missing" else None
+    data = _safetensors_bytes(_bert_tensors(dtype=dtype, drop=drop))
+    if kind == "truncated":
+        data = data[: draw(st.integers(0, len(data) - 1))]
+    return kind, data
+
+
+@FUZZ
+@given(checkpoint=checkpoint_bytes(), n_tokens=st.sampled_from([2, 4]))
+def test_checkpoint_loader(tmp_path_factory, checkpoint, n_tokens):
+    from skattn.datasets import load_bert_attention
+
+    kind, data = checkpoint
+    path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
+    path.write_bytes(data)
+
+    def call():
+        layer, dist = load_bert_attention(path, n_heads=2, n_tokens=n_tokens)
+        X = dist.sample(3, random_state=0)
+        assert np.all(np.isfinite(layer.transform(X)))
+
+    _outcome(
+        f"load_bert_attention ({kind})",
+        call,
+        allowed=(ValueError, TypeError, KeyError),
+    )
+    assert path.read_bytes() == data
+
+
+class _Payload:
+    """Unpickling this runs ``Path(marker).touch()``: code execution."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_pickle_disguised_as_a_checkpoint_is_refused(tmp_path):
+    from skattn.cli import main
+    from skattn.datasets import load_bert_attention, open_attention_regression
+
+    marker = tmp_path / "code-was-executed"
+    payload = pickle.dumps({"X": _Payload(marker)})
+    # a .safetensors checkpoint
+    checkpoint = tmp_path / "model.safetensors"
+    checkpoint.write_bytes(payload)
+    with pytest.raises(ValueError, match="model.safetensors.*not a .safetensors"):
+        load_bert_attention(checkpoint, n_heads=1)
+    # .npy files: an object array pickles its items, and a bare pickle
+    folder = tmp_path / "data.npy"
+    folder.mkdir()
+    np.save(folder / "X.npy", np.array([_Payload(marker)], dtype=object))
+    (folder / "y.npy").write_bytes(payload)
+    with pytest.raises(ValueError, match="pickle"):
+        open_attention_regression(folder)
+    with pytest.raises(SystemExit, match="pickle"):
+        main(["fit", str(folder / "X.npy"), str(folder / "y.npy"), "--n-tokens", "1"])
+    npz = tmp_path / "data.npz"
+    np.savez(npz, X=np.array([_Payload(marker)], dtype=object), y=np.zeros(1))
+    with pytest.raises(SystemExit, match="pickle"):
+        main(["fit", str(npz), "--n-tokens", "1"])
+    assert not marker.exists()  # no code ran
+    pickle.loads(payload)  # the payload does run code when unpickled
+    assert marker.exists()
+
+
+# -- sweep configuration files ------------------------------------------------------
+
+TOML_SCALARS = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.sampled_from([0, 1, 2, 10**9, 10**18, -1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=8),
+    st.sampled_from(["planted", "MultiHeadAttentionRegressor", "out.csv", "x.txt"]),
+)
+TOML_VALUES = st.one_of(TOML_SCALARS, st.lists(TOML_SCALARS, max_size=3))
+KEYS = {
+    "top": ["output", "scheduler", "n_jobs", "n_test", "success_tol", "retry_failed"],
+    "planted": ["n_heads", "n_tokens", "n_features", "n_outputs", "attention_scale"]
+    + ["distribution", "structure"],
+    "grid": ["n_samples", "noise", "seeds"],
+    "learner": ["estimator", "n_heads", "max_iter", "random_state", "alpha"],
+}
+
+
+def _table(keys):
+    return st.dictionaries(
+        st.sampled_from(keys) | st.text(min_size=1, max_size=5), TOML_VALUES, max_size=5
+    )
+
+
+@st.composite
+def sweep_configs(draw):
+    config = draw(_table(KEYS["top"]))
+    if draw(st.integers(0, 4)):
+        config.setdefault("output", "results.csv")
+    for section in ("planted", "grid"):
+        if draw(st.integers(0, 4)):
+            config[section] = draw(_table(KEYS[section]))
+    if draw(st.integers(0, 4)):
+        learner = draw(_table(KEYS["learner"]))
+        if draw(st.integers(0, 3)):
+            learner["estimator"] = draw(
+                st.sampled_from(
+                    ["MultiHeadAttentionRegressor", "GradientAttentionRegressor"]
+                )
+            )
+        config["learners"] = {"a": learner}
+    return config
+
+
+def _toml(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return {"nan": "nan", "inf": "inf", "-inf": "-inf"}.get(str(value), repr(value))
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def _write_toml(config):
+    lines, tables = [], []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            tables.append((key, value))
+        else:
+            lines.append(f"{json.dumps(key)} = {_toml(value)}")
+    for name, table in tables:
+        if name == "learners":
+            for learner, spec in table.items():
+                lines.append(f"[learners.{learner}]")
+                lines += [f"{json.dumps(k)} = {_toml(v)}" for k, v in spec.items()]
+        else:
+            lines.append(f"[{name}]")
+            lines += [f"{json.dumps(k)} = {_toml(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+class _Validated(Exception):
+    """Raised where the sweep would start its fits: every check passed."""
+
+
+def _validated(*args):
+    raise _Validated
+
+
+@FUZZ
+@given(config=sweep_configs())
+def test_sweep_config_files(tmp_path_factory, monkeypatch_module, config):
+    from skattn.experiments import _sweep, load_sweep_config, recovery_sweep
+
+    folder = tmp_path_factory.mktemp("config")
+    path = folder / "sweep.toml"
+    text = _write_toml(config)
+    path.write_text(text)
+
+    def call():
+        kwargs = load_sweep_config(path)
+        with monkeypatch_module.context() as patch:
+            # validation only: no scheduler is contacted, no fit runs
+            patch.setattr(_sweep, "_connect", lambda scheduler: None)
+            patch.setattr(_sweep, "_run", _validated)
+            with contextlib.suppress(_Validated):
+                recovery_sweep(**{**kwargs, "progress": False})
+
+    _outcome("sweep config file", call)
+    assert path.read_text() == text
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
