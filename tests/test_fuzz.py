@@ -35,11 +35,12 @@ from skattn import (  # noqa: E402
     RandomFeatureAttentionRegressor,
 )
 
-COUNTS = Counter()
+COUNTS = Counter()  # cases tried per surface
+ACCEPTED = Counter()  # of which returned a (finite, well-shaped) result
 DOCUMENTED = (ValueError, TypeError)
 _CASE_SECONDS = 30
 FUZZ = settings(
-    max_examples=60,
+    max_examples=int(os.environ.get("SKATTN_FUZZ_EXAMPLES", 60)),
     deadline=None,
     database=None,
     derandomize=True,
@@ -50,10 +51,11 @@ FUZZ = settings(
 @pytest.fixture(scope="module", autouse=True)
 def _report_counts():
     yield
-    print(f"\nfuzz cases per surface: {dict(sorted(COUNTS.items()))}")
+    counts = {s: [COUNTS[s], ACCEPTED[s]] for s in sorted(COUNTS)}
+    print(f"\nfuzz cases per surface [tried, accepted]: {counts}")
     target = os.environ.get("SKATTN_FUZZ_COUNTS")
     if target:
-        Path(target).write_text(json.dumps(dict(sorted(COUNTS.items())), indent=1))
+        Path(target).write_text(json.dumps(counts, indent=1))
 
 
 class _Hang(Exception):
@@ -92,6 +94,7 @@ def _outcome(surface, call, *inputs, allowed=DOCUMENTED):
         warnings.simplefilter("ignore")
         try:
             result = call()
+            ACCEPTED[surface] += 1
         except allowed as exc:
             assert str(exc).strip(), f"{type(exc).__name__} without a message"
     assert [_snapshot(v) for v in inputs] == before, "an input was modified"
@@ -135,22 +138,83 @@ def arrays(draw, n=None, width=None, ndim=None):
     return array
 
 
+MUTATIONS = [
+    "dtype",
+    "nan",
+    "inf",
+    "huge",
+    "tiny",
+    "empty",
+    "y length",
+    "y rank",
+    "X rank",
+    "new width",
+    "strided",
+    "fortran",
+    "read-only",
+    "list",
+]
+
+
+def _mutate(draw, array, mutation):
+    array = np.array(array)
+    if mutation == "dtype":
+        dtype = draw(DTYPES)
+        with np.errstate(all="ignore"):
+            return array.astype(dtype)
+    if mutation in ("nan", "inf", "huge", "tiny") and array.size:
+        value = {"nan": np.nan, "inf": -np.inf, "huge": 1e300, "tiny": 1e-300}
+        flat = array.reshape(-1).astype(float)
+        index = draw(st.integers(0, flat.size - 1))
+        flat[index if mutation in ("nan", "inf") else slice(None)] *= 0
+        flat[index if mutation in ("nan", "inf") else slice(None)] += value[mutation]
+        return flat.reshape(array.shape)
+    if mutation == "strided" and array.ndim:
+        return np.repeat(array, 2, axis=0)[::2]
+    if mutation == "fortran":
+        return np.asfortranarray(array)
+    if mutation == "read-only":
+        array.setflags(write=False)
+    return array
+
+
 @st.composite
 def regression_data(draw):
-    """X and y that are often compatible (same length, 2-D/3-D) and often not."""
-    n = draw(st.integers(0, 8))
+    """X, y and new X: valid data with up to two hostile mutations, or anything."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(arrays()), draw(arrays()), draw(arrays())
+    n = draw(st.integers(1, 12))
+    k, d, d_out = (draw(st.integers(1, 3)) for _ in range(3))
+    X = draw(hnp.arrays(np.float64, (n, k, d), elements=st.floats(-2, 2)))
+    y = draw(hnp.arrays(np.float64, (n, k * d_out), elements=st.floats(-2, 2)))
+    X_new = X[: draw(st.integers(1, n))]
     if draw(st.booleans()):
-        k = draw(st.integers(1, 3))
-        d = draw(st.integers(1, 3))
-        X = draw(arrays(n=n, ndim=3 if draw(st.booleans()) else 2))
-        if X.ndim == 3 or draw(st.booleans()):
-            X = np.resize(X, (n, k, d) if X.ndim == 3 else (n, k * d))
-        y = draw(arrays(n=n if draw(st.integers(0, 5)) else n + 1))
-        if y.ndim == 2 and draw(st.booleans()):
-            y = np.resize(y, (n, k * d))
-    else:
-        X, y = draw(arrays()), draw(arrays())
-    return X, y
+        X, X_new = X.reshape(n, k * d), X_new.reshape(len(X_new), k * d)
+    if draw(st.booleans()):
+        y = y[:, 0]
+    mutations = draw(st.lists(st.sampled_from(MUTATIONS), max_size=2))
+    for mutation in mutations:
+        target = draw(st.sampled_from(["X", "y", "X_new"]))
+        if mutation == "empty":
+            X, y = X[:0], y[:0]
+        elif mutation == "y length":
+            y = y[:-1]
+        elif mutation == "y rank":
+            y = y[..., None, None]
+        elif mutation == "X rank":
+            X = X[..., None]
+        elif mutation == "new width":
+            X_new = np.concatenate([X_new, X_new], axis=-1)
+        elif mutation != "list":
+            value = {"X": X, "y": y, "X_new": X_new}[target]
+            value = _mutate(draw, value, mutation)
+            X, y, X_new = (
+                value if name == target else old
+                for name, old in (("X", X), ("y", y), ("X_new", X_new))
+            )
+    if "list" in mutations:
+        X = X.tolist()
+    return X, y, X_new
 
 
 ESTIMATORS = {
@@ -180,9 +244,9 @@ def _fit_and_predict(est, X, y, X_new):
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 @FUZZ
-@given(data=regression_data(), X_new=arrays())
-def test_fit_predict_of_every_estimator(name, data, X_new):
-    X, y = data
+@given(data=regression_data())
+def test_fit_predict_of_every_estimator(name, data):
+    X, y, X_new = data
     est = ESTIMATORS[name]()
     _outcome(
         f"fit/predict {name}",
@@ -196,43 +260,81 @@ def test_fit_predict_of_every_estimator(name, data, X_new):
 # -- AttentionLayer: constructor, from_projections, from_torch ---------------------
 
 
+def _mutated(draw, values, extra=()):
+    """``values`` (a dict of arrays) with up to two hostile mutations."""
+    values = dict(values)
+    for mutation in draw(st.lists(st.sampled_from([*MUTATIONS, *extra]), max_size=2)):
+        name = draw(st.sampled_from(sorted(values)))
+        value = values[name]
+        if value is None or mutation in ("y length", "y rank", "new width"):
+            continue
+        if mutation == "empty":
+            values[name] = np.asarray(value)[:0]
+        elif mutation == "X rank":
+            values[name] = np.asarray(value)[..., None]
+        elif mutation == "list":
+            values[name] = np.asarray(value).tolist()
+        elif mutation == "other object":
+            values[name] = draw(st.sampled_from([None, "abc", {"a": 1}, 3, object()]))
+        elif mutation == "other shape":
+            values[name] = draw(arrays())
+        else:
+            values[name] = _mutate(draw, value, mutation)
+    return values
+
+
+@st.composite
+def layer_parameters(draw):
+    m, d, d_out, k, n = (draw(st.integers(1, 3)) for _ in range(5))
+    floats = st.floats(-2, 2)
+    values = {
+        "attention": draw(hnp.arrays(np.float64, (m, d, d), elements=floats)),
+        "projection": draw(hnp.arrays(np.float64, (m, d, d_out), elements=floats)),
+        "key_bias": draw(st.none() | hnp.arrays(np.float64, (m, d), elements=floats)),
+        "intercept": draw(st.none() | hnp.arrays(np.float64, (d_out,), elements=floats)),
+        "X": draw(hnp.arrays(np.float64, (n, k, d), elements=floats)),
+    }
+    return _mutated(draw, values, extra=("other object", "other shape"))
+
+
 @FUZZ
-@given(
-    attention=arrays(),
-    projection=arrays(),
-    key_bias=st.none() | arrays(),
-    intercept=st.none() | arrays(),
-    X=arrays(),
-)
-def test_attention_layer_constructor_and_transform(
-    attention, projection, key_bias, intercept, X
-):
+@given(values=layer_parameters())
+def test_attention_layer_constructor_and_transform(values):
     def call():
-        layer = AttentionLayer(attention, projection, key_bias, intercept)
-        out = layer.fit(X).transform(X)
+        layer = AttentionLayer(
+            values["attention"],
+            values["projection"],
+            key_bias=values["key_bias"],
+            intercept=values["intercept"],
+        )
+        out = layer.fit(values["X"]).transform(values["X"])
         assert np.all(np.isfinite(out)), "transform of accepted input is not finite"
 
-    _outcome("AttentionLayer(...).fit/transform", call, attention, projection, X)
+    _outcome("AttentionLayer(...).fit/transform", call, *values.values())
 
 
 @st.composite
 def projection_weights(draw):
-    e = draw(st.integers(1, 6))
-    square = st.just((e, e))
-    shape = draw(st.sampled_from([square, st.tuples(*(st.integers(0, 6),) * 2)]))
-    weights = [draw(arrays(ndim=2)) for _ in range(4)]
+    heads = draw(st.integers(1, 3))
+    e = heads * draw(st.integers(1, 2))
+    floats = st.floats(-2, 2)
+    values = {
+        role: draw(hnp.arrays(np.float64, (e, e), elements=floats))
+        for role in ("query", "key", "value", "output")
+    }
     if draw(st.booleans()):
-        weights = [np.resize(np.asarray(w, dtype=float), draw(shape)) for w in weights]
-    n_heads = draw(st.sampled_from([1, 2, 3, 0, -1, 2.5, "2", None, True]))
-    biases = draw(
-        st.none()
-        | st.dictionaries(
-            st.sampled_from(["query", "key", "value", "output", "other"]),
-            arrays(ndim=1),
-            max_size=4,
-        )
-    )
-    return weights, n_heads, biases
+        for role in ("query", "key", "value", "output"):
+            values[f"{role} bias"] = draw(hnp.arrays(np.float64, e, elements=floats))
+    values = _mutated(draw, values, extra=("other object", "other shape"))
+    n_heads = draw(st.sampled_from([heads, heads, heads, 0, -1, 2.5, "2", None, True]))
+    biases = {
+        role: values.pop(f"{role} bias")
+        for role in ("query", "key", "value", "output")
+        if f"{role} bias" in values
+    } or None
+    if biases is not None and draw(st.integers(0, 4)) == 0:
+        biases["other"] = np.zeros(e)
+    return [values[r] for r in ("query", "key", "value", "output")], n_heads, biases
 
 
 @FUZZ
@@ -244,8 +346,7 @@ def test_from_projections(spec, n_tokens):
         layer = AttentionLayer.from_projections(
             *weights, n_heads, biases=biases, n_tokens=n_tokens
         )
-        d = layer.n_features
-        X = np.random.default_rng(0).normal(size=(2, 2, d))
+        X = np.random.default_rng(0).normal(size=(2, 2, layer.n_features))
         assert np.all(np.isfinite(layer.transform(X)))
 
     _outcome("AttentionLayer.from_projections", call, *weights)
@@ -319,11 +420,11 @@ def _bert_tensors(e=4, vocab=5, positions=6, dtype=np.float32, drop=None):
     return tensors
 
 
+CHECKPOINT_KINDS = ["random", "header", "truncated", "dtype", "missing", "valid"]
+
+
 @st.composite
-def checkpoint_bytes(draw):
-    kind = draw(
-        st.sampled_from(["random", "truncated", "dtype", "missing", "header", "valid"])
-    )
+def checkpoint_bytes(draw, kind):
     if kind == "random":
         return kind, draw(st.binary(min_size=0, max_size=300))
     if kind == "header":  # a length prefix pointing far past the end
@@ -341,12 +442,13 @@ def checkpoint_bytes(draw):
     return kind, data
 
 
-@FUZZ
-@given(checkpoint=checkpoint_bytes(), n_tokens=st.sampled_from([2, 4]))
-def test_checkpoint_loader(tmp_path_factory, checkpoint, n_tokens):
+@pytest.mark.parametrize("kind", CHECKPOINT_KINDS)
+@settings(FUZZ, max_examples=max(FUZZ.max_examples // 3, 5))
+@given(data=st.data(), n_tokens=st.sampled_from([2, 4]))
+def test_checkpoint_loader(tmp_path_factory, kind, data, n_tokens):
     from skattn.datasets import load_bert_attention
 
-    kind, data = checkpoint
+    kind, data = data.draw(checkpoint_bytes(kind))
     path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
     path.write_bytes(data)
 
@@ -428,23 +530,44 @@ def _table(keys):
     )
 
 
+ABSURD = [10**12, 10**18, 2**63 - 1, -(2**63), 0, -1, 1e300, float("nan"), ""]
+
+
 @st.composite
 def sweep_configs(draw):
-    config = draw(_table(KEYS["top"]))
-    if draw(st.integers(0, 4)):
-        config.setdefault("output", "results.csv")
-    for section in ("planted", "grid"):
-        if draw(st.integers(0, 4)):
-            config[section] = draw(_table(KEYS[section]))
-    if draw(st.integers(0, 4)):
-        learner = draw(_table(KEYS["learner"]))
-        if draw(st.integers(0, 3)):
-            learner["estimator"] = draw(
-                st.sampled_from(
-                    ["MultiHeadAttentionRegressor", "GradientAttentionRegressor"]
-                )
-            )
-        config["learners"] = {"a": learner}
+    """A valid config, then up to three hostile edits: a value of a wrong type or
+    an absurd size, an unknown key, a missing key or table."""
+    config = {
+        "output": "results.csv",
+        "n_jobs": 1,
+        "n_test": 20,
+        "planted": {"n_heads": [1, 2], "n_tokens": 2, "n_features": 3},
+        "grid": {"n_samples": [50, 100], "noise": [0.0], "seeds": 2},
+        "learners": {
+            "a": {"estimator": "GradientAttentionRegressor", "n_heads": "planted"}
+        },
+    }
+    sections = {
+        "top": config,
+        "planted": config["planted"],
+        "grid": config["grid"],
+        "learner": config["learners"]["a"],
+    }
+    for _ in range(draw(st.integers(1, 3))):
+        where = draw(st.sampled_from(sorted(sections)))
+        table = sections[where]
+        edit = draw(st.sampled_from(["value", "absurd", "unknown key", "drop"]))
+        key = draw(st.sampled_from(KEYS[where]))
+        if edit == "value":
+            table[key] = draw(TOML_VALUES)
+        elif edit == "absurd":
+            table[key] = draw(st.sampled_from(ABSURD))
+        elif edit == "unknown key":
+            table[draw(st.text(min_size=1, max_size=5))] = draw(TOML_VALUES)
+        elif key in table:
+            del table[key]
+        if where == "top" and draw(st.integers(0, 9)) == 0:
+            config.pop(draw(st.sampled_from(["planted", "grid", "learners"])), None)
     return config
 
 
@@ -511,3 +634,54 @@ def test_sweep_config_files(tmp_path_factory, monkeypatch_module, config):
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as patch:
         yield patch
+
+
+# -- regressions: each bug the fuzzer found, as a plain test -------------------------
+
+
+def test_gradient_fit_that_overflows_is_an_error_not_a_nan_layer():
+    # Found: X = 1e300 gave a fit with NaN parameters and NaN predictions.
+    with pytest.raises(ValueError, match="diverged.*Rescale X"):
+        GradientAttentionRegressor(n_heads=1, max_iter=5, random_state=0).fit(
+            np.array([[[1e300]]]), np.array([[0.0]])
+        )
+
+
+def test_transforms_that_overflow_are_an_error_not_inf():
+    # Found: finite inputs of 1e300 gave infinite features / NaN outputs.
+    huge = np.array([[[1e300]]])
+    features = RandomAttentionFeatures(n_heads=3, random_state=0).fit(np.zeros((1, 1)))
+    with pytest.raises(ValueError, match="features overflowed.*X up to 1e\\+300"):
+        features.transform(huge)
+    layer = AttentionLayer(np.ones((1, 1, 1)), np.zeros((1, 1, 1)))
+    with pytest.raises(ValueError, match="transform overflowed.*X up to 1e\\+300"):
+        layer.transform(huge)
+    with pytest.raises(ValueError, match="attention_patterns overflowed"):
+        layer.attention_patterns(huge)
+    regressor = RandomFeatureAttentionRegressor(n_heads=3, random_state=0)
+    with pytest.raises(ValueError, match="overflowed"):
+        regressor.fit(huge, np.zeros(1))
+
+
+def test_absurd_seed_count_in_a_config_is_refused(tmp_path):
+    # Found: seeds = 10**12 built a list of 10**12 seeds (MemoryError after a wait).
+    from skattn.experiments import load_sweep_config
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(
+        'output = "r.csv"\n[grid]\nn_samples = 10\nseeds = 1_000_000_000_000\n'
+        '[learners.a]\nestimator = "GradientAttentionRegressor"\n'
+    )
+    with _no_hang(5), pytest.raises(ValueError, match="seeds = 1000000000000"):
+        load_sweep_config(path)
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00" * 7, b"not a checkpoint at all"])
+def test_unreadable_checkpoint_is_a_value_error_naming_it(tmp_path, data):
+    # Found: safetensors' own SafetensorError, not a ValueError naming the file.
+    from skattn.datasets import load_bert_attention
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=f"{path} is not a .safetensors checkpoint"):
+        load_bert_attention(path, n_heads=1)

@@ -708,6 +708,14 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                 stacklevel=2,
             )
         check_sources(*sources)  # files read in batches did not change during the fit
+        if not all(np.all(np.isfinite(v)) for v in (loss, attention, projection)):
+            raise ValueError(
+                f"{type(self).__name__} diverged: the loss or the parameters are NaN "
+                f"or infinite (loss {loss}), which for finite X and y means values "
+                f"too large for float64 arithmetic (attention logits overflow) or a "
+                f"step too large. Rescale X and y (e.g. with sklearn.preprocessing."
+                f"StandardScaler), or lower learning_rate for solver='adam'."
+            )
         self._set_layer(attention, projection)
         self.loss_ = float(loss)
         self.loss_curve_ = list(curve)

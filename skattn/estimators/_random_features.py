@@ -34,6 +34,7 @@ from sklearn.utils.validation import (
 from .._layer import softmax
 from .._sequences import (
     check_fitted_tokens,
+    check_no_overflow,
     flatten_tokens,
     resolve_n_tokens,
     unflatten_tokens,
@@ -549,12 +550,15 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         x_query, x_keys = query_and_keys(
             unflatten_tokens(X, self.n_tokens_), query=self.query, keys=self.keys_
         )
-        return random_attention_features(
+        features = random_attention_features(
             x_query,
             x_keys,
             self.query_key_,
             attention=self.attention,
             value_bias=self.value_bias,
+        )
+        return check_no_overflow(
+            features, "The random attention features", X=X, query_key_=self.query_key_
         )
 
     def get_feature_names_out(self, input_features=None):
@@ -821,7 +825,8 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         X, k3 = flatten_tokens(X)
         X = validate_data(self, X, reset=False, dtype=np.float64)
         check_fitted_tokens(k3, self.n_tokens_)
-        return self.ridge_.predict(self.features_.transform(X))
+        y_pred = self.ridge_.predict(self.features_.transform(X))
+        return check_no_overflow(y_pred, "predict", X=X, values_=self.values_)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

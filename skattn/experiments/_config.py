@@ -44,6 +44,8 @@ PLANTED_KEYS = (
     "structure",
 )
 GRID_KEYS = ("n_samples", "noise", "seeds")
+# The largest count of seeds ``seeds = N`` may ask for (one fit per seed and cell).
+_MAX_SEEDS = 10**6
 _TOP_KEYS = (
     "output",
     "scheduler",
@@ -166,7 +168,12 @@ def load_sweep_config(path):
             )
         learners[learner] = cls(**params)
     seeds = grid.get("seeds", [0])
-    if isinstance(seeds, int):
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if not 1 <= seeds <= _MAX_SEEDS:
+            raise ValueError(
+                f"{path}: [grid] seeds = {seeds} asks for seeds 0 .. {seeds - 1}; "
+                f"give a count between 1 and {_MAX_SEEDS} or a list of seeds."
+            )
         seeds = list(range(seeds))
     kwargs = {
         "learners": learners,
