@@ -514,7 +514,9 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         attention, _, key_bias, _ = self._parameters()
         X3 = self._sequences(X, reset=False)
         patterns = attention_patterns(X3, attention, key_bias)
-        return check_no_overflow(patterns, "attention_patterns", X=X3, attention=attention)
+        return check_no_overflow(
+            patterns, "attention_patterns", X=X3, attention=attention
+        )
 
     def get_feature_names_out(self, input_features=None):
         """Output names ``token{t}_out{j}``, token-major.

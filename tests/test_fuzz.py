@@ -291,7 +291,7 @@ def layer_parameters(draw):
         "attention": draw(hnp.arrays(np.float64, (m, d, d), elements=floats)),
         "projection": draw(hnp.arrays(np.float64, (m, d, d_out), elements=floats)),
         "key_bias": draw(st.none() | hnp.arrays(np.float64, (m, d), elements=floats)),
-        "intercept": draw(st.none() | hnp.arrays(np.float64, (d_out,), elements=floats)),
+        "intercept": draw(st.none() | hnp.arrays(np.float64, d_out, elements=floats)),
         "X": draw(hnp.arrays(np.float64, (n, k, d), elements=floats)),
     }
     return _mutated(draw, values, extra=("other object", "other shape"))

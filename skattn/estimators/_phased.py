@@ -334,7 +334,9 @@ n_features_per_token)
     (:func:`~skattn._batches.map_reduce_batches`); only the rows kept by phase 2
     (``max_rows``) and phase 3's curvature subsample are read here.  The polish
     works in memory: on ``polish_samples`` random examples, 100000 when
-    ``polish_samples=None`` and there are more.
+    ``polish_samples=None`` and there are more.  A memmap or h5py file or a
+    zarr folder that changes or vanishes during the fit raises
+    :class:`skattn._batches.SourceChangedError` naming it.
 
     References
     ----------
