@@ -122,15 +122,12 @@ def _fingerprint(location):
             return _stat_key(os.stat(path))
         if not path.is_dir():
             return None
-        return tuple(
-            sorted(
-                (os.path.relpath(os.path.join(folder, name), path), _stat_key(
-                    os.stat(os.path.join(folder, name))
-                ))
-                for folder, _, names in os.walk(path)
-                for name in names
-            )
+        files = sorted(
+            os.path.join(folder, name)
+            for folder, _, names in os.walk(path)
+            for name in names
         )
+        return tuple((file, _stat_key(os.stat(file))) for file in files)
     except FileNotFoundError:
         return None
 
