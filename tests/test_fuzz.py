@@ -647,6 +647,22 @@ def test_gradient_fit_that_overflows_is_an_error_not_a_nan_layer():
         )
 
 
+def test_partial_fit_that_overflows_is_an_error_and_keeps_the_model():
+    # Found after the fuzz, by the same input: partial_fit returned NaN parameters.
+    est = GradientAttentionRegressor(n_heads=1, solver="adam", random_state=0)
+    with pytest.raises(ValueError, match="diverged"):
+        est.partial_fit(np.array([[[1e300]]]), np.array([[0.0]]))
+    rng = np.random.default_rng(0)
+    est.partial_fit(rng.normal(size=(20, 2, 2)), rng.normal(size=(20, 4)))
+    before = est.attention_.copy(), est.projection_.copy(), dict(est._adam)
+    with pytest.raises(ValueError, match="diverged"):
+        est.partial_fit(np.full((20, 2, 2), 1e300), np.zeros((20, 4)))
+    np.testing.assert_array_equal(est.attention_, before[0])
+    np.testing.assert_array_equal(est.projection_, before[1])
+    assert est._adam["step"] == before[2]["step"]
+    assert np.all(np.isfinite(est._adam["first"]))
+
+
 def test_transforms_that_overflow_are_an_error_not_inf():
     # Found: finite inputs of 1e300 gave infinite features / NaN outputs.
     huge = np.array([[[1e300]]])

@@ -352,6 +352,19 @@ def _fit_adam(
     return attention, projection, loss_curve, len(loss_curve), False
 
 
+def _check_not_diverged(estimator, loss, attention, projection):
+    """Raise a ValueError when a fit's loss or parameters are not finite."""
+    if all(np.all(np.isfinite(v)) for v in (loss, attention, projection)):
+        return
+    raise ValueError(
+        f"{type(estimator).__name__} diverged: the loss or the parameters are NaN or "
+        f"infinite (loss {loss}), which for finite X and y means values too large "
+        f"for float64 arithmetic (attention logits overflow) or a step too large. "
+        f"Rescale X and y (e.g. with sklearn.preprocessing.StandardScaler), or "
+        f"lower learning_rate for solver='adam'."
+    )
+
+
 class GradientAttentionRegressor(BaseAttentionRegressor):
     """A multi-head attention layer trained by gradient descent from random starts.
 
@@ -708,14 +721,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                 stacklevel=2,
             )
         check_sources(*sources)  # files read in batches did not change during the fit
-        if not all(np.all(np.isfinite(v)) for v in (loss, attention, projection)):
-            raise ValueError(
-                f"{type(self).__name__} diverged: the loss or the parameters are NaN "
-                f"or infinite (loss {loss}), which for finite X and y means values "
-                f"too large for float64 arithmetic (attention logits overflow) or a "
-                f"step too large. Rescale X and y (e.g. with sklearn.preprocessing."
-                f"StandardScaler), or lower learning_rate for solver='adam'."
-            )
+        _check_not_diverged(self, loss, attention, projection)
         self._set_layer(attention, projection)
         self.loss_ = float(loss)
         self.loss_curve_ = list(curve)
@@ -807,21 +813,27 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
             self.loss_curve_, self.n_iter_ = [], 0
         else:
             attention, projection = self._model_parameters()
-        if getattr(self, "_adam", None) is None:
-            self._adam = _adam_state(attention, projection)
+        previous = None if first else getattr(self, "_adam", None)
+        # a copy: the epoch's steps replace its entries, kept if the epoch is finite
+        if previous is None:
+            state = _adam_state(attention, projection)
+        else:
+            state = dict(previous)
         attention, projection, epoch_loss = _adam_epoch(
             X3,
             Y3,
             sample_weight,
             attention,
             projection,
-            self._adam,
+            state,
             self.alpha,
             self.learning_rate,
             self._batch_size(n),
             self._random_state,
             chunk,
         )
+        _check_not_diverged(self, epoch_loss, attention, projection)
+        self._adam = state
         self._set_layer(attention, projection)
         self.loss_ = float(epoch_loss)
         self.loss_curve_.append(float(epoch_loss))
