@@ -230,11 +230,17 @@ ESTIMATORS = {
     "RandomAttentionFeatures": lambda: RandomAttentionFeatures(
         n_heads=3, random_state=0
     ),
+    "GradientAttentionRegressor.partial_fit": lambda: GradientAttentionRegressor(
+        n_heads=1, solver="adam", random_state=0
+    ),
 }
 
 
-def _fit_and_predict(est, X, y, X_new):
-    est.fit(X, y)
+def _fit_and_predict(est, X, y, X_new, partial=False):
+    if partial:
+        est.partial_fit(X, y).partial_fit(X, y)
+    else:
+        est.fit(X, y)
     method = est.transform if hasattr(est, "transform") else est.predict
     out = np.asarray(method(X_new))
     assert len(out) == len(X_new)
@@ -250,7 +256,7 @@ def test_fit_predict_of_every_estimator(name, data):
     est = ESTIMATORS[name]()
     _outcome(
         f"fit/predict {name}",
-        lambda: _fit_and_predict(est, X, y, X_new),
+        lambda: _fit_and_predict(est, X, y, X_new, name.endswith("partial_fit")),
         X,
         y,
         X_new,
