@@ -653,6 +653,15 @@ def test_gradient_fit_that_overflows_is_an_error_not_a_nan_layer():
         )
 
 
+def test_phased_fit_on_overflowing_input_ends_with_an_error():
+    # Found: X = 1e300 made the polish's damping NaN, and its Levenberg-Marquardt
+    # loop (stop when damping > limit: never, for NaN) ran forever.
+    X = np.full((12, 3, 1), 1e300)
+    y = np.random.default_rng(0).normal(size=(12, 9))
+    with _no_hang(20), pytest.raises(ValueError, match="NaN or infinite.*Rescale"):
+        MultiHeadAttentionRegressor(n_heads=1, random_state=0).fit(X, y)
+
+
 def test_partial_fit_that_overflows_is_an_error_and_keeps_the_model():
     # Found after the fuzz, by the same input: partial_fit returned NaN parameters.
     est = GradientAttentionRegressor(n_heads=1, solver="adam", random_state=0)

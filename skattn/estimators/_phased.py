@@ -508,6 +508,13 @@ n_features_per_token)
 
             self.certificate_ = certify(self, X3, Y3)
         check_sources(X3, Y3)  # files read in batches did not change during the fit
+        if not all(np.all(np.isfinite(p)) for p in (self.attention_, self.projection_)):
+            raise ValueError(
+                "MultiHeadAttentionRegressor's fitted parameters are NaN or infinite: "
+                "for finite X and y, values too large for float64 arithmetic (the "
+                "attention logits overflow). Rescale X and y (e.g. with sklearn."
+                "preprocessing.StandardScaler) first."
+            )
         return self
 
     def _choose_init(self, X3, Y3):
