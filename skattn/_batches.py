@@ -20,11 +20,17 @@ chunking and the batch size only by rounding.  The reads at scattered indices
 process.  ``dask`` is imported only when a source is a dask array.
 """
 
+import os
+import time
 import uuid
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
+# A zarr folder is walked at most this often (seconds) by the reads, and at the end
+# of every scan and fit; a memmap or h5py file is checked at every read (one stat).
+_FOLDER_CHECK_INTERVAL = 1.0
 # Rows validated at a time (at least batch_size).
 _VALIDATION_ROWS = 65536
 # Rows at indices spanning at most this many times their number (or one batch) are
@@ -77,6 +83,55 @@ def _read_sorted_rows(source, rows):
     return np.asarray(source[rows], dtype=np.float64)  # h5py: increasing indices
 
 
+class SourceChangedError(RuntimeError):
+    """The file or folder behind an out-of-core X or y changed or vanished mid-fit.
+
+    A fit reads its data many times (one scan per phase); data that differ
+    between the reads would give a layer fitted to neither version, so the fit
+    stops instead.
+    """
+
+
+def _source_location(source):
+    """``(kind, path)`` of the local file (memmap, h5py) or folder (zarr) behind
+    ``source``, or ``None`` when it has none (in memory, dask, a remote store)."""
+    if isinstance(source, np.memmap):
+        name = getattr(source, "filename", None)
+        return None if name is None else ("file", Path(name))
+    module = type(source).__module__.split(".")[0]
+    if module == "h5py":
+        return ("file", Path(source.file.filename))
+    if module == "zarr":
+        root = getattr(getattr(source, "store", None), "root", None)
+        if root is None:
+            return None
+        return ("folder", Path(root) / getattr(source, "path", ""))
+    return None
+
+
+def _stat_key(stat):
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _fingerprint(location):
+    """Identity, size and modification time of every file of ``location``, or
+    ``None`` when it does not exist."""
+    kind, path = location
+    try:
+        if kind == "file":
+            return _stat_key(os.stat(path))
+        if not path.is_dir():
+            return None
+        files = sorted(
+            os.path.join(folder, name)
+            for folder, _, names in os.walk(path)
+            for name in names
+        )
+        return tuple((file, _stat_key(os.stat(file))) for file in files)
+    except FileNotFoundError:
+        return None
+
+
 class TokenBatches:
     """A read-only ``(n_samples, n_tokens, n_features)`` view of a 2-D array source.
 
@@ -93,6 +148,19 @@ class TokenBatches:
         Tokens per row.
     batch_size : int
         Rows read at a time by :meth:`iter_batches`.
+    name : str, default="X"
+        What the source is to the user, for error messages.
+
+    Notes
+    -----
+    The file of a memmap or h5py array, or the folder of a zarr array, is
+    fingerprinted when the view is made (identity, size and modification time
+    of every file) and checked before and after every read: a source that
+    changed or vanished raises :class:`SourceChangedError` naming it, instead of
+    a crash (a memmap read past a truncated file's end) or of data that silently
+    differ between the scans of a fit (a zarr chunk rewritten, or deleted and
+    then read as the fill value).  A change within the file system's timestamp
+    resolution that keeps the size is not seen.
 
     Examples
     --------
@@ -104,11 +172,47 @@ class TokenBatches:
 
     ndim = 3
 
-    def __init__(self, source, n_tokens, batch_size):
+    def __init__(self, source, n_tokens, batch_size, *, name="X"):
         self.source = source
         n, width = source.shape
         self.shape = (int(n), int(n_tokens), int(width) // int(n_tokens))
         self.batch_size = int(batch_size)
+        self.name = name
+        self._location = _source_location(source)
+        if self._location is not None:
+            self._fingerprint = _fingerprint(self._location)
+            self._checked = time.monotonic()
+
+    def check_source(self, *, throttle=False):
+        """Raise :class:`SourceChangedError` if the source's files changed since
+        the view was made.
+
+        Parameters
+        ----------
+        throttle : bool, default=False
+            Skip the walk of a zarr folder checked less than
+            ``_FOLDER_CHECK_INTERVAL`` seconds ago (the reads do; the end of a
+            scan and of a fit check in full).
+        """
+        if self._location is None:
+            return
+        kind, path = self._location
+        if (
+            throttle
+            and kind == "folder"
+            and time.monotonic() - self._checked < _FOLDER_CHECK_INTERVAL
+        ):
+            return
+        now = _fingerprint(self._location)
+        if now == self._fingerprint:
+            self._checked = time.monotonic()
+            return
+        what = "was deleted" if now is None else "was modified"
+        raise SourceChangedError(
+            f"{self.name}'s {kind} {str(path)!r} {what} during the fit, which "
+            f"reads it several times; a layer fitted to a mix of old and new data "
+            f"would be wrong. Fit again once nothing writes to it (or fit a copy)."
+        )
 
     def __len__(self):
         return self.shape[0]
@@ -117,6 +221,14 @@ class TokenBatches:
         return rows.reshape(rows.shape[0], *self.shape[1:])
 
     def __getitem__(self, key):
+        # before: a memmap read past the end of a cut file crashes the process
+        self.check_source(throttle=True)
+        rows = self._getitem(key)
+        # after: the rows read are those of the fingerprint
+        self.check_source(throttle=True)
+        return rows
+
+    def _getitem(self, key):
         if isinstance(key, slice):
             return self._tokens(_read(self.source, key))
         idx = np.asarray(key)
@@ -242,10 +354,14 @@ def validate_batches(X, y, n_tokens, batch_size):
             f"expected n_tokens * n_outputs columns (token-major), one output "
             f"vector per token."
         )
+    X3 = TokenBatches(X, k, batch_size, name="X")
+    Y3 = TokenBatches(y, k, batch_size, name="y")
     rows = max(batch_size, _VALIDATION_ROWS)
     _check_chunks(X, "X", rows)
     _check_chunks(y, "y", rows)
-    return TokenBatches(X, k, batch_size), TokenBatches(y, k, batch_size)
+    X3.check_source()
+    Y3.check_source()
+    return X3, Y3
 
 
 def _uses_dask(X, Y):
@@ -347,7 +463,26 @@ def map_reduce_batches(
             key = idx = samples[start : start + batch_size]
         part = func(X[key], Y[key], idx, *(a[key] for a in per_sample))
         total = part if total is None else merge([total, part])
+    check_sources(X, Y)  # every batch of the scan came from the fingerprinted files
     return total
+
+
+def check_sources(*views):
+    """:meth:`TokenBatches.check_source` in full on every view among ``views``.
+
+    Parameters
+    ----------
+    *views : TokenBatches or ndarray
+        Arrays that are not :class:`TokenBatches` are skipped.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_sources(np.zeros((2, 1, 1)))
+    """
+    for view in views:
+        if isinstance(view, TokenBatches):
+            view.check_source()
 
 
 # Partials of more chunks than this are merged in groups on the dask workers.
@@ -435,7 +570,14 @@ def _dask_map_reduce(X, Y, func, merge, batch_size, samples, per_sample, name):
         level += 1
     if not parts:
         return None
-    parts = dask.compute(*parts)  # the partials, in chunk order
+    try:
+        parts = dask.compute(*parts)  # the partials, in chunk order
+    except Exception as exc:  # e.g. KilledWorker: keep its type, say which scan
+        exc.add_note(
+            f"skattn: raised by the dask scan {name!r} of a fit (one task per "
+            f"chunk of X); the fit stopped there and fitted nothing."
+        )
+        raise
     return parts[0] if len(parts) == 1 else merge(list(parts))
 
 

@@ -169,6 +169,39 @@ def unflatten_tokens(X, n_tokens):
     return X.reshape(n, n_tokens, width // n_tokens)
 
 
+def check_no_overflow(result, what, **inputs):
+    """Return ``result``, or raise a ValueError if it is not finite although its
+    inputs are: values too large for float64 arithmetic (logits of ``1e300``).
+
+    Parameters
+    ----------
+    result : ndarray
+    what : str
+        What ``result`` is, for the message.
+    **inputs : ndarray
+        The finite arrays it was computed from, by name.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_no_overflow(np.ones(2), "y_pred", X=np.ones(2))
+    array([1., 1.])
+    """
+    if np.all(np.isfinite(result)):
+        return result
+    sizes = ", ".join(
+        f"{name} up to {float(np.max(np.abs(value))) if np.size(value) else 0.0:.3g}"
+        for name, value in inputs.items()
+        if value is not None
+    )
+    raise ValueError(
+        f"{what} overflowed float64 (NaN or infinite values) from finite inputs "
+        f"({sizes} in absolute value): the values are too large for the "
+        f"attention logits. Rescale X (e.g. with sklearn.preprocessing."
+        f"StandardScaler) or the parameters first."
+    )
+
+
 def check_finite(X, name):
     """Raise a ValueError naming ``name`` if X holds NaN or infinity."""
     if not np.all(np.isfinite(X)):

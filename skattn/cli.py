@@ -211,23 +211,37 @@ def _demo(args):
     return 0
 
 
+def _load_array(path, load):
+    """``load()`` of a .npy/.npz file; never unpickles (``allow_pickle=False``)."""
+    try:
+        return load()
+    except ValueError as exc:
+        raise SystemExit(
+            f"skattn fit: {path} is not a numeric array file ({exc}); skattn "
+            f"never loads pickled data (unpickling can run code)"
+        ) from exc
+
+
 def _load_xy(path_x, path_y):
     if path_x.endswith(".npz"):
         if path_y is not None:
             raise SystemExit(
                 "skattn fit: pass either data.npz or X.npy y.npy, not both"
             )
-        with np.load(path_x) as data:
+        with _load_array(path_x, lambda: np.load(path_x, allow_pickle=False)) as data:
             missing = {"X", "y"} - set(data.files)
             if missing:
                 raise SystemExit(
                     f"skattn fit: {path_x} lacks array(s) {sorted(missing)}; save it "
                     f"with np.savez(path, X=X, y=y)"
                 )
-            return data["X"], data["y"]
+            return tuple(_load_array(path_x, lambda n=n: data[n]) for n in "Xy")
     if path_y is None:
         raise SystemExit("skattn fit: y.npy is missing (or pass one .npz with X and y)")
-    return np.load(path_x), np.load(path_y)
+    return tuple(
+        _load_array(p, lambda p=p: np.load(p, allow_pickle=False))
+        for p in (path_x, path_y)
+    )
 
 
 def _fit(args):

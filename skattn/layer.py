@@ -10,7 +10,12 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._convert import projections_to_parameters
 from ._layer import attention_patterns, forward
-from ._sequences import check_finite, flatten_tokens, layer_sequences
+from ._sequences import (
+    check_finite,
+    check_no_overflow,
+    flatten_tokens,
+    layer_sequences,
+)
 
 
 def check_layer_parameters(attention, projection):
@@ -487,6 +492,9 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         attention, projection, key_bias, intercept = self._parameters()
         X3 = self._sequences(X, reset=False)
         Y = forward(X3, attention, projection, key_bias=key_bias, intercept=intercept)
+        check_no_overflow(
+            Y, "transform", X=X3, attention=attention, projection=projection
+        )
         return Y.reshape(X3.shape[0], -1)
 
     def attention_patterns(self, X):
@@ -504,7 +512,11 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             u_i^T x_a).
         """
         attention, _, key_bias, _ = self._parameters()
-        return attention_patterns(self._sequences(X, reset=False), attention, key_bias)
+        X3 = self._sequences(X, reset=False)
+        patterns = attention_patterns(X3, attention, key_bias)
+        return check_no_overflow(
+            patterns, "attention_patterns", X=X3, attention=attention
+        )
 
     def get_feature_names_out(self, input_features=None):
         """Output names ``token{t}_out{j}``, token-major.

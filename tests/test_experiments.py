@@ -121,15 +121,18 @@ def test_retry_failed_reruns_only_failed_cells(tmp_path):
     assert retried.attrs["n_fitted"] == 1 and len(retried) == 1
 
 
-def test_a_partial_last_line_is_dropped_on_resume(tmp_path):
+def test_a_cut_short_result_file_is_an_error_that_names_it(tmp_path):
+    # Writes are atomic, so a partial row means the file was damaged after the
+    # sweep wrote it: an error naming the file, which is left as it is.
     output = tmp_path / "results.csv"
     kwargs = dict(planted=TINY, n_jobs=1, n_test=50, progress=False, output=output)
     recovery_sweep(_learners(), n_samples=[100], seeds=[0], **kwargs)
     with output.open("a") as file:
-        file.write('"{""estimator"": ""Multi')  # killed while writing a row
-    results = recovery_sweep(_learners(), n_samples=[100], seeds=[0, 1], **kwargs)
-    assert results.attrs["n_fitted"] == 2
-    assert len(pd.read_csv(output)) == 4
+        file.write('"{""estimator"": ""Multi')  # a row cut short
+    damaged = output.read_bytes()
+    with pytest.raises(ValueError, match=f"{output}.*cut short"):
+        recovery_sweep(_learners(), n_samples=[100], seeds=[0, 1], **kwargs)
+    assert output.read_bytes() == damaged
 
 
 def test_learner_parameters_follow_the_planted_layer():
@@ -556,7 +559,7 @@ def test_sweep_on_a_local_cluster_resumes_after_a_kill(tmp_path):
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
-    before = _sweep._ResultFile(output).frame  # what survived (a partial row cut)
+    before = _sweep._ResultFile(output).frame  # every row written before the kill
     n_done = len(before)
     assert 10 <= n_done < n_cells
 

@@ -17,23 +17,6 @@ from skattn.estimators._random_features import (
     resolve_keys,
 )
 
-# alpha=None picks the ridge penalty by leave-one-out; leaving out one row of a
-# weighted sample is not leaving out every copy of a repeated row, so the chosen
-# penalty, hence the fit, differs from the one on repeated data.
-LOO_WEIGHTS_REASON = (
-    "alpha=None chooses the penalty by leave-one-out, which is not invariant to "
-    "repeating rows; with a fixed alpha the fit is (see the alpha=1.0 instance)."
-)
-
-
-def expected_failed_checks(estimator):
-    if (
-        isinstance(estimator, RandomFeatureAttentionRegressor)
-        and estimator.alpha is None
-    ):
-        return {"check_sample_weight_equivalence_on_dense_data": LOO_WEIGHTS_REASON}
-    return {}
-
 
 def naive_layer_output(X, query_key, values, *, query, keys, attention, value_bias):
     """sum_m sum_i sigma(x_q^T W_m x_i) <v_m, [x_i, 1]> by explicit loops."""
@@ -71,7 +54,6 @@ def naive_layer_output(X, query_key, values, *, query, keys, attention, value_bi
             random_state=0,
         ),
     ],
-    expected_failed_checks=expected_failed_checks,
 )
 def test_sklearn_compatible(estimator, check):
     check(estimator)
@@ -485,8 +467,9 @@ def test_alpha_chosen_by_leave_one_out():
     np.testing.assert_allclose(reg.alphas_, np.logspace(-6, 3, 19) * scale)
     best, errors = _brute_force_loo_alpha(features, y, reg.alphas_)
     assert reg.alpha_ == best
+    np.testing.assert_allclose(reg.loo_errors_, errors, rtol=1e-7)
     assert 0 < np.argmin(errors) < len(errors) - 1  # an interior choice
-    assert isinstance(reg.ridge_, RidgeCV)
+    assert isinstance(reg.ridge_, Ridge)
     # The fit is Ridge at the chosen penalty.
     ridge = Ridge(alpha=reg.alpha_).fit(features, y)
     np.testing.assert_allclose(reg.predict(X), ridge.predict(features), rtol=1e-8)
@@ -528,3 +511,89 @@ def test_default_alpha_with_zero_weights_is_dropping_rows():
     np.testing.assert_allclose(
         weighted.predict(X), dropped.predict(X), rtol=1e-7, atol=1e-9
     )
+
+
+def _brute_force_loo_errors(features, y, alphas, weights):
+    """Leave one copy of each row out (the whole row when its weight is <= 1)."""
+    Y = y.reshape(len(y), -1)
+    errors = []
+    for alpha in alphas:
+        total = 0.0
+        for i in np.flatnonzero(weights > 0):
+            left = weights.copy()
+            left[i] -= min(weights[i], 1.0)
+            ridge = Ridge(alpha=alpha).fit(features, Y, sample_weight=left)
+            residual = Y[i] - ridge.predict(features[i : i + 1])
+            total += weights[i] * np.sum(residual**2)
+        errors.append(total / (weights.sum() * Y.shape[1]))
+    return np.array(errors)
+
+
+@pytest.mark.parametrize("n_samples", [12, 40])  # Gram (n <= p) and covariance
+@pytest.mark.parametrize("n_outputs", [1, 2])
+def test_loo_errors_leave_one_copy_out(n_samples, n_outputs):
+    rng = np.random.default_rng(14)
+    features = rng.normal(size=(n_samples, 20)) + 3.0
+    y = features[:, :n_outputs] @ rng.normal(size=(n_outputs, n_outputs))
+    y = (y + rng.normal(size=y.shape)).squeeze()
+    alphas = np.array([1e-2, 1.0, 1e2])
+    weights = rng.integers(0, 4, size=n_samples).astype(float)
+    errors = _random_features._leave_one_out_errors(features, y, alphas, weights)
+    # integer weights: the plain leave-one-out error of the repeated rows
+    repeated = _random_features._leave_one_out_errors(
+        features.repeat(weights.astype(int), axis=0),
+        y.repeat(weights.astype(int), axis=0),
+        alphas,
+    )
+    np.testing.assert_allclose(errors, repeated, rtol=1e-9)
+    np.testing.assert_allclose(
+        errors, _brute_force_loo_errors(features, y, alphas, weights), rtol=1e-7
+    )
+    fractional = rng.uniform(0.0, 2.5, size=n_samples)
+    np.testing.assert_allclose(
+        _random_features._leave_one_out_errors(features, y, alphas, fractional),
+        _brute_force_loo_errors(features, y, alphas, fractional),
+        rtol=1e-7,
+    )
+
+
+def _sklearn_weight_check_data():
+    """The data of sklearn's check_sample_weight_equivalence_on_dense_data."""
+    rng = np.random.RandomState(42)
+    X = rng.rand(15, 30)
+    y = rng.randint(0, 3, size=15)
+    weights = rng.randint(0, 5, size=15)
+    return X, y, weights
+
+
+def test_sample_weight_failure_came_from_whole_row_leave_one_out():
+    # The real cause of the old failure: the default grid is the same for
+    # weighted and repeated rows, but RidgeCV's leave-one-out leaves out a whole
+    # weighted row, not one copy, and picks a penalty 100 times larger.
+    X, y, weights = _sklearn_weight_check_data()
+    reg = RandomFeatureAttentionRegressor(random_state=0)
+    repeated = clone(reg).fit(X.repeat(weights, axis=0), y.repeat(weights))
+    weighted = clone(reg).fit(X, y, sample_weight=weights)
+    np.testing.assert_allclose(weighted.alphas_, repeated.alphas_, rtol=1e-12)
+    features = repeated.features_.transform(X)
+    ridge_cv = [
+        RidgeCV(alphas=repeated.alphas_).fit(*data)
+        for data in [
+            (features.repeat(weights, axis=0), y.repeat(weights)),
+            (features, y, weights),
+        ]
+    ]
+    assert ridge_cv[1].alpha_ == pytest.approx(100 * ridge_cv[0].alpha_)
+    # Leaving out one copy selects the same penalty and the same fit.
+    chosen = np.argmin(weighted.loo_errors_)
+    assert chosen == np.argmin(repeated.loo_errors_)
+    assert repeated.alphas_[chosen] == pytest.approx(ridge_cv[0].alpha_, rel=1e-12)
+    # n << p: the features nearly interpolate, and at the smallest penalty
+    # 1 - leverage ~ alpha / lambda_max ~ 1e-9, so rounding (eps * lambda_max /
+    # alpha ~ 5e-8 relative) bounds the agreement.
+    np.testing.assert_allclose(weighted.loo_errors_, repeated.loo_errors_, rtol=1e-6)
+    brute_force = _brute_force_loo_errors(
+        features, y.astype(float), weighted.alphas_, weights.astype(float)
+    )
+    np.testing.assert_allclose(weighted.loo_errors_, brute_force, rtol=1e-6)
+    np.testing.assert_allclose(weighted.predict(X), repeated.predict(X), rtol=1e-7)

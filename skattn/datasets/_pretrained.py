@@ -281,7 +281,17 @@ def _load_tensors(path):
             'it with `pip install "skattn[pretrained]"` (or `pip install '
             "safetensors`)."
         ) from exc
-    return load_file(str(path))
+    try:  # safetensors holds a JSON header and raw bytes: loading runs no code
+        return load_file(str(path))
+    except OSError:  # a missing or unreadable file says so itself
+        raise
+    except Exception as exc:  # SafetensorError and the like: bytes of another kind
+        raise ValueError(
+            f"{path} is not a .safetensors checkpoint that can be read "
+            f"({type(exc).__name__}: {exc}); pass the model.safetensors file of a "
+            f"BERT-style model (pickled .bin/.pt checkpoints are not loaded, as "
+            f"unpickling can run code)."
+        ) from exc
 
 
 def _read_config(path):
@@ -453,10 +463,14 @@ def load_bert_attention(path=None, *, layer=0, n_heads=None, n_tokens=16):
     Raises
     ------
     ValueError
-        If a tensor is missing, on wrong shapes, ``n_heads`` not dividing the
-        width, non-finite weights, naming the tensor; if ``n_tokens`` exceeds the
-        position table; and for architectures other than BERT's: relative or
-        rotary positions (config or tensors), grouped- or multi-query heads.
+        If the file is not a readable ``.safetensors`` file (random bytes, cut
+        short, a pickle), naming it; if a tensor is missing, on wrong shapes,
+        ``n_heads`` not dividing the width, non-finite weights, naming the tensor;
+        if ``n_tokens`` exceeds the position table; and for architectures other
+        than BERT's: relative or rotary positions (config or tensors), grouped- or
+        multi-query heads.
+    FileNotFoundError
+        If the file does not exist.
 
     Examples
     --------

@@ -103,7 +103,23 @@ def open_attention_regression(path):
     if fmt == "hdf5":
         file = _require("h5py", fmt).File(path, "r")
         return file["X"], file["y"]
-    return tuple(np.load(Path(path) / f"{n}.npy", mmap_mode="r") for n in ("X", "y"))
+    return tuple(_open_npy(Path(path) / f"{n}.npy") for n in ("X", "y"))
+
+
+def _open_npy(path):
+    """A ``.npy`` file as a read-only memmap; never unpickles (``allow_pickle``
+    stays False), and a file that is not a numeric array is a ValueError naming
+    it."""
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise ValueError(
+            f"{str(path)!r} is not a numeric .npy array ({exc}); skattn never "
+            f"loads pickled data (unpickling can run code)."
+        ) from exc
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{str(path)!r} is not a .npy array file.")
+    return array
 
 
 @validate_params(

@@ -15,6 +15,7 @@ from .._batches import is_out_of_core, validate_batches
 from .._layer import forward
 from .._sequences import (
     check_fitted_tokens,
+    check_no_overflow,
     flatten_tokens,
     resolve_n_tokens,
     unflatten_tokens,
@@ -282,4 +283,11 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
             key_bias=getattr(self, "key_bias_", None),
             intercept=getattr(self, "intercept_", None),
         ).reshape(X3.shape[0], -1)
+        check_no_overflow(
+            Y,
+            "predict",
+            X=X3,
+            attention_=self.attention_,
+            projection_=self.projection_,
+        )
         return Y.ravel() if self._y_1d else Y

@@ -24,6 +24,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_sample_weight, validate_data
 from tqdm.auto import tqdm
 
+from .._batches import check_sources
 from .._sequences import (
     check_fitted_tokens,
     flatten_tokens,
@@ -355,6 +356,19 @@ def _fit_adam(
     return attention, projection, loss_curve, len(loss_curve), "max_iter"
 
 
+def _check_not_diverged(estimator, loss, attention, projection):
+    """Raise a ValueError when a fit's loss or parameters are not finite."""
+    if all(np.all(np.isfinite(v)) for v in (loss, attention, projection)):
+        return
+    raise ValueError(
+        f"{type(estimator).__name__} diverged: the loss or the parameters are NaN or "
+        f"infinite (loss {loss}), which for finite X and y means values too large "
+        f"for float64 arithmetic (attention logits overflow) or a step too large. "
+        f"Rescale X and y (e.g. with sklearn.preprocessing.StandardScaler), or "
+        f"lower learning_rate for solver='adam'."
+    )
+
+
 class GradientAttentionRegressor(BaseAttentionRegressor):
     """A multi-head attention layer trained by gradient descent from random starts.
 
@@ -632,6 +646,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         """
         warm = self.warm_start and hasattr(self, "attention_")
         X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
+        sources = (X3, Y3)
         if self.head_rank is not None and self.solver != "lbfgs":
             raise ValueError(
                 f"head_rank={self.head_rank} needs solver='lbfgs' (the factors are "
@@ -719,6 +734,8 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                 ConvergenceWarning,
                 stacklevel=2,
             )
+        check_sources(*sources)  # files read in batches did not change during the fit
+        _check_not_diverged(self, loss, attention, projection)
         self._set_layer(attention, projection)
         self.loss_ = float(loss)
         self.loss_curve_ = list(curve)
@@ -811,21 +828,27 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
             self.loss_curve_, self.n_iter_ = [], 0
         else:
             attention, projection = self._model_parameters()
-        if getattr(self, "_adam", None) is None:
-            self._adam = _adam_state(attention, projection)
+        previous = None if first else getattr(self, "_adam", None)
+        # a copy: the epoch's steps replace its entries, kept if the epoch is finite
+        if previous is None:
+            state = _adam_state(attention, projection)
+        else:
+            state = dict(previous)
         attention, projection, epoch_loss = _adam_epoch(
             X3,
             Y3,
             sample_weight,
             attention,
             projection,
-            self._adam,
+            state,
             self.alpha,
             self.learning_rate,
             self._batch_size(n),
             self._random_state,
             chunk,
         )
+        _check_not_diverged(self, epoch_loss, attention, projection)
+        self._adam = state
         self._set_layer(attention, projection)
         self.loss_ = float(epoch_loss)
         self.loss_curve_.append(float(epoch_loss))

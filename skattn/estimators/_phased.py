@@ -11,7 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from .._batches import TokenBatches, map_reduce_batches
+from .._batches import TokenBatches, check_sources, map_reduce_batches
 from ..datasets import BooleanTokens
 from ..phased._affine_hull import sculpt_hull
 from ..phased._errors import CertificationError, CertificationWarning
@@ -345,7 +345,9 @@ n_features_per_token)
     (:func:`~skattn._batches.map_reduce_batches`); only the rows kept by phase 2
     (``max_rows``) and phase 3's curvature subsample are read here.  The polish
     works in memory: on ``polish_samples`` random examples, 100000 when
-    ``polish_samples=None`` and there are more.
+    ``polish_samples=None`` and there are more.  A memmap or h5py file or a
+    zarr folder that changes or vanishes during the fit raises
+    :class:`skattn._batches.SourceChangedError` naming it.
 
     References
     ----------
@@ -519,6 +521,14 @@ n_features_per_token)
             from ..certificate import certify
 
             self.certificate_ = certify(self, X3, Y3)
+        check_sources(X3, Y3)  # files read in batches did not change during the fit
+        if not all(np.all(np.isfinite(p)) for p in (self.attention_, self.projection_)):
+            raise ValueError(
+                "MultiHeadAttentionRegressor's fitted parameters are NaN or infinite: "
+                "for finite X and y, values too large for float64 arithmetic (the "
+                "attention logits overflow). Rescale X and y (e.g. with sklearn."
+                "preprocessing.StandardScaler) first."
+            )
         return self
 
     def _choose_init(self, X3, Y3):

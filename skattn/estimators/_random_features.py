@@ -21,7 +21,7 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
-from sklearn.linear_model import Ridge, RidgeCV
+from sklearn.linear_model import Ridge
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import (
@@ -34,6 +34,7 @@ from sklearn.utils.validation import (
 from .._layer import softmax
 from .._sequences import (
     check_fitted_tokens,
+    check_no_overflow,
     flatten_tokens,
     resolve_n_tokens,
     unflatten_tokens,
@@ -223,6 +224,125 @@ def _default_alphas(features, sample_weight=None):
     if not (np.isfinite(scale) and scale > 0):  # constant features: any grid
         scale = 1.0
     return _RELATIVE_ALPHAS * scale
+
+
+def _check_alphas(alphas):
+    """Reject an empty grid and penalties that are not finite and positive."""
+    if alphas.size == 0:
+        raise ValueError("alphas is empty; pass at least one positive penalty.")
+    bad = ~(np.isfinite(alphas) & (alphas > 0))
+    if bad.any():
+        raise ValueError(
+            f"alphas must be finite and > 0; got {alphas[bad][:5].tolist()} at "
+            f"position(s) {np.flatnonzero(bad)[:5].tolist()}."
+        )
+
+
+def _leave_one_out_errors(features, y, alphas, sample_weight=None):
+    """Leave-one-out squared error of ridge regression for every penalty.
+
+    A row of weight ``w_i`` stands for ``w_i`` copies of itself, and leaving it
+    out leaves out one copy, ``u_i = min(w_i, 1)`` of its weight (the whole row
+    when ``w_i <= 1``), so that integer weights give exactly the leave-one-out
+    error of the repeated rows.  With the intercept unpenalised, the per-unit
+    leverage of row i is ``h_i = 1 / sum(w) + x_ci^T (F_c^T S F_c + alpha I)^{-1}
+    x_ci`` (``F_c`` centred by the weighted means, ``S = diag(w)``), and the
+    residual with ``u_i`` of row i left out is ``e_i / (1 - u_i h_i)``
+    (Sherman-Morrison), ``e_i`` the in-sample residual.  One eigendecomposition,
+    of the ``n x n`` weighted Gram matrix or of the ``p x p`` weighted
+    covariance (whichever is smaller), serves every penalty.
+
+    Parameters
+    ----------
+    features : ndarray of shape (n_samples, n_features)
+    y : ndarray of shape (n_samples,) or (n_samples, n_outputs)
+    alphas : ndarray of shape (n_alphas,)
+        Positive penalties.
+    sample_weight : ndarray of shape (n_samples,) or None
+        Non-negative weights with a positive sum; ``None`` is all ones.
+
+    Returns
+    -------
+    errors : ndarray of shape (n_alphas,)
+        ``sum_i w_i ||loo residual_i||^2 / (sum(w) * n_outputs)``.
+
+    Notes
+    -----
+    Unlike :class:`~sklearn.linear_model.RidgeCV`, which leaves out the whole
+    weighted row (``u_i = w_i``), the error is invariant to replacing a row of
+    integer weight ``w_i`` by ``w_i`` copies of weight 1, hence so is the penalty
+    it selects.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> F = np.random.default_rng(0).normal(size=(6, 2))
+    >>> _leave_one_out_errors(F, F[:, 0], np.array([1e-3, 1e3])).round(3)
+    array([0.   , 0.786])
+    """
+    Y = y.reshape(len(y), -1)
+    weights = np.ones(len(Y)) if sample_weight is None else sample_weight
+    keep = weights > 0  # rows of weight 0 take no part in the fit or the error
+    features, Y, weights = features[keep], Y[keep], weights[keep]
+    total = weights.sum()
+    centred = features - weights @ features / total
+    Y = Y - weights @ Y / total
+    roots = np.sqrt(weights)[:, None]
+    removed = np.minimum(weights, 1.0)
+    n, p = centred.shape
+    errors = np.zeros(len(alphas))
+    if n <= p:
+        # Weighted Gram matrix S^1/2 F_c F_c^T S^1/2 = U diag(lam) U^T.  In the
+        # scaled problem, I - hat = U diag(alpha / (lam + alpha)) U^T - s s^T / W
+        # (s = sqrt(w)); the residuals and 1 - hat are computed from it directly,
+        # not as 1 minus a number close to 1, which loses every digit when the
+        # features nearly interpolate (n << p).
+        scaled = roots * centred
+        lam, U = _eigh_exact_null(scaled @ scaled.T)
+        projected = U.T @ (roots * Y)
+        squares = U**2
+        for j, alpha in enumerate(alphas):
+            keep_part = alpha / (lam + alpha)
+            residual = (U @ (keep_part[:, None] * projected)) / roots
+            # w_i h_i = 1 - (diag of I - hat)
+            weighted_leverage = 1.0 - (squares @ keep_part - weights / total)
+            leverage = weighted_leverage / weights
+            errors[j] = _weighted_loo_error(residual, leverage, removed, weights)
+    else:
+        # Weighted covariance F_c^T S F_c = V diag(lam) V^T; with Z = F_c V the
+        # coefficients are V diag(1 / (lam + alpha)) Z^T S Y.
+        lam, V = _eigh_exact_null(centred.T @ (weights[:, None] * centred))
+        Z = centred @ V
+        projected = Z.T @ (weights[:, None] * Y)
+        squares = Z**2
+        for j, alpha in enumerate(alphas):
+            inverse = 1.0 / (lam + alpha)
+            residual = Y - Z @ (inverse[:, None] * projected)
+            leverage = 1.0 / total + squares @ inverse
+            errors[j] = _weighted_loo_error(residual, leverage, removed, weights)
+    return errors / (total * Y.shape[1])
+
+
+def _eigh_exact_null(gram):
+    """``eigh`` of a positive semi-definite matrix, with the eigenvalues below its
+    rounding level (``size * eps * largest``) set to exactly 0.
+
+    Repeated rows and the centring make the Gram matrix singular; its computed
+    null eigenvalues are rounding noise of size ``eps * largest``, and a penalty
+    much smaller than ``sqrt(eps) * largest`` would turn that noise into errors
+    larger than the leave-one-out quantities themselves.
+    """
+    lam, vectors = np.linalg.eigh(gram)
+    rounding = len(lam) * np.finfo(np.float64).eps * max(lam[-1], 0.0)
+    return np.where(lam > rounding, lam, 0.0), vectors
+
+
+def _weighted_loo_error(residual, leverage, removed, weights):
+    """``sum_i w_i ||e_i / (1 - u_i h_i)||^2``; a row that alone fixes its own fit
+    (``u_i h_i = 1``, e.g. a single row) has ``e_i = 0`` and adds nothing."""
+    denominator = np.maximum(1.0 - removed * leverage, np.finfo(np.float64).eps)
+    loo = residual / denominator[:, None]
+    return float(weights @ np.einsum("ij,ij->i", loo, loo))
 
 
 _FEATURE_CONSTRAINTS = {
@@ -430,12 +550,15 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         x_query, x_keys = query_and_keys(
             unflatten_tokens(X, self.n_tokens_), query=self.query, keys=self.keys_
         )
-        return random_attention_features(
+        features = random_attention_features(
             x_query,
             x_keys,
             self.query_key_,
             attention=self.attention,
             value_bias=self.value_bias,
+        )
+        return check_no_overflow(
+            features, "The random attention features", X=X, query_key_=self.query_key_
         )
 
     def get_feature_names_out(self, input_features=None):
@@ -473,7 +596,8 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
     with ``1/N`` normalisation, query-key matrices with a non-zero mean, the value
     bias, and keys other than the query; and the ridge penalty is chosen by
     efficient leave-one-out cross-validation (as in
-    :class:`~sklearn.linear_model.RidgeCV`).  The softmax and zero-mean variants
+    :class:`~sklearn.linear_model.RidgeCV`, but with sample weights counting
+    copies of a row; see Notes).  The softmax and zero-mean variants
     are one parameter away (``attention="softmax"``, ``mean=0.0``).
 
     It predicts one output vector per sequence (the query's output), not one per
@@ -511,10 +635,9 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         the keys.
     alpha : float or None, default=None
         Ridge penalty on the values.  ``None`` chooses it from ``alphas`` by
-        efficient leave-one-out cross-validation
-        (:class:`~sklearn.linear_model.RidgeCV`): the right penalty depends on the
-        scale of the features, which grows like ``|x|^3``, so no fixed value is a
-        sensible default.  A float fixes it (plain
+        efficient leave-one-out cross-validation (see Notes): the right penalty
+        depends on the scale of the features, which grows like ``|x|^3``, so no
+        fixed value is a sensible default.  A float fixes it (plain
         :class:`~sklearn.linear_model.Ridge`).
     alphas : array-like of float or None, default=None
         Candidate penalties when ``alpha=None``, used as given.  ``None``: 19
@@ -528,14 +651,17 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
     ----------
     features_ : RandomAttentionFeatures
         The fitted feature map (holds ``query_key_`` and ``keys_``).
-    ridge_ : Ridge or RidgeCV
-        The fitted ridge regression on the features: a ``RidgeCV`` when
-        ``alpha=None``, else a ``Ridge``.
+    ridge_ : Ridge
+        The fitted ridge regression on the features, at penalty ``alpha_``.
     alpha_ : float
         The ridge penalty used: the leave-one-out choice when ``alpha=None``,
         else ``alpha``.
     alphas_ : ndarray of shape (n_alphas,)
         The penalties searched; only when ``alpha=None``.
+    loo_errors_ : ndarray of shape (n_alphas,)
+        The weighted leave-one-out mean squared error of each penalty in
+        ``alphas_``; ``alpha_`` is the first with the least.  Only when
+        ``alpha=None``.
     values_ : ndarray of shape (n_heads, n_values_per_head, n_outputs)
         The learned values ``v_m`` (``ridge_.coef_`` per head; n_outputs is 1 for
         a 1-D y).
@@ -553,15 +679,22 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
     See Also
     --------
     RandomAttentionFeatures : the feature map alone, for use in a Pipeline.
-    sklearn.linear_model.RidgeCV : the ridge regression with efficient
-        leave-one-out cross-validation used when ``alpha=None``.
+    sklearn.linear_model.RidgeCV : ridge regression with efficient
+        leave-one-out cross-validation, which leaves out whole weighted rows.
 
     Notes
     -----
-    With ``alpha=None`` and ``sample_weight``, the leave-one-out errors are
-    weighted, but leaving out a weighted row is not leaving out all copies of a
-    repeated row, so the chosen penalty (unlike the fit for a fixed ``alpha``)
-    can differ from the one chosen on the repeated data.
+    With ``alpha=None`` the penalty minimises the leave-one-out error computed
+    in closed form from one eigendecomposition (of the ``n x n`` Gram matrix or
+    the ``p x p`` covariance of the centred features, whichever is smaller).  A
+    sample weight ``w_i`` counts copies of row i, as it does in the ridge
+    objective ``sum_i w_i ||y_i - f(x_i)||^2 + alpha ||v||^2``: leaving row i
+    out removes one copy (the whole row when ``w_i <= 1``) and its error counts
+    ``w_i`` times.  So integer weights give exactly the penalty, hence the fit,
+    of the repeated rows.  :class:`~sklearn.linear_model.RidgeCV` leaves out a
+    whole weighted row instead, which is a different criterion from
+    leave-one-out on the repeated rows and can select a penalty 100 times
+    larger.
 
     References
     ----------
@@ -657,16 +790,16 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
                 alphas = _default_alphas(features, sample_weight)
             else:
                 alphas = np.asarray(self.alphas, dtype=np.float64).ravel()
-            self.ridge_ = RidgeCV(alphas=alphas).fit(
-                features, y, sample_weight=sample_weight
-            )
+                _check_alphas(alphas)
+            errors = _leave_one_out_errors(features, y, alphas, sample_weight)
             self.alphas_ = alphas
-            self.alpha_ = float(self.ridge_.alpha_)
+            self.loo_errors_ = errors
+            self.alpha_ = float(alphas[int(np.argmin(errors))])
         else:
-            self.ridge_ = Ridge(alpha=self.alpha).fit(
-                features, y, sample_weight=sample_weight
-            )
             self.alpha_ = float(self.alpha)
+        self.ridge_ = Ridge(alpha=self.alpha_).fit(
+            features, y, sample_weight=sample_weight
+        )
         self.n_tokens_ = k
         self.n_features_per_token_ = X.shape[1] // k
         coef = np.atleast_2d(self.ridge_.coef_)  # (n_outputs, n_heads * n_values)
@@ -692,7 +825,8 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         X, k3 = flatten_tokens(X)
         X = validate_data(self, X, reset=False, dtype=np.float64)
         check_fitted_tokens(k3, self.n_tokens_)
-        return self.ridge_.predict(self.features_.transform(X))
+        y_pred = self.ridge_.predict(self.features_.transform(X))
+        return check_no_overflow(y_pred, "predict", X=X, values_=self.values_)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

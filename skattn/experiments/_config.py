@@ -46,6 +46,8 @@ PLANTED_KEYS = (
     "structure",
 )
 GRID_KEYS = ("n_samples", "noise", "seeds")
+# The largest count of seeds ``seeds = N`` may ask for (one fit per seed and cell).
+_MAX_SEEDS = 10**6
 _TOP_KEYS = (
     "output",
     "scheduler",
@@ -94,6 +96,11 @@ def seed_list(seeds):
                 f"seeds={seeds!r}: an int is the number of seeds (seeds=n runs the "
                 f"seeds 0 .. n-1), so it must be >= 1; to run the single seed "
                 f"{seeds!r}, pass seeds=[{seeds!r}]."
+            )
+        if seeds > _MAX_SEEDS:
+            raise ValueError(
+                f"seeds={seeds!r} asks for seeds 0 .. {seeds - 1}; give a count "
+                f"between 1 and {_MAX_SEEDS} or a list of seeds."
             )
         return list(range(int(seeds)))
     try:

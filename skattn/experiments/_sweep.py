@@ -5,10 +5,12 @@ is one fit, run by :func:`_run_cell` (a pure function of the cell: it plants the
 layer, draws the data, fits, measures and returns a flat row, or the error).  The
 fits go through :class:`joblib.Parallel`, so the engine is joblib's: local
 processes by default, a Dask cluster under ``joblib.parallel_backend("dask")``
-(opened here when a scheduler address is given).  The main process appends each
-finished row to the output file, so an interrupted sweep resumes where it stopped.
+(opened here when a scheduler address is given).  The main process writes each
+finished row to the output file (atomically: a temporary file renamed over it), so
+an interrupted sweep resumes where it stopped, losing no finished row.
 """
 
+import contextlib
 import inspect
 import json
 import os
@@ -336,7 +338,16 @@ def _run_cell(estimator, cell, n_test, success_tol, tighten_tol=True):
 
 
 class _ResultFile:
-    """The sweep's output: read the finished cells, append rows as they finish."""
+    """The sweep's output: read the finished cells, rewrite the file as rows finish.
+
+    Every write is atomic: the whole table goes to a temporary file in the same
+    folder, is flushed to disk (``fsync``) and renamed over the result file
+    (``os.replace``), so a sweep killed at any moment leaves either the old or
+    the new complete file, readable by anyone at every moment, and a rerun finds
+    every row written before the kill.  An existing file is checked before it is
+    used: one that cannot be parsed, was cut short or is not a sweep's result
+    file is an error that names it, never silently repaired.
+    """
 
     def __init__(self, path):
         self.path = Path(path)
@@ -369,35 +380,56 @@ class _ResultFile:
                 f"path or fix its permissions."
             ) from exc
 
+    def _invalid(self, reason):
+        return ValueError(
+            f"output={str(self.path)!r} exists but {reason}, so it is not a "
+            f"sweep's result file as recovery_sweep writes it (a truncated copy, "
+            f"or another file); nothing was changed. Move it away or pass another "
+            f"output path."
+        )
+
     def _read(self):
-        if not self.path.exists() or self.path.stat().st_size == 0:
+        if not self.path.exists():
             return None
+        if self.path.stat().st_size == 0:
+            raise self._invalid("is empty")
         try:
             if self.format == "csv":
-                self._drop_partial_line()
+                with self.path.open("rb") as file:
+                    file.seek(-1, os.SEEK_END)
+                    if file.read(1) != b"\n":
+                        raise self._invalid("does not end with a newline (cut short)")
                 frame = self.pd.read_csv(
                     self.path, keep_default_na=False, na_values=[""]
                 )
             else:
                 frame = self.pd.read_parquet(self.path)
-        except Exception as exc:
-            raise ValueError(
-                f"output={str(self.path)!r} exists but cannot be read as {self.format} "
-                f"({exc}); move it away or pass another output path."
+        except ValueError as exc:
+            if str(exc).startswith(f"output={str(self.path)!r}"):
+                raise
+            raise self._invalid(
+                f"cannot be read as {self.format} ({type(exc).__name__}: {exc})"
             ) from exc
-        if "cell_id" not in frame.columns:
-            raise ValueError(
-                f"output={str(self.path)!r} exists but is not a sweep's result file "
-                f"(no cell_id column); pass another output path."
-            )
+        except Exception as exc:
+            raise self._invalid(
+                f"cannot be read as {self.format} ({type(exc).__name__}: {exc})"
+            ) from exc
+        self._check_rows(frame)
         return frame
 
-    def _drop_partial_line(self):
-        """A sweep killed while writing leaves a partial last line: cut it."""
-        with self.path.open("rb+") as file:
-            data = file.read()
-            if data and not data.endswith(b"\n"):
-                file.truncate(data.rfind(b"\n") + 1)
+    def _check_rows(self, frame):
+        """Every row of a sweep's file has a cell key, its settings and a status."""
+        missing = [c for c in ("cell_id", *SETTING_COLUMNS, "status") if c not in frame]
+        if missing:
+            raise self._invalid(f"has no column(s) {missing}")
+        status = frame["status"]
+        bad = ~status.isin(["ok", "failed"])
+        for i, key in enumerate(frame["cell_id"]):
+            if bad.iloc[i] or not _is_cell_key(key):
+                raise self._invalid(
+                    f"has a damaged row {i + 2} (cell_id={key!r}, "
+                    f"status={status.iloc[i]!r})"
+                )
 
     def done(self, retry_failed):
         if self.frame is None:
@@ -409,18 +441,29 @@ class _ResultFile:
 
     def append(self, row):
         new = self.pd.DataFrame([row], columns=list(COLUMNS))
-        if self.format == "csv":
-            header = not self.path.exists() or self.path.stat().st_size == 0
-            with self.path.open("a", newline="") as file:
-                new.to_csv(file, header=header, index=False)
+        frame = new if self.frame is None else self._concat(self.frame, new)
+        self._write_atomically(frame)
+        self.frame = frame
+
+    def _write_atomically(self, frame):
+        """Write ``frame`` to a temporary file, fsync it, rename it over the file."""
+        fd, tmp = tempfile.mkstemp(
+            dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
+        )
+        try:
+            with os.fdopen(fd, "wb") as file:
+                if self.format == "csv":
+                    frame.to_csv(file, index=False)
+                else:
+                    frame.to_parquet(file, index=False)
                 file.flush()
                 os.fsync(file.fileno())
-            self.frame = new if self.frame is None else self._concat(self.frame, new)
-        else:
-            self.frame = new if self.frame is None else self._concat(self.frame, new)
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            self.frame.to_parquet(tmp, index=False)
-            os.replace(tmp, self.path)  # atomic: a kill leaves the old or new file
+            os.replace(tmp, self.path)  # atomic: readers see the old or new file
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _fsync_folder(self.path.parent)
 
     def _concat(self, old, new):
         with warnings.catch_warnings():  # all-NaN columns in one frame: fine here
@@ -438,6 +481,33 @@ def _check_columns(frame, output):
             f"columns differ (missing {missing}, unknown {extra}); pass another "
             f"output path (a rerun cannot resume into it)."
         )
+
+
+def _is_cell_key(key):
+    """Whether ``key`` is a cell_id: the JSON object of a cell's settings."""
+    try:
+        settings = json.loads(key)
+    except (TypeError, ValueError):
+        return False
+    return (
+        isinstance(settings, dict)
+        and "learner" in settings
+        and set(settings) <= set(SETTING_COLUMNS)
+    )
+
+
+def _fsync_folder(folder):
+    """Make a rename in ``folder`` durable (no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _connect(scheduler):
@@ -484,7 +554,7 @@ def recovery_sweep(
     (``n_jobs``), on a Dask cluster when ``scheduler`` is given (a
     ``dask.distributed.Client`` under ``joblib.parallel_backend("dask")``), or on
     whatever joblib backend is active around the call.  Finished rows are
-    appended to ``output`` as they arrive; a rerun with the same ``output`` skips
+    written to ``output`` as they arrive; a rerun with the same ``output`` skips
     the cells already there.
 
     Parameters
@@ -511,9 +581,12 @@ def recovery_sweep(
         seed s is ``[s]``.  Any other iterable of distinct non-negative ints
         (list, tuple, ``range``, array) is the seeds themselves.
     output : str or path-like, default=None
-        Result file, ``.csv`` (a row appended per fit) or ``.parquet`` (rewritten
-        atomically per fit).  When it exists, its finished cells are skipped.
-        ``None`` keeps the results in memory only.
+        Result file, ``.csv`` or ``.parquet``, rewritten atomically after every
+        fit (a temporary file renamed over it), so that it is complete and
+        readable at every moment, even when the sweep is killed.  When it
+        exists, its finished cells are skipped; a file that cannot be read, was
+        cut short or is not a sweep's result file raises a ``ValueError`` that
+        names it.  ``None`` keeps the results in memory only.
     n_jobs : int, default=-1
         Parallel fits on local processes (joblib's ``n_jobs``); ignored by a Dask
         backend, which uses its workers.

@@ -203,7 +203,9 @@ def _varpro_levenberg_marquardt(
         if step is None or not np.all(np.isfinite(step)):
             mu *= nu
             nu *= 2.0
-            if mu > 1e20 * max(float(np.max(np.diag(schur))), 1e-300):
+            # not (mu <= ...): a NaN system (overflowed logits) stops too, where
+            # mu > ... would be False forever and the loop would never end
+            if not mu <= 1e20 * max(float(np.max(np.diag(schur))), 1e-300):
                 stop = "singular"
                 break
             continue
@@ -232,7 +234,7 @@ def _varpro_levenberg_marquardt(
         else:
             mu *= nu
             nu *= 2.0
-            if mu > 1e20 * max(float(np.max(np.diag(schur))), 1e-300):
+            if not mu <= 1e20 * max(float(np.max(np.diag(schur))), 1e-300):
                 stop = "no_decrease"  # at the floor of representable decrease
                 break
     # final W by the refined least-squares solve, and the loss it gives
