@@ -250,7 +250,13 @@ def test_tighten_tol_false_keeps_the_learners_defaults():
 def test_a_result_file_of_another_version_is_refused(tmp_path, monkeypatch):
     output = tmp_path / "results.csv"
     old_columns = [c for c in _sweep.COLUMNS if c != "precision"]
-    pd.DataFrame([dict.fromkeys(old_columns, 0)]).to_csv(output, index=False)
+    row = dict.fromkeys(old_columns, 0)  # a well-formed row of the older layout
+    row.update(
+        cell_id=json.dumps({"learner": "phased", "seed": 0}),
+        learner="phased",
+        status="ok",
+    )
+    pd.DataFrame([row]).to_csv(output, index=False)
     monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
     with pytest.raises(ValueError, match=r"another version of skattn.*'precision'"):
         recovery_sweep(_learners(), n_samples=100, output=output, progress=False)
