@@ -41,6 +41,20 @@ def dense_jacobian(problem, params):
     return problem.jacobian(params) @ np.eye(problem.shape[1])
 
 
+def assert_jacobian_matches_finite_differences(problem, params, n_columns):
+    """Random columns of the Jacobian against central differences of the residual."""
+    J = dense_jacobian(problem, params)
+    eps = 1e-6
+    size = problem.shape[1]
+    for j in np.random.default_rng(2).choice(size, size=n_columns, replace=False):
+        step = np.zeros(size)
+        step[j] = eps
+        fd = (problem.residual(params + step) - problem.residual(params - step)) / (
+            2 * eps
+        )
+        np.testing.assert_allclose(J[:, j], fd, atol=1e-7)
+
+
 @pytest.mark.parametrize("par", [FullRank(2, 4), LowRank(2, 4, 2)])
 def test_products_are_adjoint(par):
     X, Y, _, _ = planted(30, 3, 4, 2, 5, noise=0.1)
@@ -70,16 +84,9 @@ def test_jacobian_matches_finite_differences_at_a_realisable_point():
     X, Y, attention, _ = planted(40, 3, 4, 2, 6)
     par = FullRank(2, 4)
     problem = VarproProblem(X, Y, None, par)
-    params = par.from_attention(attention)
-    J = dense_jacobian(problem, params)
-    eps = 1e-6
-    for j in np.random.default_rng(2).choice(par.size, size=8, replace=False):
-        step = np.zeros(par.size)
-        step[j] = eps
-        fd = (problem.residual(params + step) - problem.residual(params - step)) / (
-            2 * eps
-        )
-        np.testing.assert_allclose(J[:, j], fd, atol=1e-7)
+    assert_jacobian_matches_finite_differences(
+        problem, par.from_attention(attention), n_columns=8
+    )
 
 
 def test_gauss_newton_matrix_and_gradient_match_the_dense_solver():
@@ -323,15 +330,7 @@ def test_factored_jacobian_matches_finite_differences(intercept):
     par = FactoredHeads(2, X.shape[2], 2)
     problem = VarproProblem(X, Y, None, par, intercept=intercept)
     assert np.abs(problem.residual(truth)).max() < 1e-12
-    J = dense_jacobian(problem, truth)
-    eps = 1e-6
-    for j in np.random.default_rng(2).choice(par.size, size=12, replace=False):
-        step = np.zeros(par.size)
-        step[j] = eps
-        fd = (problem.residual(truth + step) - problem.residual(truth - step)) / (
-            2 * eps
-        )
-        np.testing.assert_allclose(J[:, j], fd, atol=1e-7)
+    assert_jacobian_matches_finite_differences(problem, truth, n_columns=12)
 
 
 def test_factored_values_of_full_rank_are_the_unstructured_problem():

@@ -617,7 +617,13 @@ def fit_affine_hull(
     aug = np.clip(aug, 0.0, None) / max(aug[-1], np.finfo(float).tiny)
     sq = float(point @ normal @ point - 2 * point @ rhs + stats["rhs_norm2"])
     spectrum = np.clip(evals, 0.0, None) / top
-    info = {
+    info = _hull_info(stats, m, method, reweight_iter, spectrum, aug, sq, "dense")
+    return (point.reshape(d, d), directions.T.reshape(m - 1, d, d)), info
+
+
+def _hull_info(stats, m, method, reweight_iter, spectrum, aug, sq, solver):
+    """The record of a hull fit: its equations, spectra, gap ratios and residual."""
+    return {
         "method": method,
         "reweight_iter": reweight_iter,
         "n_equations": int(stats["n_equations"]),
@@ -627,9 +633,8 @@ def fit_affine_hull(
         "gap_ratio": _ratio(spectrum, m - 1) if m >= 2 else np.nan,
         "augmented_gap_ratio": _ratio(aug, m),
         "rms_residual": float(np.sqrt(max(sq, 0.0) / stats["n_equations"])),
+        "solver": solver,
     }
-    info["solver"] = "dense"
-    return (point.reshape(d, d), directions.T.reshape(m - 1, d, d)), info
 
 
 def _fit_matrix_free(stats, m, method, huber_delta, reweight_iter, n_eig, start):
@@ -653,19 +658,8 @@ def _fit_matrix_free(stats, m, method, huber_delta, reweight_iter, n_eig, start)
     cons = stats["constraints"]
     fitted = constraint_matvec(cons["x_row"], cons["v"], point[:, None])
     sq = float(np.sum(fitted**2) - 2 * point @ stats["rhs"] + stats["rhs_norm2"])
-    info = {
-        "method": method,
-        "reweight_iter": reweight_iter,
-        "n_equations": int(stats["n_equations"]),
-        "n_rows": int(stats["n_rows"]),
-        "spectrum": spectrum,
-        "augmented_spectrum": aug,
-        "gap_ratio": _ratio(spectrum, m - 1) if m >= 2 else np.nan,
-        "augmented_gap_ratio": _ratio(aug, m),
-        "rms_residual": float(np.sqrt(max(sq, 0.0) / stats["n_equations"])),
-        "solver": "matrix-free",
-        "iterative": it_info,
-    }
+    info = _hull_info(stats, m, method, reweight_iter, spectrum, aug, sq, "matrix-free")
+    info["iterative"] = it_info
     return (point.reshape(d, d), directions.T.reshape(m - 1, d, d)), info
 
 
