@@ -357,6 +357,24 @@ class BertEncoder:
             )
         return encoder
 
+    def check_layer(self, layer, *, attention=False):
+        """``layer`` as an int: a hidden state ``0 .. n_layers`` (the input of
+        that layer; ``n_layers`` is the output), or with ``attention`` an
+        attention layer ``0 .. n_layers - 1``; else a ``ValueError``."""
+        top = self.n_layers - 1 if attention else self.n_layers
+        if (
+            isinstance(layer, bool)
+            or not isinstance(layer, numbers.Integral)
+            or not 0 <= layer <= top
+        ):
+            span = (
+                f"[0, n_layers - 1 = {top}] (an attention layer)"
+                if attention
+                else f"[0, n_layers={top}]"
+            )
+            raise ValueError(f"layer must be an integer in {span}, got {layer!r}.")
+        return int(layer)
+
     def _check_ids(self, ids):
         ids = np.asarray(ids)
         if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
@@ -419,15 +437,7 @@ class BertEncoder:
         H : ndarray of shape (n_windows, n_tokens, n_features)
         """
         ids = self._check_ids(ids)
-        if (
-            isinstance(layer, bool)
-            or not isinstance(layer, numbers.Integral)
-            or not 0 <= layer <= self.n_layers
-        ):
-            raise ValueError(
-                f"layer must be an integer in [0, n_layers={self.n_layers}], got "
-                f"{layer!r}."
-            )
+        layer = self.check_layer(layer)
         embeddings, layers = self._weights(_check_dtype(dtype))
         batch_size = _check_positive_int(batch_size, "batch_size")
         out = np.empty((*ids.shape, self.n_features))
@@ -703,16 +713,7 @@ class PretrainedHiddenStates(TokenDistribution):
                 f"(max_position_embeddings={encoder.max_positions}); windows must "
                 f"have at most {encoder.max_positions} tokens."
             )
-        if (
-            isinstance(layer, bool)
-            or not isinstance(layer, numbers.Integral)
-            or not 0 <= layer <= encoder.n_layers
-        ):
-            raise ValueError(
-                f"layer must be an integer in [0, n_layers={encoder.n_layers}], got "
-                f"{layer!r}."
-            )
-        self.layer = int(layer)
+        self.layer = encoder.check_layer(layer)
         self.dtype = _check_dtype(dtype)
         self.cache = bool(cache)
         if sequences is None:
@@ -863,15 +864,7 @@ def load_bert_hidden_states(
     """
     path = minilm_checkpoint_path() if path is None else Path(path)
     encoder = BertEncoder.from_safetensors(path, n_heads=n_heads)
-    if (
-        isinstance(layer, bool)
-        or not isinstance(layer, numbers.Integral)
-        or not 0 <= layer < encoder.n_layers
-    ):
-        raise ValueError(
-            f"layer must be an integer in [0, n_layers - 1 = {encoder.n_layers - 1}] "
-            f"(an attention layer), got {layer!r}."
-        )
+    layer = encoder.check_layer(layer, attention=True)
     attention_layer, _ = load_bert_attention(
         path, layer=layer, n_heads=encoder.n_heads, n_tokens=n_tokens
     )
