@@ -450,3 +450,13 @@ def test_single_precision_loose_stage_ends_in_a_double_precision_optimum():
         assert info["n_coarse_iter"] > 0 and info["converged"]
         np.testing.assert_allclose(par.attention(params), attention, atol=1e-10)
         np.testing.assert_allclose(forward(X, attention, projection), Y, atol=1e-10)
+
+
+def test_random_starts_with_factored_values_recover_a_planted_layer():
+    X, Y, truth = factored_planted(400, 4, 5, 2, 2, 12, seed=3, intercept=True)
+    attention, projection, info = polish_from_random_starts(
+        X, Y, 2, head_rank=2, factor_values=True, intercept=True, random_state=0
+    )
+    assert info["stages"][0]["factored_values"]
+    assert info["relative_residual"] < 1e-10
+    np.testing.assert_allclose(forward(X, attention, projection), Y, atol=1e-9)

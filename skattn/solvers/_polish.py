@@ -643,17 +643,22 @@ def polish_from_random_starts(
             d = A.shape[1]
     best, residuals = None, []
     head_rank = options.get("head_rank")
+    factored = options.get("factor_values", "auto")
+    if factored == "auto":
+        factored = choose_factor_values(n_heads, d, head_rank)
     for _ in range(n_starts):
         start = random_attention(n_heads, d, rng)
-        values = None
-        if head_rank is not None and head_rank < d:  # a random start of V_i too
-            values = rng.normal(scale=1.0 / d, size=(n_heads, d, head_rank))
-            values = values @ rng.normal(size=(n_heads, head_rank, Y.shape[2]))
+        projection_start = None
+        if factored:  # a random start of the value factors V_i too
+            projection_start = rng.normal(scale=1.0 / d, size=(n_heads, d, head_rank))
+            projection_start = projection_start @ rng.normal(
+                size=(n_heads, head_rank, Y.shape[2])
+            )
         result = staged_polish(
             X,
             Y,
             start,
-            values,
+            projection_start,
             sample_weight=sample_weight,
             n_polish_samples=n_polish_samples,
             n_warmup_samples=n_warmup_samples,
