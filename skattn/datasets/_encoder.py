@@ -357,7 +357,7 @@ class BertEncoder:
             )
         return encoder
 
-    def check_layer(self, layer, *, attention=False):
+    def _check_layer(self, layer, *, attention=False):
         """``layer`` as an int: a hidden state ``0 .. n_layers`` (the input of
         that layer; ``n_layers`` is the output), or with ``attention`` an
         attention layer ``0 .. n_layers - 1``; else a ``ValueError``."""
@@ -437,7 +437,7 @@ class BertEncoder:
         H : ndarray of shape (n_windows, n_tokens, n_features)
         """
         ids = self._check_ids(ids)
-        layer = self.check_layer(layer)
+        layer = self._check_layer(layer)
         embeddings, layers = self._weights(_check_dtype(dtype))
         batch_size = _check_positive_int(batch_size, "batch_size")
         out = np.empty((*ids.shape, self.n_features))
@@ -713,7 +713,7 @@ class PretrainedHiddenStates(TokenDistribution):
                 f"(max_position_embeddings={encoder.max_positions}); windows must "
                 f"have at most {encoder.max_positions} tokens."
             )
-        self.layer = encoder.check_layer(layer)
+        self.layer = encoder._check_layer(layer)
         self.dtype = _check_dtype(dtype)
         self.cache = bool(cache)
         if sequences is None:
@@ -864,7 +864,7 @@ def load_bert_hidden_states(
     """
     path = minilm_checkpoint_path() if path is None else Path(path)
     encoder = BertEncoder.from_safetensors(path, n_heads=n_heads)
-    layer = encoder.check_layer(layer, attention=True)
+    layer = encoder._check_layer(layer, attention=True)
     attention_layer, _ = load_bert_attention(
         path, layer=layer, n_heads=encoder.n_heads, n_tokens=n_tokens
     )
