@@ -9,6 +9,7 @@ import functools
 import numpy as np
 
 from ._convert import parameters_to_projections, projections_to_parameters
+from .utils._optional import require
 
 
 def import_torch():
@@ -19,14 +20,7 @@ def import_torch():
     >>> import_torch().__name__
     'torch'
     """
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError(
-            "This feature needs PyTorch, an optional dependency of skattn; install "
-            'it with `pip install "skattn[torch]"` (or `pip install torch`).'
-        ) from exc
-    return torch
+    return require("torch", extra="torch", feature="This feature")
 
 
 def _numpy(tensor):

@@ -41,12 +41,12 @@ from sklearn.utils import check_random_state
 
 from ._jacobian import jacobian_singular_values, parameter_basis
 from ._layer import attention_patterns, forward
-from ._sequences import check_finite, flatten_tokens, layer_sequences
 from .conditions import check_conditions
 from .metrics._recovery import _layer_parameters
 from .phased._model_selection import held_out_error
 from .solvers import solve_projections
 from .solvers._polish import relative_residual as _relative_rms
+from .utils._validation import check_finite, flatten_tokens, layer_sequences
 
 __all__ = ["Certificate", "certify"]
 

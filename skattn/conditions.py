@@ -95,6 +95,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .metrics._recovery import _layer_biases, _layer_parameters
+from .utils._optional import require
 
 __all__ = [
     "THRESHOLDS",
@@ -319,13 +320,7 @@ class ConditionReport:
             ``value``, ``relation``, ``threshold``, ``passed`` and
             ``description``.
         """
-        try:
-            import pandas as pd
-        except ImportError as exc:  # pragma: no cover - pandas is a test dependency
-            raise ImportError(
-                "ConditionReport.to_frame requires pandas; install it with "
-                "`pip install pandas` or print the report instead."
-            ) from exc
+        pd = require("pandas", extra="sweep", feature="ConditionReport.to_frame")
         return pd.DataFrame(
             {
                 "value": [c.value for c in self.conditions],

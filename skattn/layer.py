@@ -10,7 +10,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._convert import projections_to_parameters
 from ._layer import attention_patterns, forward
-from ._sequences import (
+from .utils._validation import (
     check_finite,
     check_no_overflow,
     flatten_tokens,

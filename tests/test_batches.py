@@ -8,20 +8,20 @@ import pytest
 from skattn import (
     GradientAttentionRegressor,
     MultiHeadAttentionRegressor,
-    _batches,
     make_attention_regression,
     parameter_error,
-)
-from skattn._batches import (
-    TokenBatches,
-    is_out_of_core,
-    token_sum_moments,
-    validate_batches,
 )
 from skattn.estimators import _phased
 from skattn.phased import _affine_hull, _projection_sum
 from skattn.phased._affine_hull import hull_constraints, sculpt_hull
 from skattn.phased._projection_sum import refine_projection_sum
+from skattn.utils import _batches
+from skattn.utils._batches import (
+    TokenBatches,
+    is_out_of_core,
+    token_sum_moments,
+    validate_batches,
+)
 
 SOURCES = ["memmap", "zarr", "hdf5", "dask"]
 

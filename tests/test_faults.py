@@ -234,10 +234,10 @@ def test_a_damaged_result_file_is_an_error_that_names_it(tmp_path, suffix, how, 
 from skattn import (  # noqa: E402
     GradientAttentionRegressor,
     MultiHeadAttentionRegressor,
-    _batches,  # noqa: E402
 )
-from skattn._batches import SourceChangedError  # noqa: E402
 from skattn.datasets import make_attention_regression  # noqa: E402
+from skattn.utils import _batches  # noqa: E402
+from skattn.utils._batches import SourceChangedError  # noqa: E402
 
 PHASED = dict(n_heads=2, n_tokens=3, random_state=0, batch_size=256)
 
@@ -397,7 +397,8 @@ if __name__ == "__main__":
     import dask.array as da
     from distributed import Client, LocalCluster
 
-    from skattn import MultiHeadAttentionRegressor, _batches
+    from skattn import MultiHeadAttentionRegressor
+    from skattn.utils import _batches
     from skattn.datasets import make_attention_regression
 
     X, y = make_attention_regression(2000, 3, 4, 2, n_outputs=8, random_state=0)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import ndtr
 
+from ..utils._optional import require
 from ._distributions import TokenDistribution, _check_positive_int
 from ._pretrained import (
     _check_architecture,
@@ -512,13 +513,9 @@ def _stdlib_docstrings(modules):
 
 def _load_tokenizer(tokenizer):
     """A ``tokenizers.Tokenizer`` without padding and truncation (a copy)."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise ImportError(
-            "Tokenizing text needs the tokenizers package; install it with "
-            '`pip install "skattn[pretrained]"` (or `pip install tokenizers`).'
-        ) from exc
+    Tokenizer = require(
+        "tokenizers", extra="pretrained", feature="Tokenizing text"
+    ).Tokenizer
     if tokenizer is None:
         tokenizer = minilm_checkpoint_path().with_name("tokenizer.json")
     if isinstance(tokenizer, Tokenizer):

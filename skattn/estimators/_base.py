@@ -11,16 +11,16 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from .._batches import is_out_of_core, validate_batches
 from .._layer import forward
-from .._sequences import (
+from ..layer import AttentionLayer
+from ..utils._batches import is_out_of_core, validate_batches
+from ..utils._validation import (
     check_fitted_tokens,
     check_no_overflow,
     flatten_tokens,
     resolve_n_tokens,
     unflatten_tokens,
 )
-from ..layer import AttentionLayer
 
 
 def check_weights(sample_weight):
@@ -155,7 +155,7 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         sample_weight : ndarray of shape (n_samples,)
 
         Out-of-core X or y (memmap, zarr, h5py, dask) are checked in chunks and
-        returned as :class:`skattn._batches.TokenBatches`, read batch by batch.
+        returned as :class:`skattn.utils._batches.TokenBatches`, read batch by batch.
         """
         if is_out_of_core(X) or is_out_of_core(y):
             return self._validate_fit_batches(X, y, sample_weight)

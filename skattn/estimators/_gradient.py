@@ -24,16 +24,16 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_sample_weight, validate_data
 from tqdm.auto import tqdm
 
-from .._batches import check_sources
-from .._sequences import (
+from ..solvers import balanced_factors
+from ..solvers._lbfgs import _lbfgs
+from ..solvers._objective import _loss_chunk_size, _loss_gradient, solve_projections
+from ..utils._batches import check_sources
+from ..utils._validation import (
     check_fitted_tokens,
     flatten_tokens,
     resolve_n_tokens,
     unflatten_tokens,
 )
-from ..solvers import balanced_factors
-from ..solvers._lbfgs import _lbfgs
-from ..solvers._objective import _loss_chunk_size, _loss_gradient, solve_projections
 from ._base import BaseAttentionRegressor, check_weights
 
 _ADAM_BETA1 = 0.9

@@ -11,7 +11,6 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from .._batches import TokenBatches, check_sources, map_reduce_batches
 from ..datasets import BooleanTokens
 from ..phased._affine_hull import sculpt_hull
 from ..phased._errors import CertificationError, CertificationWarning
@@ -26,6 +25,7 @@ from ..solvers._polish import (
     polish_from_random_starts,
     warmup_size,
 )
+from ..utils._batches import TokenBatches, check_sources, map_reduce_batches
 from ._base import BaseAttentionRegressor
 
 # Appended to certification messages of phases 2-4, whose functions say tol/tol_final.
@@ -342,12 +342,12 @@ n_features_per_token)
     one dask task per chunk, run where the chunk lives -- on a
     ``dask.distributed`` cluster's workers when a ``Client`` is active -- which
     returns small partial statistics that are merged in this process
-    (:func:`~skattn._batches.map_reduce_batches`); only the rows kept by phase 2
+    (:func:`~skattn.utils._batches.map_reduce_batches`); only the rows kept by phase 2
     (``max_rows``) and phase 3's curvature subsample are read here.  The polish
     works in memory: on ``polish_samples`` random examples, 100000 when
     ``polish_samples=None`` and there are more.  A memmap or h5py file or a
     zarr folder that changes or vanishes during the fit raises
-    :class:`skattn._batches.SourceChangedError` naming it.
+    :class:`skattn.utils._batches.SourceChangedError` naming it.
 
     References
     ----------

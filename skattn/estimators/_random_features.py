@@ -32,7 +32,7 @@ from sklearn.utils.validation import (
 )
 
 from .._layer import softmax
-from .._sequences import (
+from ..utils._validation import (
     check_fitted_tokens,
     check_no_overflow,
     flatten_tokens,

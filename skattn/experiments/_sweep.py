@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import clone
 
+from ..utils._optional import require
 from ._config import PLANTED_KEYS, seed_list
 
 # The planted layer of a cell when the sweep does not set a key.
@@ -78,16 +79,8 @@ _SCHEDULER_TIMEOUT = 10  # seconds a scheduler has to answer
 
 def _require(module, caller):
     """Import an optional dependency or say which extra installs it."""
-    import importlib
-
     extra = {"pandas": "sweep", "distributed": "dask", "dask": "dask"}[module]
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"{caller} requires {module}: pip install skattn[{extra}] (or pip "
-            f"install {module})."
-        ) from exc
+    return require(module, extra=extra, feature=caller)
 
 
 def _as_list(value, name, kind, check):

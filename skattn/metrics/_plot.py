@@ -17,17 +17,13 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.utils.validation import check_is_fitted
 
 from ..layer import AttentionLayer
+from ..utils._optional import require
 from ._recovery import _pattern_distances
 
 
 def _check_matplotlib(caller):
     """Import matplotlib or raise an ImportError saying how to install it."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
-        raise ImportError(
-            f"{caller} requires matplotlib: pip install matplotlib (or skattn[plot])."
-        ) from exc
+    require("matplotlib", extra="plot", feature=caller)
 
 
 def _match_heads(patterns_true, patterns_learned):

@@ -11,8 +11,8 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.utils import Bunch, check_array
 
 from .._layer import attention_patterns, forward
-from .._sequences import flatten_tokens, layer_sequences
 from ..layer import AttentionLayer, check_layer_biases, check_layer_parameters
+from ..utils._validation import flatten_tokens, layer_sequences
 
 
 def _layer_parameters(layer, name):

@@ -20,7 +20,7 @@ Phase 4 (:func:`sculpt_hull`) alternates the refinement of ``W_sum`` (phase 3) a
 the hull fit while the certification tolerance tightens.
 
 The certification scan over all samples is one
-:func:`~skattn._batches.map_reduce_batches` pass: each batch keeps its best
+:func:`~skattn.utils._batches.map_reduce_batches` pass: each batch keeps its best
 certified rows (:func:`_hull_scan_batch`) and the merge keeps the best of those,
 so on dask arrays it runs as one task per chunk on the workers; only the kept
 rows' samples are read in this process.
@@ -34,7 +34,7 @@ import cvxpy as cp
 import numpy as np
 from sklearn.utils import check_random_state
 
-from .._batches import map_reduce_batches
+from ..utils._batches import map_reduce_batches
 from ._errors import CertificationError, CertificationWarning
 from ._hull_operator import _normal_diag, constraint_matvec, iterative_hull
 from ._projection_sum import (
@@ -105,8 +105,8 @@ def hull_constraints(
         a robust fit of the point (:func:`fit_affine_hull` with ``method="huber"``).
     batch_size : int, default=4096
         Samples certified at a time.  ``X`` and ``Y`` may be
-        :class:`~skattn._batches.TokenBatches` of out-of-core arrays, scanned by
-        :func:`~skattn._batches.map_reduce_batches` (dask arrays: one task per
+        :class:`~skattn.utils._batches.TokenBatches` of out-of-core arrays, scanned by
+        :func:`~skattn.utils._batches.map_reduce_batches` (dask arrays: one task per
         chunk, named ``skattn-certify``, on a cluster's workers).
     rcond : float, default=1e-8
         See :func:`~skattn.phased._projection_sum.certify_rows`.
@@ -828,7 +828,7 @@ def sculpt_hull(
         See :func:`~skattn.phased._projection_sum.refine_projection_sum`.
     batch_size : int, default=4096
         Samples certified at a time.  ``X`` and ``Y`` may be
-        :class:`~skattn._batches.TokenBatches` of out-of-core arrays; on dask
+        :class:`~skattn.utils._batches.TokenBatches` of out-of-core arrays; on dask
         arrays every pass of phases 1-4 over the samples runs as dask tasks on
         the chunks (see :func:`hull_constraints`).
     max_heads : int, default=8

@@ -15,7 +15,7 @@ stalled at 0.1.
 
 All functions take token tensors ``X`` of shape ``(n, k, d)`` and ``Y`` of shape
 ``(n, k, d_out)`` and return ``(estimate, info)``.  Their passes over all samples
-go through :func:`~skattn._batches.map_reduce_batches` (a per-batch function and a
+go through :func:`~skattn.utils._batches.map_reduce_batches` (a per-batch function and a
 merge of its partial statistics), so on dask arrays they run on the chunks' workers.
 """
 
@@ -23,16 +23,16 @@ from functools import partial
 
 import numpy as np
 
-from .._batches import TokenBatches, map_reduce_batches, token_sum_moments
-from .._sequences import check_finite
 from ..solvers._objective import _factor, _solve_psd
+from ..utils._batches import TokenBatches, map_reduce_batches, token_sum_moments
+from ..utils._validation import check_finite
 from ._errors import CertificationError
 
 
 def _check_token_arrays(X, Y, sample_weight=None):
     """Check ``X (n, k, d)``, ``Y (n, k, d_out)`` and weights ``(n,)``.
 
-    Out-of-core :class:`~skattn._batches.TokenBatches` pass as they are (checked
+    Out-of-core :class:`~skattn.utils._batches.TokenBatches` pass as they are (checked
     chunk by chunk when they were made; the phases read them in batches).
     """
     if not isinstance(X, TokenBatches):
@@ -444,8 +444,9 @@ def refine_projection_sum(
         fewer raise a ``CertificationError`` (a ``ValueError``) naming ``tol``.
     batch_size : int, default=4096
         Samples certified at a time (memory is bounded by the batch).  ``X`` and
-        ``Y`` may be :class:`~skattn._batches.TokenBatches` of out-of-core
-        arrays: every alternation is one :func:`~skattn._batches.map_reduce_batches`
+        ``Y`` may be :class:`~skattn.utils._batches.TokenBatches` of out-of-core
+        arrays: every alternation is one
+        :func:`~skattn.utils._batches.map_reduce_batches`
         pass (dask arrays: one task per chunk, named ``skattn-refine``, on a
         cluster's workers); only the curvature subsample is read here.
     rcond : float, default=1e-8

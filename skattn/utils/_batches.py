@@ -332,7 +332,7 @@ def validate_batches(X, y, n_tokens, batch_size):
     >>> X3.shape, Y3.shape
     ((5, 3, 2), (5, 3, 1))
     """
-    from ._sequences import resolve_n_tokens
+    from ._validation import resolve_n_tokens
 
     X = X if is_out_of_core(X) else np.asarray(X)
     y = y if is_out_of_core(y) else np.asarray(y)
