@@ -23,8 +23,8 @@ import time
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from skattn._layer import forward
 from skattn.datasets import make_attention_regression
+from skattn.layer._math import forward
 from skattn.phased._net import net_search
 from skattn.solvers import polish
 

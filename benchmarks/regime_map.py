@@ -48,9 +48,9 @@ from skattn import (
     MultiHeadAttentionRegressor,
     parameter_error,
 )
-from skattn._layer import forward
 from skattn.datasets import make_attention_layer, sample_inputs
 from skattn.layer import AttentionLayer
+from skattn.layer._math import forward
 from skattn.solvers import polish
 
 BASE = dict(m=2, d=8, k=4, d_out=16, n=20000, scale=2.0, structure="random", close=None)

@@ -53,7 +53,7 @@ import numpy as np
 from scipy.stats import spearmanr
 from study_phases import _plant  # same planted problems as the phase study
 
-from skattn._layer import attention_patterns
+from skattn.layer._math import attention_patterns
 from skattn.phased._affine_hull import (
     fit_affine_hull,
     hull_constraints,

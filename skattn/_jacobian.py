@@ -17,7 +17,7 @@ Derivatives (``S_il`` head i's pattern on row l, ``C_il = Cov_{S_il}(x) W_i``):
 import numpy as np
 from scipy import linalg
 
-from ._layer import attention_patterns
+from .layer._math import attention_patterns
 
 # Rows of the Jacobian per chunk of the QR accumulation, relative to its columns.
 _CHUNK_ROWS_PER_COLUMN = 2
@@ -41,7 +41,7 @@ def layer_jacobian(X, attention, projection):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(5, 3, 2))
     >>> th, W = rng.normal(size=(2, 2, 2)), rng.normal(size=(2, 2, 3))

@@ -40,9 +40,9 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from ._jacobian import jacobian_singular_values, parameter_basis
-from ._layer import attention_patterns, forward
 from .conditions import check_conditions
-from .metrics._recovery import _layer_parameters
+from .layer._coerce import _layer_parameters
+from .layer._math import attention_patterns, forward
 from .phased._model_selection import held_out_error
 from .solvers import solve_projections
 from .solvers._polish import relative_residual as _relative_rms
@@ -278,7 +278,7 @@ def head_redundancy(X, Y, attention, projection, tol):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(200, 3, 4))
     >>> th = rng.normal(size=(1, 4, 4)); th = np.concatenate([th, th])

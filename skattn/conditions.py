@@ -94,7 +94,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .metrics._recovery import _layer_biases, _layer_parameters
+from .layer._coerce import _layer_biases, _layer_parameters
 from .utils._optional import require
 
 __all__ = [

@@ -16,7 +16,7 @@ from skattn._jacobian import (
     layer_jacobian,
     low_rank_tangent_basis,
 )
-from skattn._layer import forward
+from skattn.layer._math import forward
 
 M, K, D, D_OUT = 2, 3, 4, 10
 

@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skattn import AttentionLayer
-from skattn._layer import attention_logits, forward
 from skattn.datasets import (
     BooleanTokens,
     GaussianTokens,
@@ -16,6 +15,7 @@ from skattn.datasets import (
     resolve_distribution,
     sample_inputs,
 )
+from skattn.layer._math import attention_logits, forward
 
 DISTRIBUTIONS = [
     BooleanTokens(4, 8),

@@ -5,7 +5,6 @@ import pytest
 from sklearn.exceptions import ConvergenceWarning
 
 import skattn.solvers._objective as optimize
-from skattn._layer import forward
 from skattn.datasets import make_attention_regression
 from skattn.estimators._gradient import (
     GradientAttentionRegressor,
@@ -13,6 +12,7 @@ from skattn.estimators._gradient import (
     _pack,
     _unpack,
 )
+from skattn.layer._math import forward
 from skattn.metrics import parameter_error
 
 

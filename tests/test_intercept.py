@@ -9,9 +9,9 @@ from skattn import (
     MultiHeadAttentionRegressor,
     check_conditions,
 )
-from skattn._layer import attention_patterns, forward
 from skattn.datasets import make_attention_layer
 from skattn.estimators._base import augment_tokens, join_augmented, split_augmented
+from skattn.layer._math import attention_patterns, forward
 from skattn.metrics import parameter_error, prediction_error
 
 

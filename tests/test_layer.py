@@ -10,8 +10,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import FunctionTransformer
 
 from skattn import AttentionLayer
-from skattn._layer import attention_patterns, forward
 from skattn.layer import check_layer_parameters
+from skattn.layer._math import attention_patterns, forward
 
 
 def random_layer(seed=0, m=2, d=3, d_out=4, n_tokens=None):

@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skattn._layer import (
+from skattn.layer._math import (
     attention_patterns,
     forward,
     head_features,
@@ -116,7 +116,7 @@ def test_gradient_matches_finite_differences():
 
 
 def test_forward_in_chunks_equals_one_pass(monkeypatch):
-    import skattn._layer as layer_module
+    import skattn.layer._math as layer_module
 
     rng = np.random.default_rng(5)
     X = rng.normal(size=(37, 3, 4))

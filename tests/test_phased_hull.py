@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 
-from skattn._layer import attention_patterns, forward
+from skattn.layer._math import attention_patterns, forward
 from skattn.phased._affine_hull import (
     _reweighted_stats,
     fit_affine_hull,

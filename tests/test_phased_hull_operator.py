@@ -5,7 +5,7 @@ import pytest
 from test_phased_hull import _plant
 
 from skattn import MultiHeadAttentionRegressor
-from skattn._layer import forward
+from skattn.layer._math import forward
 from skattn.phased._affine_hull import (
     _DENSE_HULL_MAX_FEATURES,
     fit_affine_hull,

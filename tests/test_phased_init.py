@@ -131,7 +131,7 @@ def test_polish_solver_is_used_and_reported(solver):
 
 
 def test_whitening_map_is_exact_and_whitens():
-    from skattn._layer import forward
+    from skattn.layer._math import forward
     from skattn.solvers import whitening_map
     from skattn.solvers._polish import _unwhiten
 

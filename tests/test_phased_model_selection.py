@@ -7,7 +7,7 @@ import pytest
 from sklearn.model_selection import GridSearchCV
 
 from skattn import MultiHeadAttentionRegressor, make_attention_regression
-from skattn._layer import forward
+from skattn.layer._math import forward
 from skattn.phased._model_selection import (
     LOOKAHEAD_ITER,
     drop_redundant_heads,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
 
-from skattn._layer import forward
+from skattn.layer._math import forward
 from skattn.phased._net import (
     _MAX_GRID_GRAM,
     _candidate_residuals,

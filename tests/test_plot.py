@@ -18,7 +18,7 @@ from sklearn.base import BaseEstimator, RegressorMixin  # noqa: E402
 from sklearn.exceptions import NotFittedError  # noqa: E402
 
 from skattn import AttentionLayer  # noqa: E402
-from skattn._layer import attention_patterns  # noqa: E402
+from skattn.layer._math import attention_patterns  # noqa: E402
 from skattn.metrics._plot import (  # noqa: E402
     AttentionPatternDisplay,
     RecoveryCurveDisplay,

@@ -8,7 +8,6 @@ from sklearn.pipeline import make_pipeline
 from sklearn.utils._param_validation import InvalidParameterError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from skattn._layer import forward, head_features
 from skattn.estimators import _random_features
 from skattn.estimators._random_features import (
     RandomAttentionFeatures,
@@ -16,6 +15,7 @@ from skattn.estimators._random_features import (
     draw_query_key,
     resolve_keys,
 )
+from skattn.layer._math import forward, head_features
 
 
 def naive_layer_output(X, query_key, values, *, query, keys, attention, value_bias):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import skattn.solvers._lbfgs as lbfgs
 import skattn.solvers._objective as optimize
-from skattn._layer import attention_patterns, forward, squared_loss_gradient
+from skattn.layer._math import attention_patterns, forward, squared_loss_gradient
 from skattn.solvers import (
     polish,
     projection_normal_equations,

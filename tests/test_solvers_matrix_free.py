@@ -5,7 +5,7 @@ import pytest
 
 import skattn.solvers._matrix_free as matrix_free
 import skattn.solvers._objective as objective
-from skattn._layer import forward
+from skattn.layer._math import forward
 from skattn.solvers import (
     FactoredHeads,
     FullRank,

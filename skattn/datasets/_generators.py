@@ -5,9 +5,9 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions, validate_params
 
-from .._layer import forward
 from ..conditions import min_separation
 from ..layer import AttentionLayer
+from ..layer._math import forward
 from ._distributions import TokenDistribution, _as_generator, resolve_distribution
 
 # Two planted heads closer than this (relative Frobenius distance) are redrawn.

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions, validate_params
 
-from .._layer import forward
 from ..layer import AttentionLayer
+from ..layer._math import forward
 from ..utils._optional import require
 from ._distributions import TokenDistribution, _as_generator, resolve_distribution
 from ._generators import make_attention_layer

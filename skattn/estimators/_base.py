@@ -11,8 +11,8 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from .._layer import forward
 from ..layer import AttentionLayer
+from ..layer._math import forward
 from ..utils._batches import is_out_of_core, validate_batches
 from ..utils._validation import (
     check_fitted_tokens,

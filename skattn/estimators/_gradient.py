@@ -6,7 +6,7 @@ X^T) X W_i`` fitted by minimising the (weighted, ridge-penalised) squared loss
     J(Theta, W) = sum_n w_n ||F(X_n) - Y_n||_F^2 / (2 sum_n w_n)
                   + alpha / 2 (||Theta||_F^2 + ||W||_F^2)
 
-with the analytic gradient of :func:`skattn._layer.squared_loss_gradient`, by
+with the analytic gradient of :func:`skattn.layer._math.squared_loss_gradient`, by
 full-batch L-BFGS (scipy) or mini-batch Adam (numpy), from one or several random
 starts.  The math lives in the module-level functions; the estimator validates,
 orchestrates and stores the fitted attributes.
@@ -495,7 +495,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     -----
     **Initialisation.** Each start draws a small random Theta and then solves for
     the W exactly: given Theta the model is linear in W (``F(X) = sum_i (S_i X)
-    W_i`` with the head features ``S_i X`` of :func:`skattn._layer.head_features`),
+    W_i`` with the head features ``S_i X`` of :func:`skattn.layer._math.head_features`),
     so the best W is one (ridge) least-squares solve on the normal equations,
     accumulated over chunks of samples.  Starting from the optimal W for the
     initial Theta, rather than from random W, removes the large initial
@@ -526,7 +526,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> from skattn import GradientAttentionRegressor
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(300, 3, 4))

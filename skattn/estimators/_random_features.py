@@ -31,7 +31,7 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from .._layer import softmax
+from ..layer._math import softmax
 from ..utils._validation import (
     check_fitted_tokens,
     check_no_overflow,
@@ -389,7 +389,7 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         setting of Fu et al.; needs ``query="first"`` and ``k >= 2``.
         ``"all"``: every token is a key, the query token included, so that with
         ``attention="softmax"`` the features are the first row of a self-attention
-        layer (``skattn._layer.head_features(X, query_key_)[:, :, 0]``).
+        layer (``skattn.layer._math.head_features(X, query_key_)[:, :, 0]``).
         ``"auto"`` (default): ``"others"`` when ``query="first"`` and ``k >= 2``,
         else ``"all"``.  Default because a target of the query and the *other*
         tokens, such as ``mean_i f(<x_0, x_i>)``, is not blurred by the query's

@@ -14,9 +14,8 @@ from numbers import Integral
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
-from sklearn.utils.validation import check_is_fitted
 
-from ..layer import AttentionLayer
+from ..layer import as_layer
 from ..utils._optional import require
 from ._recovery import _pattern_distances
 
@@ -61,27 +60,6 @@ n_tokens)
     distances = np.full(cost.shape[0], np.nan)
     distances[rows] = cost[rows, cols]
     return matched, distances
-
-
-def _as_layer(learned, name):
-    """An AttentionLayer from a layer or a fitted estimator with attention_."""
-    if isinstance(learned, AttentionLayer):
-        return learned
-    if hasattr(learned, "fit"):
-        check_is_fitted(learned)
-        layer = getattr(learned, "layer_", None)
-        if isinstance(layer, AttentionLayer):
-            return layer
-        if hasattr(learned, "attention_") and hasattr(learned, "projection_"):
-            return AttentionLayer(
-                learned.attention_,
-                learned.projection_,
-                n_tokens=getattr(learned, "n_tokens_", None),
-            )
-    raise TypeError(
-        f"{name} must be an AttentionLayer or a fitted estimator with attention_ "
-        f"and projection_ (or layer_), got {type(learned).__name__}."
-    )
 
 
 def _check_sample(sample, n_samples):
@@ -347,8 +325,8 @@ class AttentionPatternDisplay:
         array([0., 0.])
         """
         _check_matplotlib(f"{cls.__name__}.from_layers")
-        true_layer = _as_layer(true_layer, "true_layer")
-        learned_layer = _as_layer(learned, "learned")
+        true_layer = as_layer(true_layer, "true_layer")
+        learned_layer = as_layer(learned, "learned")
         if true_layer.n_features != learned_layer.n_features:
             raise ValueError(
                 f"true_layer acts on {true_layer.n_features} features per token but "
@@ -455,7 +433,7 @@ class AttentionPatternDisplay:
                 colorbar=colorbar,
                 imshow_kwargs=imshow_kwargs,
             )
-        layer = _as_layer(estimator, "estimator")
+        layer = as_layer(estimator, "estimator")
         P = layer.attention_patterns(X)
         sample = _check_sample(sample, P.shape[0])
         heads = _check_heads(heads, P.shape[1])

@@ -10,45 +10,10 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.utils import Bunch, check_array
 
-from .._layer import attention_patterns, forward
-from ..layer import AttentionLayer, check_layer_biases, check_layer_parameters
+from ..layer import AttentionLayer
+from ..layer._coerce import _layer_biases, _layer_parameters
+from ..layer._math import attention_patterns, forward
 from ..utils._validation import flatten_tokens, layer_sequences
-
-
-def _layer_parameters(layer, name):
-    """``(attention, projection, n_tokens)`` of a layer or a fitted estimator."""
-    if isinstance(layer, AttentionLayer):
-        attention, projection = layer.attention, layer.projection
-        n_tokens = getattr(layer, "n_tokens_", None) or layer.n_tokens
-    elif hasattr(layer, "attention_") and hasattr(layer, "projection_"):
-        attention, projection = layer.attention_, layer.projection_
-        n_tokens = getattr(layer, "n_tokens_", None)
-    else:
-        raise TypeError(
-            f"{name} must be an AttentionLayer or a fitted estimator with attention_ "
-            f"and projection_ attributes, got {type(layer).__name__}. If it is an "
-            f"estimator, fit it first."
-        )
-    try:
-        attention, projection = check_layer_parameters(attention, projection)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from exc
-    return attention, projection, n_tokens
-
-
-def _layer_biases(layer, attention, projection):
-    """``(key_bias, intercept)`` of a layer or fitted estimator, zeros when absent."""
-    if isinstance(layer, AttentionLayer):
-        key_bias, intercept = layer.key_bias, layer.intercept
-    else:
-        key_bias = getattr(layer, "key_bias_", None)
-        intercept = getattr(layer, "intercept_", None)
-    m, d, d_out = projection.shape
-    key_bias, intercept = check_layer_biases(key_bias, intercept, m, d, d_out)
-    return (
-        np.zeros((m, d)) if key_bias is None else key_bias,
-        np.zeros(d_out) if intercept is None else intercept,
-    )
 
 
 def reached_directions(X, n_features, tol=1e-10):

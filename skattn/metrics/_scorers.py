@@ -12,7 +12,8 @@ from sklearn.utils import check_array, check_consistent_length
 from sklearn.utils._param_validation import StrOptions, validate_params
 from sklearn.utils.validation import _check_sample_weight
 
-from ._recovery import _layer_parameters, _ratio, parameter_error
+from ..layer._coerce import _layer_parameters
+from ._recovery import _ratio, parameter_error
 
 _ON = ("attention", "projection", "both")
 

@@ -165,7 +165,7 @@ def hull_constraints(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(200, 3, 4))
     >>> theta, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 5))
@@ -552,7 +552,7 @@ def fit_affine_hull(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(300, 3, 3))
     >>> theta, W = rng.normal(size=(1, 3, 3)), rng.normal(size=(1, 3, 4))
@@ -861,7 +861,7 @@ def sculpt_hull(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(2000, 3, 4))
     >>> theta, W = rng.normal(size=(1, 4, 4)) / 2, rng.normal(size=(1, 4, 6))

@@ -50,7 +50,7 @@ import time
 import numpy as np
 from sklearn.utils import check_random_state
 
-from .._layer import forward
+from ..layer._math import forward
 from ..solvers import polish as _polish
 from ..solvers import solve_projections
 from ..solvers._objective import _normalized_weights
@@ -137,7 +137,7 @@ def held_out_error(X, Y, attention, projection, sample_weight=None, level=0.95):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(400, 3, 4))
     >>> th, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 4))
@@ -232,7 +232,7 @@ def add_head(X, Y, attention, *, n_candidates=8, scale=None, random_state=None):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(200, 3, 4))
     >>> th, W = rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4, 4))
@@ -352,7 +352,7 @@ def select_n_heads(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(600, 3, 4))
     >>> th, W = rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4, 8))
@@ -537,7 +537,7 @@ def drop_redundant_heads(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(400, 3, 4))
     >>> th, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 4))
@@ -645,7 +645,7 @@ def sign_flip_redundancy(X, Y, attention, sample_weight=None, n_rows=300):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(200, 2, 3))
     >>> th, W = rng.normal(size=(1, 3, 3)), rng.normal(size=(1, 3, 4))
@@ -699,7 +699,7 @@ def polish_on_all(X, Y, attention, sample_weight=None, max_iter=100, tol=1e-10):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(300, 3, 4))
     >>> th, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 4))

@@ -242,7 +242,7 @@ def net_search(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(300, 3, 4))
     >>> th = rng.normal(size=(2, 4, 4)); W = rng.normal(size=(2, 4, 4))
@@ -408,7 +408,7 @@ def fit_from_hull(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(300, 3, 4))
     >>> th = rng.normal(size=(2, 4, 4)); W = rng.normal(size=(2, 4, 4))

@@ -118,7 +118,7 @@ def crude_projection_sum(X, Y, sample_weight=None):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(500, 3, 4))
     >>> W = rng.normal(size=(1, 4, 2))
@@ -308,7 +308,7 @@ def certify_rows(X, Y, W_sum, *, tol, rcond=1e-8):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(50, 3, 4))
     >>> theta, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 5))
@@ -482,7 +482,7 @@ def refine_projection_sum(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(400, 3, 4))
     >>> theta, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 5))

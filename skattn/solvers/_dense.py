@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 from scipy import linalg
 
-from .._layer import attention_patterns
+from ..layer._math import attention_patterns
 from ._objective import (
     _chunks,
     _loss,

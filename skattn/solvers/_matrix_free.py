@@ -33,7 +33,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.sparse.linalg import LinearOperator
 
-from .._layer import softmax
+from ..layer._math import softmax
 from . import _objective
 from ._objective import _chunks, _factor, _normalized_weights, _solve_psd
 from ._parametrization import _token_maps
@@ -93,7 +93,7 @@ class VarproProblem:
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> from skattn.solvers._parametrization import FullRank
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(50, 3, 4))
@@ -456,7 +456,7 @@ def varpro_least_squares(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> from skattn.solvers._parametrization import FullRank
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(300, 3, 4))

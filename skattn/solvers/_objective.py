@@ -6,7 +6,7 @@ Pure functions on token tensors (no validation; callers validate):
 * ``X``: ``(n, k, d)``, ``Y``: ``(n, k, d_out)``, ``sample_weight``: ``(n,)`` or None;
 * ``attention``: ``(m, d, d)`` (the Theta_i), ``projection``: ``(m, d, d_out)`` (W_i).
 
-The loss is the one of :func:`skattn._layer.squared_loss_gradient`,
+The loss is the one of :func:`skattn.layer._math.squared_loss_gradient`,
 
     L(Theta, W) = sum_n w_n ||F(X_n) - Y_n||_F^2 / (2 sum_n w_n) + alpha ||W||_F^2 / 2,
 
@@ -24,7 +24,7 @@ bounded by a fixed budget (about ``_CHUNK_FLOATS`` floats per intermediate) what
 import numpy as np
 from scipy import linalg
 
-from .._layer import attention_patterns, forward, squared_loss_gradient
+from ..layer._math import attention_patterns, forward, squared_loss_gradient
 
 # Budget (number of float64s) for one chunk's largest intermediate.
 _CHUNK_FLOATS = 2**21
@@ -75,7 +75,7 @@ def _loss_gradient(
 
     ``J = sum_n w_n ||F(X_n) - Y_n||^2 / (2 sum_n w_n) + alpha ||W||^2 / 2 +
     alpha_attention ||Theta||^2 / 2``.  Each chunk's weighted mean loss (and
-    gradient) from :func:`skattn._layer.squared_loss_gradient` is rescaled by the
+    gradient) from :func:`skattn.layer._math.squared_loss_gradient` is rescaled by the
     chunk's share of the weight; chunks of zero weight are skipped.  Memory is
     bounded by the chunk, whatever n; the result depends on the chunking only by
     rounding.
@@ -266,7 +266,7 @@ def solve_projections(X, Y, attention, sample_weight=None, alpha=0.0):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(200, 3, 4))
     >>> th = rng.normal(size=(2, 4, 4)); W = rng.normal(size=(2, 4, 2))
@@ -302,7 +302,7 @@ def reduced_loss_gradient(X, Y, attention, sample_weight=None, alpha=0.0):
     ``phi(Theta) = L(Theta, W*(Theta))`` with ``W*`` from :func:`solve_projections`.
     By the envelope theorem (``dL/dW = 0`` at ``W*``) its gradient is the partial
     Theta-gradient of the loss at ``W*``, i.e. that of
-    :func:`skattn._layer.squared_loss_gradient`.
+    :func:`skattn.layer._math.squared_loss_gradient`.
 
     Parameters
     ----------
@@ -322,7 +322,7 @@ def reduced_loss_gradient(X, Y, attention, sample_weight=None, alpha=0.0):
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(100, 3, 4))
     >>> th = rng.normal(size=(1, 4, 4)); W = rng.normal(size=(1, 4, 2))

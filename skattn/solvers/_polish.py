@@ -192,7 +192,7 @@ def polish(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(300, 3, 4))
     >>> th = rng.normal(size=(1, 4, 4)); W = rng.normal(size=(1, 4, 4))
@@ -418,7 +418,7 @@ def staged_polish(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(400, 3, 4))
     >>> th = rng.normal(size=(1, 4, 4)); W = rng.normal(size=(1, 4, 4))
@@ -618,7 +618,7 @@ def polish_from_random_starts(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> rng = np.random.default_rng(0)
     >>> X = rng.choice([-1.0, 1.0], size=(300, 3, 4))
     >>> th = rng.normal(size=(1, 4, 4)); W = rng.normal(size=(1, 4, 4))

@@ -28,8 +28,8 @@ from sklearn.utils.estimator_checks import (
 )
 from sklearn.utils.estimator_checks import estimator_checks_generator
 
-from .._layer import forward
 from ..layer import AttentionLayer
+from ..layer._math import forward
 
 __all__ = [
     "check_estimator",

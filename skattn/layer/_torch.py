@@ -8,8 +8,8 @@ import functools
 
 import numpy as np
 
+from ..utils._optional import require
 from ._convert import parameters_to_projections, projections_to_parameters
-from .utils._optional import require
 
 
 def import_torch():
@@ -37,7 +37,7 @@ def torch_parameters(module):
     Returns
     -------
     attention, projection, key_bias, intercept : ndarray
-        As in :func:`skattn._convert.projections_to_parameters`.
+        As in :func:`skattn.layer._convert.projections_to_parameters`.
 
     Raises
     ------

@@ -8,14 +8,14 @@ from sklearn.utils import check_array
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._convert import projections_to_parameters
-from ._layer import attention_patterns, forward
-from .utils._validation import (
+from ..utils._validation import (
     check_finite,
     check_no_overflow,
     flatten_tokens,
     layer_sequences,
 )
+from ._convert import projections_to_parameters
+from ._math import attention_patterns, forward
 
 
 def check_layer_parameters(attention, projection):
@@ -409,7 +409,7 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         >>> bool(np.allclose(Q @ K.transpose(0, 2, 1), layer.attention))
         True
         """
-        from .solvers import balanced_factors
+        from ..solvers import balanced_factors
 
         attention, projection, _, _ = self._parameters()
         d, d_out = attention.shape[1], projection.shape[2]
