@@ -54,7 +54,13 @@ default_role = "literal"
 # exactly the names that exist (a module that is not there yet is left out).  Edit
 # the sections here, not api.rst.
 API_SECTIONS = [
-    ("skattn", "The attention layer", "A fixed multi-head attention layer."),
+    ("skattn", "Public names", "The names the package root re-exports."),
+    (
+        "skattn.layer",
+        "The attention layer",
+        "A fixed multi-head attention layer, the math of F as pure functions, and "
+        "the coercion of a layer or fitted estimator.",
+    ),
     (
         "skattn.datasets",
         "Datasets",
@@ -78,14 +84,11 @@ API_SECTIONS = [
         "heads) and the dense and matrix-free Levenberg-Marquardt polish.",
     ),
     (
-        "skattn.conditions",
-        "Non-degeneracy conditions",
-        "Diagnostics of a layer against the assumptions of the guarantee.",
-    ),
-    (
-        "skattn.certificate",
-        "Certificates",
-        "Is a fit exact, locally unique, and how well does it predict held out.",
+        "skattn.diagnostics",
+        "Diagnostics",
+        "Non-degeneracy conditions of a layer against the assumptions of the "
+        "guarantee; certificates of a fit (is it exact, locally unique, how well "
+        "does it predict held out); the Jacobian, held-out error and redundancy.",
     ),
     (
         "skattn.metrics",

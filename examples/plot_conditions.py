@@ -6,7 +6,7 @@ Non-degeneracy conditions of planted layers
 The guarantee of the phased learner holds for layers that satisfy non-degeneracy
 conditions: heads that are told apart, attention matrices whose mass is spread over
 many directions and whose diagonal is not too heavy, projections that a row-wise
-fit can see.  :func:`skattn.conditions.check_conditions` measures each of them and
+fit can see.  :func:`skattn.diagnostics.check_conditions` measures each of them and
 compares it with a documented threshold.
 
 Here we plant layers with the three structures of
@@ -22,8 +22,8 @@ attention matrices -- and compare their condition reports.
 import matplotlib.pyplot as plt
 import numpy as np
 
-from skattn.conditions import THRESHOLDS, check_conditions
 from skattn.datasets import make_attention_layer
+from skattn.diagnostics import THRESHOLDS, check_conditions
 
 N_HEADS, N_FEATURES, N_OUTPUTS, N_TOKENS = 3, 8, 16, 4
 STRUCTURES = ["random", "diagonal", "low_rank"]
@@ -91,7 +91,7 @@ for structure in STRUCTURES:
 
 # %%
 # Each panel shows one quantity for every planted layer (a dot per layer), with
-# its threshold (``skattn.conditions.THRESHOLDS``) as a dashed line; the shaded
+# its threshold (``skattn.diagnostics.THRESHOLDS``) as a dashed line; the shaded
 # side of it fails.
 fig, axes = plt.subplots(1, len(QUANTITIES), figsize=(13, 3.6), layout="constrained")
 rng = np.random.default_rng(0)

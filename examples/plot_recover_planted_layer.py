@@ -28,8 +28,8 @@ import warnings
 import matplotlib.pyplot as plt
 from sklearn.exceptions import ConvergenceWarning
 
-from skattn.conditions import check_conditions
 from skattn.datasets import BooleanTokens, make_attention_layer
+from skattn.diagnostics import check_conditions
 from skattn.estimators import MultiHeadAttentionRegressor
 from skattn.metrics import (
     AttentionPatternDisplay,

@@ -6,9 +6,8 @@ examples, and learns them back: with the provable phased learner of Chen & Li
 (``MultiHeadAttentionRegressor``) and two baselines from the same literature.
 """
 
-from .certificate import Certificate, certify
-from .conditions import ConditionReport, check_conditions
 from .datasets import make_attention_layer, make_attention_regression
+from .diagnostics import Certificate, ConditionReport, certify, check_conditions
 from .estimators import (
     GradientAttentionRegressor,
     MultiHeadAttentionRegressor,

@@ -11,7 +11,7 @@ from skattn import (
     make_attention_layer,
     make_attention_regression,
 )
-from skattn._jacobian import (
+from skattn.diagnostics._jacobian import (
     jacobian_singular_values,
     layer_jacobian,
     low_rank_tangent_basis,

@@ -1,10 +1,11 @@
-"""Tests of skattn.conditions: the non-degeneracy report of a layer."""
+"""Tests of skattn.diagnostics' conditions: the non-degeneracy report of a layer."""
 
 import numpy as np
 import pytest
 
 from skattn import AttentionLayer
-from skattn.conditions import (
+from skattn.datasets import make_attention_layer
+from skattn.diagnostics import (
     THRESHOLDS,
     Condition,
     ConditionReport,
@@ -14,7 +15,6 @@ from skattn.conditions import (
     diagonal_weights,
     stable_ranks,
 )
-from skattn.datasets import make_attention_layer
 
 ALL_NAMES = [
     *THRESHOLDS,

@@ -1,9 +1,10 @@
 """Every public name of skattn has a numpydoc docstring with a runnable example.
 
 The public names are the ``__all__`` of ``skattn`` and of its public subpackages,
-``skattn.utils.estimator_checks``, ``skattn.utils.discovery.all_estimators`` and the
-public names of ``skattn.conditions``.  Each public function and class needs a
-summary, a Parameters section naming exactly the arguments of its signature (of
+``skattn.utils.estimator_checks`` and ``skattn.utils.discovery.all_estimators``
+(``skattn.layer`` and ``skattn.diagnostics`` among the subpackages).  Each public
+function and class needs a summary, a Parameters section naming exactly the
+arguments of its signature (of
 ``__init__`` for a class), a Returns (or Yields) section when it returns something,
 and an Examples section with at least one ``>>>`` line.  Each public method of a
 public class (``fit``, ``predict``, ``transform``, ``sample``, the ``from_*``
@@ -38,8 +39,8 @@ PUBLIC_MODULES = [
     ("skattn.estimators", None),
     ("skattn.phased", None),
     ("skattn.experiments", None),
-    ("skattn.conditions", None),
-    ("skattn.certificate", None),
+    ("skattn.layer", None),
+    ("skattn.diagnostics", None),
     ("skattn.utils.estimator_checks", None),
     ("skattn.utils.discovery", ["all_estimators"]),
 ]
@@ -226,10 +227,10 @@ def _examples_section(obj):
 
 def test_public_names_are_found():
     names = {qualname for qualname, _ in PUBLIC_OBJECTS}
-    assert "skattn.AttentionLayer" in names
+    assert "skattn.layer.AttentionLayer" in names
     assert "skattn.estimators.MultiHeadAttentionRegressor" in names
     assert "skattn.utils.discovery.all_estimators" in names
-    assert "skattn.conditions.check_conditions" in names
+    assert "skattn.diagnostics.check_conditions" in names
     methods = {qualname for qualname, _, _ in PUBLIC_METHODS}
     assert "skattn.estimators.MultiHeadAttentionRegressor.fit" in methods
     assert "skattn.metrics.AttentionPatternDisplay.from_estimator" in methods

@@ -5,7 +5,7 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions, validate_params
 
-from ..conditions import min_separation
+from ..diagnostics import min_separation
 from ..layer import AttentionLayer
 from ..layer._math import forward
 from ._distributions import TokenDistribution, _as_generator, resolve_distribution
@@ -106,7 +106,7 @@ def make_attention_layer(
     See Also
     --------
     make_attention_regression : examples ``(X, F(X) + noise)`` of such a layer.
-    skattn.conditions.check_conditions : diagnose a planted layer.
+    skattn.diagnostics.check_conditions : diagnose a planted layer.
 
     Notes
     -----
@@ -123,7 +123,7 @@ def make_attention_layer(
     ``E[Tr(Theta)^2] = attention_scale^2 / d`` for ``"random"`` heads (a small
     bias), but ``E[Tr(Theta)^2] = attention_scale^2`` for ``"diagonal"`` heads,
     whose self-logit is moreover the constant ``Tr(Theta)`` on Boolean tokens.
-    ``skattn.conditions`` reports ``Tr(Theta)^2 / ||Theta||_F^2`` as the
+    ``skattn.diagnostics`` reports ``Tr(Theta)^2 / ||Theta||_F^2`` as the
     "diagonal weight".
 
     Heads are redrawn (at most 100 times) until every two ``Theta_i`` differ by

@@ -518,7 +518,7 @@ n_features_per_token)
         if self.head_rank is not None and self.n_tokens_ > 1:
             self.factors_ = _factors(self.attention_, self.projection_, self.head_rank)
         if self.certificate:
-            from ..certificate import certify
+            from ..diagnostics import certify
 
             self.certificate_ = certify(self, X3, Y3)
         check_sources(X3, Y3)  # files read in batches did not change during the fit

@@ -12,13 +12,14 @@ The search (:func:`select_n_heads`):
    one new head (:func:`add_head`: the best of a few random candidates, scored by
    the least-squares W), polish all heads jointly on (a subset of) the training
    part (Levenberg-Marquardt on the variable-projection problem), and measure the
-   relative error on the held-out part (:func:`held_out_error`);
+   relative error on the held-out part
+   (:func:`skattn.diagnostics.held_out_error`);
 3. stop at the first m whose held-out error is at machine precision (noise-free
    data: a zero residual is a global minimum, more heads cannot help), or whose
    successor m + 1 brings no significant drop (:func:`significant_drop`: a one-sided
    paired test on the per-example held-out losses);
 4. drop the heads of the selected fit that the certificate's redundancy test
-   (:func:`skattn.certificate.head_redundancy`) calls negligible or duplicate, one
+   (:func:`skattn.diagnostics.head_redundancy`) calls negligible or duplicate, one
    at a time, re-polishing the others, while the smaller fit stays exact
    (noise-free) or not significantly worse (:func:`drop_redundant_heads`).
 
@@ -50,20 +51,14 @@ import time
 import numpy as np
 from sklearn.utils import check_random_state
 
+from ..diagnostics._certificate import head_redundancy
+from ..diagnostics._held_out import held_out_error
 from ..layer._math import forward
 from ..solvers import polish as _polish
 from ..solvers import solve_projections
 from ..solvers._objective import _normalized_weights
+from ..solvers._polish import _WARM_DAMPING, REALISABLE_RESIDUAL
 from ..solvers._polish import relative_residual as _relative_rms
-
-# Relative RMS held-out error at or below which a fit counts as exact (machine
-# precision for float64 fits measured 1e-16-1e-13; the polish stops at a relative
-# step of 1e-10).  Also the two-stage polish's "realisable" test.
-EXACT_RESIDUAL = 1e-10
-
-# First Levenberg-Marquardt damping (relative) when polishing from a fit that is
-# already at (or next to) the optimum.
-_WARM_DAMPING = 1e-6
 
 # Iterations (Jacobian evaluations) of the look-ahead fit (m + 1 heads after a
 # converged, inexact m-head fit) before it must show a significant drop to be
@@ -104,62 +99,6 @@ def split_indices(n_samples, validation_fraction, random_state=None):
     n_held = min(n_samples - 1, max(1, int(round(validation_fraction * n_samples))))
     order = rng.permutation(n_samples)
     return np.sort(order[n_held:]), np.sort(order[:n_held])
-
-
-def held_out_error(X, Y, attention, projection, sample_weight=None, level=0.95):
-    """Relative RMS error of a layer on examples, with a confidence interval.
-
-    The error is ``sqrt(R)`` with the ratio ``R = sum_n w_n e_n / sum_n w_n q_n``,
-    ``e_n = ||F(X_n) - Y_n||^2`` and ``q_n = ||Y_n||^2``.  The interval is the
-    delta-method interval of the ratio of two means (examples i.i.d.),
-    ``R +- z se(R)`` with ``se(R)^2 = sum_n w_n^2 (e_n - R q_n)^2 / (sum_n w_n
-    q_n)^2``, clipped at 0 and mapped through the square root.
-
-    Parameters
-    ----------
-    X : ndarray of shape (n, k, d)
-    Y : ndarray of shape (n, k, d_out)
-    attention : ndarray of shape (m, d, d)
-    projection : ndarray of shape (m, d, d_out)
-    sample_weight : ndarray of shape (n,) or None
-    level : float, default=0.95
-        Two-sided confidence level of the interval.
-
-    Returns
-    -------
-    error : float
-        Relative RMS error.
-    interval : tuple of float
-        ``(low, high)`` bounds of the relative RMS error.
-    losses : ndarray of shape (n,)
-        Per-example squared errors ``e_n`` (for paired comparisons).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skattn.layer._math import forward
-    >>> rng = np.random.default_rng(0)
-    >>> X = rng.normal(size=(400, 3, 4))
-    >>> th, W = rng.normal(size=(1, 4, 4)), rng.normal(size=(1, 4, 4))
-    >>> Y = forward(X, th, W) + 0.1 * rng.normal(size=(400, 3, 4))
-    >>> err, (low, high), losses = held_out_error(X, Y, th, W)
-    >>> bool(low < err < high), losses.shape
-    (True, (400,))
-    """
-    from scipy.stats import norm
-
-    omega = _normalized_weights(X.shape[0], sample_weight)
-    losses = np.sum((forward(X, attention, projection) - Y) ** 2, axis=(1, 2))
-    q = np.sum(Y**2, axis=(1, 2))
-    denom = float(omega @ q)
-    if denom <= 0:
-        err = math.sqrt(float(omega @ losses))
-        return err, (err, err), losses
-    ratio = float(omega @ losses) / denom
-    se = math.sqrt(float(np.sum((omega * (losses - ratio * q)) ** 2))) / denom
-    z = float(norm.ppf(0.5 + level / 2))
-    low, high = max(ratio - z * se, 0.0), ratio + z * se
-    return math.sqrt(ratio), (math.sqrt(low), math.sqrt(high)), losses
 
 
 def significant_drop(losses_before, losses_after, sample_weight=None, z=3.0):
@@ -282,7 +221,7 @@ def select_n_heads(
     max_iter=30,
     tol=1e-10,
     z=3.0,
-    exact_residual=EXACT_RESIDUAL,
+    exact_residual=REALISABLE_RESIDUAL,
     lookahead_iter=LOOKAHEAD_ITER,
     prune=True,
     random_state=None,
@@ -480,13 +419,13 @@ def drop_redundant_heads(
     max_iter=30,
     tol=1e-10,
     z=3.0,
-    exact_residual=EXACT_RESIDUAL,
+    exact_residual=REALISABLE_RESIDUAL,
     redundancy_tol=1e-6,
 ):
     """Drop redundant heads one at a time while the smaller fit is as good.
 
     A head is redundant by the certificate's test
-    (:func:`skattn.certificate.head_redundancy` on the training examples, with
+    (:func:`skattn.diagnostics.head_redundancy` on the training examples, with
     tolerance ``max(redundancy_tol, 2 * residual)``): the relative residual
     without it, the other heads' W re-solved, stays at that tolerance.  The
     redundant head whose removal costs least is dropped, the other heads are
@@ -551,9 +490,6 @@ def drop_redundant_heads(
     >>> out[0].shape[0], out[3][0]["note"], out[3][0]["accepted"]
     (1, 'negligible', True)
     """
-    # certificate.py imports this module (held_out_error): import here
-    from ..certificate import head_redundancy
-
     records = []
     while attention.shape[0] > 1:
         start = time.perf_counter()
@@ -676,7 +612,7 @@ def polish_on_all(X, Y, attention, sample_weight=None, max_iter=100, tol=1e-10):
     """Refit the selected heads on all examples, from the selection's fit.
 
     Skipped when the fit is already exact on all of them (relative RMS residual
-    at most ``EXACT_RESIDUAL``: only a forward pass is paid); otherwise a
+    at most ``REALISABLE_RESIDUAL``: only a forward pass is paid); otherwise a
     Levenberg-Marquardt polish with little initial damping (a warm start).
 
     Parameters
@@ -708,7 +644,7 @@ def polish_on_all(X, Y, attention, sample_weight=None, max_iter=100, tol=1e-10):
     """
     projection = solve_projections(X, Y, attention, sample_weight)
     residual = _relative_rms(X, Y, attention, projection, sample_weight)
-    if residual <= EXACT_RESIDUAL:
+    if residual <= REALISABLE_RESIDUAL:
         return attention, projection, {"ran": False, "residual": residual}
     attention, projection, pinfo = _polish_once(
         X, Y, attention, sample_weight, max_iter, tol, damping=_WARM_DAMPING

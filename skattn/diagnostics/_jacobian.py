@@ -1,8 +1,9 @@
 """The Jacobian of an attention layer's outputs in its parameters, for small sizes.
 
 Pure functions on token tensors (``X`` of shape ``(n, k, d)``; ``attention``
-``(m, d, d)``, ``projection`` ``(m, d, d_out)``), used by :mod:`skattn.certificate`
-for local identifiability.  The parameters are the products ``(Theta_i, W_i)``,
+``(m, d, d)``, ``projection`` ``(m, d, d_out)``), used by
+:func:`skattn.diagnostics.certify` for local identifiability.  The parameters are
+the products ``(Theta_i, W_i)``,
 flattened in the order ``Theta_1, ..., Theta_m, W_1, ..., W_m`` (row-major), so
 the same Jacobian serves full-rank and low-rank (``Theta_i = Q_i K_i^T``,
 ``W_i = V_i O_i``) parametrizations: for the latter it is restricted to the tangent
@@ -17,7 +18,7 @@ Derivatives (``S_il`` head i's pattern on row l, ``C_il = Cov_{S_il}(x) W_i``):
 import numpy as np
 from scipy import linalg
 
-from .layer._math import attention_patterns
+from ..layer._math import attention_patterns
 
 # Rows of the Jacobian per chunk of the QR accumulation, relative to its columns.
 _CHUNK_ROWS_PER_COLUMN = 2
