@@ -11,10 +11,14 @@ from skattn import (
     make_attention_regression,
     parameter_error,
 )
-from skattn.estimators import _phased
-from skattn.phased import _affine_hull, _projection_sum
-from skattn.phased._affine_hull import hull_constraints, sculpt_hull
-from skattn.phased._projection_sum import refine_projection_sum
+from skattn.phased import (
+    _affine_hull,
+    _pipeline,
+    _projection_sum,
+    refine_projection_sum,
+    sculpt_hull,
+)
+from skattn.phased._affine_hull import hull_constraints
 from skattn.utils import _batches
 from skattn.utils._batches import (
     TokenBatches,
@@ -201,7 +205,7 @@ def test_out_of_core_fit_reads_batches_not_the_whole_array(
         monkeypatch.setattr(_batches, name, spy)
     monkeypatch.setattr(_batches, "_VALIDATION_ROWS", 256)
     monkeypatch.setattr(_batches, "_DENSE_FACTOR", 1)  # no read beyond the rows
-    monkeypatch.setattr(_phased, "_OUT_OF_CORE_POLISH_SAMPLES", 400)
+    monkeypatch.setattr(_pipeline, "_OUT_OF_CORE_POLISH_SAMPLES", 400)
     est = _fit(
         MultiHeadAttentionRegressor(batch_size=256, net_samples=300, **PARAMS),
         _store(X, "memmap", tmp_path, "X"),

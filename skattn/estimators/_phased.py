@@ -1,52 +1,54 @@
-"""MultiHeadAttentionRegressor: the phased learner of Chen & Li, end to end."""
+"""MultiHeadAttentionRegressor: the phased learner of Chen & Li, end to end.
 
-import math
-import time
-import warnings
+The estimator holds the parameters, validates the data and keeps the fitted
+attributes; the learner itself is :func:`skattn.phased.phased_fit`.
+"""
+
 from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import _fit_context
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..datasets import BooleanTokens
-from ..phased._affine_hull import sculpt_hull
-from ..phased._errors import CertificationError, CertificationWarning
-from ..phased._model_selection import polish_on_all, select_n_heads
-from ..phased._net import _MAX_GRID_GRAM, fit_from_hull
-from ..phased._projection_sum import crude_projection_sum
-from ..phased._report import PhaseReport
-from ..phased._span import hull_span
+from ..diagnostics import certify
+from ..phased import phased_fit
 from ..solvers import balanced_factors
-from ..solvers._polish import (
-    REALISABLE_RESIDUAL,
-    polish_from_random_starts,
-    warmup_size,
-)
 from ..utils._batches import TokenBatches, check_sources, map_reduce_batches
 from ._base import BaseAttentionRegressor
 
-# Appended to certification messages of phases 2-4, whose functions say tol/tol_final.
-_TOLERANCE_NAMES = (
-    " (In MultiHeadAttentionRegressor, tol is the first round's certify_tol and "
-    "tol_final is certify_tol_final.)"
+# The parameters that are options of skattn.phased.phased_fit, passed as they are.
+_PHASED_OPTIONS = (
+    "init",
+    "certify_tol",
+    "certify_tol_final",
+    "n_rounds",
+    "refine_iter",
+    "min_pattern_prob",
+    "confidence_floor",
+    "max_rows",
+    "hull_method",
+    "hull_solver",
+    "max_heads",
+    "validation_fraction",
+    "selection_samples",
+    "net_resolution",
+    "net_radius",
+    "net_samples",
+    "max_net_candidates",
+    "polish",
+    "polish_samples",
+    "polish_max_iter",
+    "polish_tol",
+    "head_rank",
+    "n_restarts",
+    "whiten",
+    "polish_solver",
+    "fit_intercept",
+    "batch_size",
+    "verbose",
 )
-
-# init="auto" runs phases 1-5 up to this many features per token.  Since the
-# matrix-free hull (hull_solver) they run at any d (k = 8, m = 2, n = 5e4, loaded
-# machine: 11 s at d = 16 and 32, 34 s at d = 64, 57 s at d = 128), but their start
-# saves the polish little: 8 Levenberg-Marquardt iterations against 8-9 from a
-# random start at d = 8-16, 8 vs 10-11 at d = 32-64, 11 vs 16 at d = 128 (benchmarks/
-# README.md, 2026-11-24), far less time than the phases take.  So beyond d = 16 the
-# faster default (random starts) is kept; init="phased" runs the phases at any d.
-_MAX_PHASE_FEATURES = 16
-
-# Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
-_WEAK_GAP_RATIO = 3.0
-# Examples the in-memory polish gets from an out-of-core X when polish_samples=None.
-_OUT_OF_CORE_POLISH_SAMPLES = 100_000
 
 
 class MultiHeadAttentionRegressor(BaseAttentionRegressor):
@@ -503,23 +505,30 @@ n_features_per_token)
             )
         X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
         rng = check_random_state(self.random_state)
-        self.phase_report_ = []
-        if self.n_tokens_ == 1:
-            self._fit_linear(X3, Y3, weights)
-        elif self.n_heads == "auto":
-            if self.head_rank is not None:
-                raise ValueError(
-                    "head_rank needs an integer n_heads; n_heads='auto' searches "
-                    "full-rank heads. Pass n_heads=m or head_rank=None."
-                )
-            self._fit_auto(X3, Y3, weights, rng)
-        else:
-            self._fit_fixed(X3, Y3, weights, rng)
+        if self.n_heads == "auto" and self.head_rank is not None and self.n_tokens_ > 1:
+            raise ValueError(
+                "head_rank needs an integer n_heads; n_heads='auto' searches "
+                "full-rank heads. Pass n_heads=m or head_rank=None."
+            )
+        attention, projection, info = phased_fit(
+            X3,
+            Y3,
+            self.n_heads,
+            sample_weight=weights,
+            random_state=rng,
+            **{name: getattr(self, name) for name in _PHASED_OPTIONS},
+        )
+        self.phase_report_ = info["reports"]
+        self.n_heads_, self.n_iter_ = info["n_heads"], info["n_iter"]
+        self.projection_sum_ = info["projection_sum"]
+        self.hull_point_ = info["hull_point"]
+        self.hull_directions_ = info["hull_directions"]
+        if "model_selection" in info:
+            self.model_selection_ = info["model_selection"]
+        self._set_layer(attention, projection)
         if self.head_rank is not None and self.n_tokens_ > 1:
             self.factors_ = _factors(self.attention_, self.projection_, self.head_rank)
         if self.certificate:
-            from ..diagnostics import certify
-
             self.certificate_ = certify(self, X3, Y3)
         check_sources(X3, Y3)  # files read in batches did not change during the fit
         if not all(np.all(np.isfinite(p)) for p in (self.attention_, self.projection_)):
@@ -530,429 +539,6 @@ n_features_per_token)
                 "preprocessing.StandardScaler) first."
             )
         return self
-
-    def _choose_init(self, X3, Y3):
-        """``("phased" | "random", reason)``: where the polish starts."""
-        k, d = X3.shape[1], self.n_features_per_token_  # d without [x, 1]
-        d_out = Y3.shape[2]
-        if self.init != "auto":
-            return self.init, f"init={self.init!r}"
-        if not self.polish:
-            return "phased", "polish=False: the pure phased estimate"
-        if d > _MAX_PHASE_FEATURES:
-            return "random", (
-                f"init='auto': {d} features per token > {_MAX_PHASE_FEATURES}, "
-                f"where phases 1-5 (a hull system of {d * d} unknowns) cost more "
-                f"time than their start saves the polish; init='phased' runs them"
-            )
-        if d_out < k:
-            return "random", (
-                f"init='auto': phase 2 needs n_outputs_per_token >= n_tokens, got "
-                f"{d_out} < {k}"
-            )
-        return "phased", "init='auto': the phases are affordable"
-
-    def _fit_fixed(self, X3, Y3, weights, rng):
-        """A given number of heads: phases 1-6, or random starts, then the polish."""
-        if self.init == "random" and not self.polish:
-            raise ValueError(
-                "init='random' needs polish=True: without the polish a random start "
-                "is no estimate. Pass init='phased' or 'auto' for the pure phased "
-                "estimate."
-            )
-        init, reason = self._choose_init(X3, Y3)
-        self.phase_report_.append(
-            PhaseReport("0-start", 0, 0.0, {"init": init, "reason": reason})
-        )
-        if init == "random" and self.init == "auto":
-            warnings.warn(
-                f"Phases 1-5 of Chen & Li were skipped ({reason}); the polish "
-                f"starts from up to {self.n_restarts} random starts. Pass "
-                f"init='random' to silence this warning.",
-                UserWarning,
-                stacklevel=3,
-            )
-        if init == "phased":
-            try:
-                self._fit_phased(X3, Y3, weights, rng)
-                return
-            except CertificationError as exc:
-                if self.init == "phased":
-                    raise
-                message = str(exc)
-            warnings.warn(
-                f"Phases 2-4 failed, so the polish starts from up to "
-                f"{self.n_restarts} random starts instead of the phased estimate "
-                f"(init='phased' raises instead). What failed: {message}",
-                CertificationWarning,
-                stacklevel=3,
-            )
-            reason = f"fallback after phases 2-4 failed: {message}"
-            self.phase_report_.append(
-                PhaseReport("0-start", 1, 0.0, {"init": "random", "reason": reason})
-            )
-        self._fit_random(X3, Y3, weights, rng, reason)
-
-    def _polish_data(self, X3, Y3):
-        """``(X3, Y3, n_polish_samples)`` for the in-memory polish.
-
-        Out-of-core input is polished on a random subset of
-        ``_OUT_OF_CORE_POLISH_SAMPLES`` examples when ``polish_samples`` is None and
-        there are more, else loaded.
-        """
-        n = len(X3)
-        polish_rows = None
-        if self.polish_samples is not None and self.polish_samples < n:
-            polish_rows = self.polish_samples
-        elif isinstance(X3, TokenBatches) and n > _OUT_OF_CORE_POLISH_SAMPLES:
-            polish_rows = _OUT_OF_CORE_POLISH_SAMPLES  # the polish is in memory
-        elif isinstance(X3, TokenBatches):  # few enough for the in-memory polish
-            X3, Y3 = X3[0:n], Y3[0:n]
-        return X3, Y3, polish_rows
-
-    def _polish_options(self, X3, n_polish_samples):
-        """Options of the polish shared by the phased and the random starts."""
-        m = int(self.n_heads)
-        return dict(
-            n_polish_samples=n_polish_samples,
-            n_warmup_samples=warmup_size(m, X3.shape[1], X3.shape[2], self.head_rank),
-            max_iter=self.polish_max_iter,
-            tol=self.polish_tol,
-            solver=self.polish_solver,
-            head_rank=self.head_rank,
-            intercept=self.fit_intercept,
-            verbose=2 if self.verbose > 1 else 0,
-        )
-
-    def _fit_random(self, X3, Y3, weights, rng, reason):
-        """The polish from random starts (no phases)."""
-        m = int(self.n_heads)
-        start = time.perf_counter()
-        X3, Y3, polish_rows = self._polish_data(X3, Y3)
-        with _progress(self.verbose, total=1) as bar:
-            attention, projection, info = polish_from_random_starts(
-                X3,
-                Y3,
-                m,
-                n_starts=self.n_restarts,
-                whiten=self.whiten,
-                sample_weight=weights,
-                random_state=rng.randint(np.iinfo(np.int32).max),
-                **self._polish_options(X3, polish_rows),
-            )
-            _advance(bar, "random-start-polish")
-        info = {key: value for key, value in info.items() if key != "stages"}
-        info["reason"] = reason
-        self.phase_report_.append(
-            PhaseReport("6-polish", 0, time.perf_counter() - start, info)
-        )
-        self._warn_if_not_converged(info)
-        self.n_heads_ = m
-        self.n_iter_ = 0
-        self.projection_sum_ = projection.sum(axis=0)
-        self.hull_point_, self.hull_directions_ = None, None
-        self._set_layer(attention, projection)
-
-    def _fit_phased(self, X3, Y3, weights, rng):
-        """Phases 1-6 for a given number of heads."""
-        self._check_learnable()
-        with _progress(self.verbose, total=6) as bar:
-            W_sum = self._run(
-                "1-crude-projection-sum", bar, crude_projection_sum, X3, Y3, weights
-            )
-            W_sum, point, directions, hull_info = self._sculpt(
-                X3, Y3, weights, W_sum, rng, bar
-            )
-            self._run("5-span", bar, hull_span, point, directions)
-            attention, projection = self._phase6(
-                X3, Y3, weights, point, directions, rng, bar
-            )
-        self.projection_sum_ = W_sum
-        self.hull_point_, self.hull_directions_ = point, directions
-        self._warn_if_weak(hull_info)
-        self._set_layer(attention, projection)
-
-    def _fit_auto(self, X3, Y3, weights, rng):
-        """n_heads="auto": phases 1-5 as a second opinion, then the head search."""
-        self._check_learnable()
-        with _progress(self.verbose, total=6) as bar:
-            W_sum = self._run(
-                "1-crude-projection-sum", bar, crude_projection_sum, X3, Y3, weights
-            )
-            # the phases are a second opinion here: their warnings go to the record
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    W_sum, point, directions, hull_info = self._sculpt(
-                        X3, Y3, weights, W_sum, rng, bar
-                    )
-                except CertificationError as exc:
-                    hull_info = {"error": str(exc)}
-            notes = [str(w.message) for w in caught]
-            if "error" in hull_info:
-                spectral = {"available": False, "reason": hull_info["error"]}
-                point = directions = None
-                self.n_iter_ = 0
-            else:
-                self._run("5-span", bar, hull_span, point, directions)
-                ratio = float(hull_info["augmented_gap_ratio"])
-                spectral = {
-                    "available": True,
-                    "n_heads": int(hull_info["n_heads"]),
-                    "augmented_gap_ratio": ratio,
-                    "strong": bool(ratio >= _WEAK_GAP_RATIO),
-                }
-            spectral["warnings"] = notes
-            start = time.perf_counter()
-            attention, projection, info = select_n_heads(
-                X3,
-                Y3,
-                max_heads=self.max_heads,
-                sample_weight=weights,
-                validation_fraction=self.validation_fraction,
-                n_fit_samples=self.selection_samples,
-                max_iter=min(self.polish_max_iter, 30),
-                tol=self.polish_tol,
-                random_state=rng.randint(np.iinfo(np.int32).max),
-            )
-            seconds = time.perf_counter() - start
-            m = info["n_heads"]
-            if spectral["available"]:
-                spectral["agrees"] = spectral["n_heads"] == m
-            held = info["held_out_indices"]
-            self.model_selection_ = {
-                "n_heads": m,
-                "reason": info["reason"],
-                "candidates": info["candidates"],
-                "pruned": info["pruned"],
-                "held_out_error": info["held_out_error"],
-                "held_out_interval": info["held_out_interval"],
-                "n_held_out": int(held.size),
-                "confidence_level": 0.95,
-                "validation_fraction": self.validation_fraction,
-                "n_fit_samples": info["n_fit_samples"],
-                "spectral": spectral,
-            }
-            self.phase_report_.append(
-                PhaseReport(
-                    "auto-select-heads",
-                    0,
-                    seconds,
-                    {k: v for k, v in self.model_selection_.items()},
-                )
-            )
-            _advance(bar, "auto-select-heads")
-            start = time.perf_counter()
-            attention, projection, pinfo = polish_on_all(
-                X3,
-                Y3,
-                attention,
-                weights,
-                max_iter=self.polish_max_iter,
-                tol=self.polish_tol,
-            )
-            pinfo = {k: v for k, v in pinfo.items() if k != "stages"}
-            self.phase_report_.append(
-                PhaseReport("auto-polish-all", 0, time.perf_counter() - start, pinfo)
-            )
-            _advance(bar, "auto-polish-all")
-        self.n_heads_ = m
-        self.projection_sum_ = W_sum
-        self.hull_point_, self.hull_directions_ = point, directions
-        self._set_layer(attention, projection)
-
-    def _check_learnable(self):
-        k, d, d_out = (
-            self.n_tokens_,
-            self.n_features_per_token_,
-            self.n_outputs_per_token_,
-        )
-        if self.certify_tol_final > self.certify_tol:
-            raise ValueError(
-                f"certify_tol_final={self.certify_tol_final:g} is larger than "
-                f"certify_tol={self.certify_tol:g}; the tolerance tightens from the "
-                f"first round to the last, so pass certify_tol_final <= certify_tol."
-            )
-        if self.net_resolution is not None and self.n_heads != "auto":
-            n_grid = self.net_resolution ** (self.n_heads - 1)
-            if (n_grid * d) ** 2 > _MAX_GRID_GRAM:
-                raise ValueError(
-                    f"net_resolution={self.net_resolution} gives {n_grid} net points "
-                    f"per head for {self.n_heads} heads, too many to hold their Gram "
-                    f"matrix; lower net_resolution so that net_resolution ** "
-                    f"{self.n_heads - 1} * {d} <= {int(math.sqrt(_MAX_GRID_GRAM))}."
-                )
-        if d_out < k:
-            raise ValueError(
-                f"The phased learner needs n_outputs_per_token >= n_tokens (phase 2 "
-                f"solves each row's attention pattern through sum_i W_i), got "
-                f"{d_out} outputs per token and n_tokens={k}. Use init='random' "
-                f"(the polish from random starts) or GradientAttentionRegressor "
-                f"for such data."
-            )
-        if self.n_heads != "auto" and d_out <= self.n_heads * k:
-            warnings.warn(
-                f"n_outputs_per_token={d_out} <= n_heads * n_tokens = "
-                f"{self.n_heads * k}: a mixture of different patterns may pass "
-                f"certification, so the hull may be biased (identifiability of "
-                f"phase 2 needs d_out > m k). Check phase_report_ and the fit.",
-                UserWarning,
-                stacklevel=3,
-            )
-
-    def _run(self, phase, bar, func, *args, **kwargs):
-        """Run one phase function, time it, record its report, return its estimate."""
-        start = time.perf_counter()
-        *estimate, info = func(*args, **kwargs)
-        self.phase_report_.append(
-            PhaseReport(phase, 0, time.perf_counter() - start, info)
-        )
-        _advance(bar, phase)
-        return estimate[0] if len(estimate) == 1 else tuple(estimate)
-
-    def _sculpt(self, X3, Y3, weights, W_sum, rng, bar):
-        """Phases 2-4, with one report per round and one for the chosen hull."""
-        start = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", CertificationWarning)
-            try:
-                W_sum, point, directions, info = self._sculpt_hull(
-                    X3, Y3, weights, W_sum, rng
-                )
-            except CertificationError as exc:
-                raise CertificationError(f"{exc}{_TOLERANCE_NAMES}") from exc
-        for warning in caught:  # re-issue, certification ones in the estimator's terms
-            suffix = (
-                _TOLERANCE_NAMES if warning.category is CertificationWarning else ""
-            )
-            warnings.warn(f"{warning.message}{suffix}", warning.category, stacklevel=4)
-        seconds = time.perf_counter() - start
-        for record in info["rounds"]:
-            self.phase_report_.append(
-                PhaseReport(
-                    "2-4-certify-refine-hull",
-                    record["round"],
-                    record["seconds"],
-                    record,
-                )
-            )
-        summary = {key: value for key, value in info.items() if key != "rounds"}
-        summary["projection_sum"] = W_sum
-        self.phase_report_.append(
-            PhaseReport("2-4-hull-selected", info["best_round"], seconds, summary)
-        )
-        self.n_iter_ = info["n_rounds"]
-        self.n_heads_ = int(info["n_heads"])
-        _advance(bar, "2-4-hull", steps=3)
-        return W_sum, point, directions, info
-
-    def _sculpt_hull(self, X3, Y3, weights, W_sum, rng):
-        return sculpt_hull(
-            X3,
-            Y3,
-            self.n_heads if self.n_heads == "auto" else int(self.n_heads),
-            W_sum=W_sum,
-            tol=self.certify_tol,
-            tol_final=self.certify_tol_final,
-            n_rounds=self.n_rounds,
-            refine_iter=self.refine_iter,
-            sample_weight=weights,
-            p_min=self.min_pattern_prob,
-            confidence_floor=self.confidence_floor,
-            max_rows=self.max_rows,
-            method=self.hull_method,
-            batch_size=self.batch_size,
-            max_heads=self.max_heads,
-            random_state=rng.randint(np.iinfo(np.int32).max),
-            gauge_features=(X3.shape[2] - 1,) if self.fit_intercept else (),
-            solver=self.hull_solver,
-        )
-
-    def _phase6(self, X3, Y3, weights, point, directions, rng, bar):
-        """Phase 6: the net over the hull, then the polish; one report each."""
-        X3, Y3, polish_rows = self._polish_data(X3, Y3)
-        attention, projection, info = fit_from_hull(
-            X3,
-            Y3,
-            point,
-            directions,
-            self.n_heads_,
-            resolution=self.net_resolution,
-            radius=self.net_radius,
-            polish=self.polish,
-            sample_weight=weights,
-            n_net_samples=self.net_samples,
-            max_candidates=self.max_net_candidates,
-            random_state=rng.randint(np.iinfo(np.int32).max),
-            **self._polish_options(X3, polish_rows),
-        )
-        for phase, record in (("6-net", info["net"]), ("6-polish", info["polish"])):
-            if record is not None:
-                record = dict(record)
-                seconds = record.pop("seconds")
-                self.phase_report_.append(PhaseReport(phase, 0, seconds, record))
-        if self.polish:
-            self._warn_if_not_converged(info["polish"])
-        _advance(bar, "6-net-and-polish")
-        return attention, projection
-
-    def _warn_if_not_converged(self, info):
-        """ConvergenceWarning when the polish stopped early short of an exact fit."""
-        if info.get("converged", True):
-            return
-        if info.get("relative_residual", 1.0) <= REALISABLE_RESIDUAL:
-            return  # at the rounding floor: nothing left to converge to
-        stages = info.get("stages") or [info]
-        reason = stages[-1].get("stop_reason", stages[-1].get("message", "?"))
-        fix = (
-            "raise polish_max_iter"
-            if reason == "max_iter"
-            else "check the data for duplicated or degenerate sequences"
-        )
-        warnings.warn(
-            f"The polish did not converge (stopped: {reason}) after "
-            f"{info.get('n_iter')} iterations with polish_tol="
-            f"{self.polish_tol:g}; {fix}.",
-            ConvergenceWarning,
-            stacklevel=4,
-        )
-
-    def _warn_if_weak(self, hull_info):
-        ratio = hull_info["augmented_gap_ratio"]
-        if self.n_heads_ > 1 and not ratio >= _WEAK_GAP_RATIO:
-            warnings.warn(
-                f"Weak spectral evidence for the hull of {self.n_heads_} heads "
-                f"(augmented gap ratio {ratio:.2f} < {_WEAK_GAP_RATIO}): too few rows "
-                f"on which all heads agree were certified, so phases 2-4 did not "
-                f"locate the hull and the result rests on the net and the polish. "
-                f"Give more examples, or raise certify_tol_final; see phase_report_.",
-                ConvergenceWarning,
-                stacklevel=3,
-            )
-
-    def _fit_linear(self, X3, Y3, weights):
-        """One token per sequence: softmax is 1 and F(x) = x W_sum."""
-        start = time.perf_counter()
-        if isinstance(X3, TokenBatches):  # with one token, phase 1 is exact
-            W_sum = crude_projection_sum(X3, Y3, weights)[0]
-        else:
-            sw = np.sqrt(weights)[:, None]
-            W_sum = np.linalg.lstsq(X3[:, 0] * sw, Y3[:, 0] * sw, rcond=None)[0]
-        m = 1 if self.n_heads == "auto" else int(self.n_heads)
-        d = X3.shape[2]
-        self.phase_report_.append(
-            PhaseReport(
-                "linear-one-token",
-                0,
-                time.perf_counter() - start,
-                {"n_samples": len(X3), "note": "k = 1: F is linear, phases skipped"},
-            )
-        )
-        self.n_iter_ = 0
-        self.n_heads_ = m
-        self.projection_sum_ = W_sum
-        self.hull_point_, self.hull_directions_ = np.zeros((d, d)), np.zeros((0, d, d))
-        self._set_layer(np.zeros((m, d, d)), np.repeat(W_sum[None] / m, m, axis=0))
 
 
 def _boolean_scan_batch(Xb, Yb, idx):
@@ -988,28 +574,6 @@ def _check_boolean_batches(X3, Y3, batch_size):
             f"value(s) in total). For real-valued tokens use "
             f'input_distribution="gaussian".'
         )
-
-
-class _NoBar:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _progress(verbose, total):
-    if not verbose:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="phased learner", unit="phase")
-
-
-def _advance(bar, phase, steps=1):
-    if bar is not None:
-        bar.set_postfix_str(phase)
-        bar.update(steps)
 
 
 def _factors(attention, projection, rank):
