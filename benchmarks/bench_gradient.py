@@ -27,7 +27,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from skattn.datasets import make_attention_regression
-from skattn.estimators._gradient import GradientAttentionRegressor
+from skattn.estimators import GradientAttentionRegressor
 from skattn.metrics import parameter_error, prediction_error
 
 

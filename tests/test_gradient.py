@@ -6,14 +6,10 @@ from sklearn.exceptions import ConvergenceWarning
 
 import skattn.solvers._objective as optimize
 from skattn.datasets import make_attention_regression
-from skattn.estimators._gradient import (
-    GradientAttentionRegressor,
-    _objective,
-    _pack,
-    _unpack,
-)
+from skattn.estimators import GradientAttentionRegressor
 from skattn.layer._math import forward
 from skattn.metrics import parameter_error
+from skattn.solvers._first_order import _objective, _pack, _unpack
 
 
 def plant(n, *, d=8, k=4, m=2, d_out=8, scale=2.0, noise=0.0, seed=0):
@@ -361,7 +357,7 @@ def test_low_rank_heads_by_lbfgs_on_the_factors():
 
 
 def test_low_rank_factor_gradient_matches_finite_differences():
-    from skattn.estimators._gradient import _factor_objective
+    from skattn.solvers._first_order import _factor_objective
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(20, 3, 4))
