@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 from skattn import make_attention_regression
+from skattn.phased import crude_projection_sum, refine_projection_sum
 from skattn.phased._affine_hull import fit_affine_hull, hull_constraints, hull_distance
-from skattn.phased._projection_sum import crude_projection_sum, refine_projection_sum
 
 
 def main():

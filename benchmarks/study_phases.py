@@ -30,13 +30,8 @@ import warnings
 import numpy as np
 
 from skattn.datasets import make_attention_regression
-from skattn.phased._affine_hull import (
-    fit_affine_hull,
-    hull_constraints,
-    hull_distance,
-    sculpt_hull,
-)
-from skattn.phased._projection_sum import crude_projection_sum
+from skattn.phased import crude_projection_sum, sculpt_hull
+from skattn.phased._affine_hull import fit_affine_hull, hull_constraints, hull_distance
 from skattn.phased._span import estimate_n_heads
 
 

@@ -54,12 +54,8 @@ from scipy.stats import spearmanr
 from study_phases import _plant  # same planted problems as the phase study
 
 from skattn.layer._math import attention_patterns
-from skattn.phased._affine_hull import (
-    fit_affine_hull,
-    hull_constraints,
-    hull_distance,
-    sculpt_hull,
-)
+from skattn.phased import sculpt_hull
+from skattn.phased._affine_hull import fit_affine_hull, hull_constraints, hull_distance
 from skattn.phased._projection_sum import _certify_batch
 
 

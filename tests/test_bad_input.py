@@ -1,4 +1,4 @@
-"""DESIGN section 6, case by case: bad input gives a clear error and no side effect.
+"""Bad input, case by case: a clear error and no side effect.
 
 Every public estimator, AttentionLayer, the dataset functions and the scorers are
 fed each kind of bad input; each call must raise the documented exception with a

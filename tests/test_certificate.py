@@ -11,11 +11,8 @@ from skattn import (
     make_attention_layer,
     make_attention_regression,
 )
-from skattn.diagnostics._jacobian import (
-    jacobian_singular_values,
-    layer_jacobian,
-    low_rank_tangent_basis,
-)
+from skattn.diagnostics import jacobian_singular_values, layer_jacobian
+from skattn.diagnostics._jacobian import low_rank_tangent_basis
 from skattn.layer._math import forward
 
 M, K, D, D_OUT = 2, 3, 4, 10

@@ -6,19 +6,20 @@ import numpy as np
 import pytest
 
 from skattn.layer._math import attention_patterns, forward
+from skattn.phased import (
+    crude_projection_sum,
+    hull_span,
+    refine_projection_sum,
+    sculpt_hull,
+)
 from skattn.phased._affine_hull import (
     _reweighted_stats,
     fit_affine_hull,
     hull_constraints,
     hull_distance,
-    sculpt_hull,
 )
-from skattn.phased._projection_sum import (
-    certify_rows,
-    crude_projection_sum,
-    refine_projection_sum,
-)
-from skattn.phased._span import estimate_n_heads, hull_span
+from skattn.phased._projection_sum import certify_rows
+from skattn.phased._span import estimate_n_heads
 
 
 def _plant(n, k, d, m, *, d_out=None, distribution="boolean", scale=2.0, seed=0):

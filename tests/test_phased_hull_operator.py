@@ -6,12 +6,12 @@ from test_phased_hull import _plant
 
 from skattn import MultiHeadAttentionRegressor
 from skattn.layer._math import forward
+from skattn.phased import sculpt_hull
 from skattn.phased._affine_hull import (
     _DENSE_HULL_MAX_FEATURES,
     fit_affine_hull,
     hull_constraints,
     hull_distance,
-    sculpt_hull,
 )
 from skattn.phased._hull_operator import (
     _NormalOperator,

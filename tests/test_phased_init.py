@@ -10,7 +10,7 @@ from skattn import (
     make_attention_regression,
     parameter_error,
 )
-from skattn.phased._errors import CertificationError, CertificationWarning
+from skattn.phased import CertificationError, CertificationWarning
 
 
 def _data(n=3000, k=4, d=6, m=2, head_rank=None, distribution="boolean", seed=0):

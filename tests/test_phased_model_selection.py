@@ -8,10 +8,10 @@ from sklearn.model_selection import GridSearchCV
 
 from skattn import MultiHeadAttentionRegressor, make_attention_regression
 from skattn.layer._math import forward
+from skattn.phased import select_n_heads
 from skattn.phased._model_selection import (
     LOOKAHEAD_ITER,
     drop_redundant_heads,
-    select_n_heads,
     sign_flip_redundancy,
     significant_drop,
     split_indices,

@@ -5,11 +5,11 @@ import pytest
 from scipy.optimize import linear_sum_assignment
 
 from skattn.layer._math import forward
+from skattn.phased import fit_from_hull
 from skattn.phased._net import (
     _MAX_GRID_GRAM,
     _candidate_residuals,
     _default_resolution,
-    fit_from_hull,
     hull_grid,
     minimum_norm_point,
     net_search,

@@ -19,12 +19,8 @@ from sklearn.exceptions import NotFittedError  # noqa: E402
 
 from skattn import AttentionLayer  # noqa: E402
 from skattn.layer._math import attention_patterns  # noqa: E402
-from skattn.metrics._plot import (  # noqa: E402
-    AttentionPatternDisplay,
-    RecoveryCurveDisplay,
-    _match_heads,
-    _pattern_distances,
-)
+from skattn.metrics import AttentionPatternDisplay, RecoveryCurveDisplay  # noqa: E402
+from skattn.metrics._plot import _match_heads, _pattern_distances  # noqa: E402
 
 N_HEADS, N_TOKENS, N_FEATURES = 3, 4, 5
 

@@ -8,13 +8,12 @@ from sklearn.pipeline import make_pipeline
 from sklearn.utils._param_validation import InvalidParameterError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from skattn.estimators import _random_features
-from skattn.estimators._random_features import (
+from skattn.estimators import (
     RandomAttentionFeatures,
     RandomFeatureAttentionRegressor,
-    draw_query_key,
-    resolve_keys,
+    _random_features,
 )
+from skattn.estimators._random_features import draw_query_key, resolve_keys
 from skattn.layer._math import forward, head_features
 
 

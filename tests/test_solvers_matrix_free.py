@@ -277,7 +277,7 @@ def test_low_rank_preconditioner_is_a_change_of_variables():
 
 
 def test_coarse_steps_far_from_the_minimum_then_exact_ones():
-    from skattn.solvers._matrix_free import varpro_least_squares
+    from skattn.solvers import varpro_least_squares
 
     X, Y, attention, _ = planted(400, 4, 6, 2, 6, seed=12)
     par = FullRank(2, 6)
