@@ -84,3 +84,14 @@ def test_readme_demo_command_runs():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Recovered: parameter errors below" in result.stdout
+
+
+def test_readme_layout_table_lists_every_unit_of_the_package():
+    table = README.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(skattn/[\w./]+)`", table))
+    package = ROOT / "skattn"
+    units = {f"skattn/{p.name}" for p in package.glob("*.py")}
+    units |= {
+        f"skattn/{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()
+    }
+    assert named == units, (units - named, named - units)
