@@ -7,7 +7,9 @@ grid of ``bench_recovery_grid.py`` (``--grid recovery``, polished fits) is fitte
 tree and from the ``--after`` tree, each fit in its own process, the order
 alternating from setting to setting so that slow phases of a shared machine hit
 both alike.  Printed per setting: both wall times, their ratio (after / before),
-and both head-matched parameter errors; then the largest ratio.
+both head-matched parameter errors and whether the fitted parameters are the same
+bits (a SHA-256 of ``attention_`` and ``projection_``); then the median and largest
+ratio.
 
     git worktree add /tmp/before <commit>
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/compare_versions.py \\
@@ -40,7 +42,7 @@ RECOVERY = [
 ]
 
 _FIT = """
-import json, sys, time, warnings
+import hashlib, json, sys, time, warnings
 import numpy as np
 from skattn import MultiHeadAttentionRegressor, make_attention_regression
 from skattn import parameter_error
@@ -56,8 +58,10 @@ with warnings.catch_warnings():
     est.fit(X, y)
 seconds = time.perf_counter() - start
 errors = parameter_error(layer, est)
+digest = hashlib.sha256(est.attention_.tobytes() + est.projection_.tobytes())
 print(json.dumps(dict(seconds=seconds, theta=float(errors.attention_error),
-                      w=float(errors.projection_error))))
+                      w=float(errors.projection_error),
+                      digest=digest.hexdigest()[:16])))
 """
 
 
@@ -112,10 +116,10 @@ def main():
         settings = [settings[i] for i in args.only]
     print(
         "| dist | m | d | k | d_out | n | scale | noise | before s | after s | "
-        "after/before | before Theta, W err | after Theta, W err |"
+        "after/before | before Theta, W err | after Theta, W err | same bits |"
     )
-    print("|---" * 13 + "|")
-    ratios = []
+    print("|---" * 14 + "|")
+    ratios, n_same = [], 0
     for i, setting in enumerate(settings):
         runs = {"before": [], "after": []}
         for j in range(args.repeat):
@@ -129,18 +133,22 @@ def main():
             continue
         ratio = a["seconds"] / b["seconds"]
         ratios.append(ratio)
+        same = a.get("digest") is not None and a.get("digest") == b.get("digest")
+        n_same += same
         cells += [
             f"{b['seconds']:.2f}",
             f"{a['seconds']:.2f}",
             f"{ratio:.2f}",
             f"{b['theta']:.1e}, {b['w']:.1e}",
             f"{a['theta']:.1e}, {a['w']:.1e}",
+            "yes" if same else "NO",
         ]
         print("| " + " | ".join(cells) + " |", flush=True)
     if ratios:
         print(
             f"\nafter/before: median {sorted(ratios)[len(ratios) // 2]:.2f}, "
-            f"max {max(ratios):.2f} over {len(ratios)} settings"
+            f"max {max(ratios):.2f} over {len(ratios)} settings; fitted parameters "
+            f"bit-identical in {n_same} of {len(ratios)}"
         )
 
 

@@ -74,8 +74,8 @@ API_SECTIONS = [
     (
         "skattn.phased",
         "The phases",
-        "The phases of the Chen & Li learner as pure functions, and their reports "
-        "(listed once ``skattn.phased`` exports them in ``__all__``).",
+        "The phases of the Chen & Li learner as pure functions, phased_fit and "
+        "search_n_heads composing them, and their reports.",
     ),
     (
         "skattn.solvers",

@@ -56,7 +56,8 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
 
     The model is ``F(X) = sum_i softmax(X Theta_i X^T) X W_i`` on sequences of
     ``n_tokens`` tokens.  ``fit`` runs the phases of Chen & Li (2024), each a pure
-    function in :mod:`skattn.phased`, and records what each did in
+    function in :mod:`skattn.phased` (composed by
+    :func:`skattn.phased.phased_fit`), and records what each did in
     ``phase_report_``:
 
     1. a crude estimate of ``W_sum = sum_i W_i`` from the token sums;
