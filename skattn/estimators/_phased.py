@@ -14,41 +14,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ..datasets import BooleanTokens
 from ..diagnostics import certify
 from ..phased import phased_fit
+from ..phased._pipeline import _DEFAULTS as _PHASED_OPTIONS
 from ..solvers import balanced_factors
 from ..utils._batches import TokenBatches, check_sources, map_reduce_batches
 from ._base import BaseAttentionRegressor
-
-# The parameters that are options of skattn.phased.phased_fit, passed as they are.
-_PHASED_OPTIONS = (
-    "init",
-    "certify_tol",
-    "certify_tol_final",
-    "n_rounds",
-    "refine_iter",
-    "min_pattern_prob",
-    "confidence_floor",
-    "max_rows",
-    "hull_method",
-    "hull_solver",
-    "max_heads",
-    "validation_fraction",
-    "selection_samples",
-    "net_resolution",
-    "net_radius",
-    "net_samples",
-    "max_net_candidates",
-    "polish",
-    "polish_samples",
-    "polish_max_iter",
-    "polish_tol",
-    "head_rank",
-    "n_restarts",
-    "whiten",
-    "polish_solver",
-    "fit_intercept",
-    "batch_size",
-    "verbose",
-)
 
 
 class MultiHeadAttentionRegressor(BaseAttentionRegressor):

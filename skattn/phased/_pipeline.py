@@ -196,42 +196,27 @@ def search_n_heads(X, Y, *, sample_weight=None, random_state=None, **options):
     Parameters
     ----------
     X : ndarray of shape (n_samples, n_tokens, n_features) or TokenBatches
-        Input sequences (with ``fit_intercept=True``: the tokens ``[x, 1]``, the
-        constant coordinate last).  Out-of-core data as
-        :class:`~skattn.utils._batches.TokenBatches`.
+        Input sequences, as for :func:`phased_fit`.
     Y : ndarray of shape (n_samples, n_tokens, n_outputs) or TokenBatches
-        Output sequences ``F(X)`` (+ noise).
+        Output sequences, as for :func:`phased_fit`.
     sample_weight : ndarray of shape (n_samples,), default=None
         Weights of the examples (``None``: all 1).
     random_state : int, RandomState instance or None, default=None
-        Subsampling in phases 2-4 and 6, the random starts and the head search;
-        a ``RandomState`` is drawn from in the order of the phases.
+        Subsampling in phases 2-4 and the search's splits and starts.
     **options : dict
-        The options of :class:`~skattn.MultiHeadAttentionRegressor` that the
-        learner uses, with the same names, meanings and defaults: ``init``,
-        ``certify_tol``, ``certify_tol_final``, ``n_rounds``, ``refine_iter``,
-        ``min_pattern_prob``, ``confidence_floor``, ``max_rows``,
-        ``hull_method``, ``hull_solver``, ``max_heads``,
-        ``validation_fraction``, ``selection_samples``, ``net_resolution``,
-        ``net_radius``, ``net_samples``, ``max_net_candidates``, ``polish``,
-        ``polish_samples``, ``polish_max_iter``, ``polish_tol``, ``head_rank``,
-        ``n_restarts``, ``whiten``, ``polish_solver``, ``fit_intercept`` (the
-        last feature of X is the constant 1 of ``[x, 1]`` tokens),
-        ``batch_size`` and ``verbose``.
+        The options of :func:`phased_fit`; the search uses ``max_heads``,
+        ``validation_fraction``, ``selection_samples``, ``polish_max_iter``,
+        ``polish_tol`` and, for its second opinion, those of phases 1-4.
 
     Returns
     -------
     attention : ndarray of shape (n_heads, n_features, n_features)
-        The learned Theta_i (on the given tokens).
+        The selected heads' Theta_i, polished on all examples.
     projection : ndarray of shape (n_heads, n_features, n_outputs)
-        The learned W_i.
+        Their W_i.
     info : dict
-        ``reports`` (list of :class:`PhaseReport`, one per phase and per round
-        of phases 2-4), ``n_heads`` (used or selected), ``n_iter`` (rounds of
-        phases 2-4 that ran), ``projection_sum`` (the estimate of ``sum_i W_i``),
-        ``hull_point`` and ``hull_directions`` (the estimated affine hull, or
-        None), and with ``n_heads="auto"`` ``model_selection`` (the search's
-        record, as ``model_selection_`` of the estimator).
+        As for :func:`phased_fit`, with ``model_selection``: every candidate
+        and the decision (as ``model_selection_`` of the estimator).
 
     See Also
     --------
