@@ -4,12 +4,13 @@ Each phase takes arrays (token tensors ``X`` of shape ``(n, k, d)`` and ``Y`` of
 shape ``(n, k, d_out)``) and returns its estimate and an info dict, recorded as
 a :class:`PhaseReport`:
 
-1. :func:`crude_projection_sum`: ``W_sum = sum_i W_i`` from the token sums;
-2. - 4. :func:`sculpt_hull`: certify rows on which all heads agree, carve the
-   affine hull of the ``Theta_i`` and refine ``W_sum``
-   (:func:`refine_projection_sum`), round after round;
-5. :func:`hull_span`: the span of the hull;
-6. :func:`fit_from_hull`: an epsilon-net over the hull, then the polish.
+* phase 1, :func:`crude_projection_sum`: ``W_sum = sum_i W_i`` from the token
+  sums;
+* phases 2-4, :func:`sculpt_hull`: certify rows on which all heads agree, carve
+  the affine hull of the ``Theta_i`` and refine ``W_sum``
+  (:func:`refine_projection_sum`), round after round;
+* phase 5, :func:`hull_span`: the span of the hull;
+* phase 6, :func:`fit_from_hull`: an epsilon-net over the hull, then the polish.
 
 :func:`phased_fit` composes them (the learner of
 :class:`~skattn.MultiHeadAttentionRegressor`), with the fallback to random starts;
