@@ -50,14 +50,9 @@ LAYERS = [
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
-# Imports against the order, each with its reason.  (importer module, unit)
-EXCEPTIONS = {
-    # AttentionLayer.factors() imports solvers.balanced_factors lazily: a pure SVD
-    # helper that belongs in layer/, but it lives in solvers/_parametrization.py,
-    # which was being edited concurrently when layer/ was made a package; to be
-    # moved to layer/ (with solvers importing it from there).
-    ("skattn.layer._attention_layer", "solvers"): "balanced_factors",
-}
+# Imports against the order, each with its reason (none at present).
+# (importer module, unit): reason
+EXCEPTIONS = {}
 
 
 def _module_name(path):

@@ -15,7 +15,7 @@ from ..utils._validation import (
     layer_sequences,
 )
 from ._convert import projections_to_parameters
-from ._math import attention_patterns, forward
+from ._math import attention_patterns, balanced_factors, forward
 
 
 def check_layer_parameters(attention, projection):
@@ -409,8 +409,6 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         >>> bool(np.allclose(Q @ K.transpose(0, 2, 1), layer.attention))
         True
         """
-        from ..solvers import balanced_factors
-
         attention, projection, _, _ = self._parameters()
         d, d_out = attention.shape[1], projection.shape[2]
         rank_t = d if self.head_rank is None else min(self.head_rank, d)

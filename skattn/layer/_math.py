@@ -13,7 +13,10 @@ bias-free model).  Shapes used throughout (float64):
 * patterns: ``(n, m, k, k)`` -- row l of head i is softmax_a(x_l^T Theta_i x_a);
 * head features: ``(n, m, k, d)`` -- S_i X, so that F(X) = sum_i (S_i X) W_i.
 
-Nothing here validates input: callers (estimators, ``AttentionLayer``) do.
+The balanced low-rank factors of each head's matrices (:func:`balanced_factors`,
+for ``AttentionLayer.factors`` and the solvers' low-rank parametrizations) are
+here too.  Nothing here validates input: callers (estimators, ``AttentionLayer``)
+do.
 """
 
 import numpy as np
@@ -180,3 +183,23 @@ def squared_loss_gradient(X, Y, attention, projection, sample_weight=None):
     d_logits_x = np.matmul(d_logits, X[:, None])  # (n, m, k, d)
     grad_attention = np.einsum("nkd,nmke->mde", X, d_logits_x, optimize=True)
     return loss, grad_attention, grad_projection
+
+
+def balanced_factors(matrices, rank):
+    """Factors ``A (m, p, r)``, ``B (m, q, r)`` with ``A_i B_i^T`` the best rank-r
+    approximation of ``matrices[i]`` (``(m, p, q)``), balanced: ``A = U sqrt(s)``,
+    ``B = V sqrt(s)`` from the SVD.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> M = np.outer([1.0, 2.0], [3.0, 4.0, 5.0])[None]
+    >>> A, B = balanced_factors(M, 1)
+    >>> bool(np.allclose(A[0] @ B[0].T, M[0]))
+    True
+    """
+    U, s, Vt = np.linalg.svd(np.asarray(matrices, dtype=float), full_matrices=False)
+    root = np.sqrt(s[:, :rank])
+    return U[:, :, :rank] * root[:, None, :], np.swapaxes(Vt[:, :rank], 1, 2) * root[
+        :, None, :
+    ]

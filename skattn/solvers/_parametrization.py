@@ -17,6 +17,8 @@ the products at ``p`` reuse (the token maps ``X Q_i``, ``X K_i``).
 
 import numpy as np
 
+from ..layer._math import balanced_factors
+
 
 class FullRank:
     """Theta_i in full: ``m d^2`` parameters.
@@ -278,26 +280,6 @@ class FactoredHeads:
             axis=1,
         )
         return _pull_back(X, both).reshape(-1)
-
-
-def balanced_factors(matrices, rank):
-    """Factors ``A (m, p, r)``, ``B (m, q, r)`` with ``A_i B_i^T`` the best rank-r
-    approximation of ``matrices[i]`` (``(m, p, q)``), balanced: ``A = U sqrt(s)``,
-    ``B = V sqrt(s)`` from the SVD.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> M = np.outer([1.0, 2.0], [3.0, 4.0, 5.0])[None]
-    >>> A, B = balanced_factors(M, 1)
-    >>> bool(np.allclose(A[0] @ B[0].T, M[0]))
-    True
-    """
-    U, s, Vt = np.linalg.svd(np.asarray(matrices, dtype=float), full_matrices=False)
-    root = np.sqrt(s[:, :rank])
-    return U[:, :, :rank] * root[:, None, :], np.swapaxes(Vt[:, :rank], 1, 2) * root[
-        :, None, :
-    ]
 
 
 def _scaled_metric(Q, K):
