@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from test_phased_hull import _plant
+from test_phased import _plant
 
 from skattn import MultiHeadAttentionRegressor
 from skattn.layer._math import forward
