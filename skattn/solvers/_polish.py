@@ -14,9 +14,10 @@ from sklearn.utils import check_random_state
 
 from ._dense import _varpro_levenberg_marquardt
 from ._lbfgs import _full_lbfgs, _varpro_lbfgs
-from ._matrix_free import varpro_least_squares
+from ._matrix_free import _intercept_direction, varpro_least_squares
+from ._minibatch import minibatch_search
 from ._objective import _loss, _normalized_weights, solve_projections
-from ._parametrization import make_parametrization
+from ._parametrization import FactoredHeads, make_parametrization
 
 # The dense Levenberg-Marquardt forms an (m d^2)^2 Gauss-Newton matrix (O(n k (m d)^2
 # d^2) flops an iteration) and factors it (O((m d^2)^3)); the matrix-free one costs
@@ -584,6 +585,7 @@ def polish_from_random_starts(
     n_warmup_samples=1000,
     random_state=None,
     whiten="auto",
+    search="auto",
     **options,
 ):
     """The polish from random starts, the best kept: a start needing no phases.
@@ -593,6 +595,9 @@ def polish_from_random_starts(
     ``REALISABLE_RESIDUAL``), else keeps the lowest residual of ``n_starts``.
     The starts are drawn, and the polish runs, on whitened tokens
     (:func:`whitening_map`) when ``whiten`` says so; the result is mapped back.
+    With ``search``, each random start is first moved by Adam on minibatches
+    (:func:`skattn.solvers._minibatch.minibatch_search`) to where the
+    Levenberg-Marquardt polish converges.
 
     Parameters
     ----------
@@ -607,13 +612,19 @@ def polish_from_random_starts(
         layer back.  ``"auto"``: when the tokens' second moment has a condition
         number above ``WHITEN_MIN_CONDITION`` on the subspace they reach, or the
         subspace is proper.
+    search : {"auto", "minibatch", "none"}, default="auto"
+        ``"minibatch"``: the minibatch search before each polish (low-rank heads,
+        ``head_rank``); ``"auto"``: when the polish factors the values
+        (:func:`choose_factor_values`: many heads, where Levenberg-Marquardt from
+        a random start stalls far from the minimum).
 
     Returns
     -------
     attention, projection, info
         As :func:`staged_polish`, for the best start; ``info`` also has
-        ``n_starts_run``, ``start_residuals`` (one per start tried) and
-        ``whitening`` (``applied``, ``condition``, ``rank``).
+        ``n_starts_run``, ``start_residuals`` (one per start tried),
+        ``whitening`` (``applied``, ``condition``, ``rank``) and ``search`` (the
+        minibatch search's info of the best start, or None).
 
     Examples
     --------
@@ -630,6 +641,10 @@ def polish_from_random_starts(
     """
     if whiten not in ("auto", True, False):
         raise ValueError(f"whiten must be 'auto', True or False, got {whiten!r}.")
+    if search not in ("auto", "minibatch", "none"):
+        raise ValueError(
+            f"search must be 'auto', 'minibatch' or 'none', got {search!r}."
+        )
     rng = check_random_state(random_state)
     d = X.shape[2]
     A, whitened = None, {"applied": False, "condition": None, "rank": d}
@@ -641,19 +656,31 @@ def polish_from_random_starts(
         else:
             X = X @ A
             d = A.shape[1]
-    best, residuals = None, []
+    best, best_search, residuals = None, None, []
     head_rank = options.get("head_rank")
     factored = options.get("factor_values", "auto")
     if factored == "auto":
         factored = choose_factor_values(n_heads, d, head_rank)
+    if search == "auto":
+        search = "minibatch" if factored else "none"
+    if search == "minibatch" and (head_rank is None or head_rank >= d):
+        raise ValueError("search='minibatch' needs low-rank heads (head_rank < d).")
+    searches = []
     for _ in range(n_starts):
         start = random_attention(n_heads, d, rng)
         projection_start = None
-        if factored:  # a random start of the value factors V_i too
+        if factored or search == "minibatch":  # a random start of the V_i too
             projection_start = rng.normal(scale=1.0 / d, size=(n_heads, d, head_rank))
             projection_start = projection_start @ rng.normal(
                 size=(n_heads, head_rank, Y.shape[2])
             )
+        searches.append(None)
+        if search == "minibatch":
+            start, projection_start, searches[-1] = _search(
+                X, Y, start, projection_start, head_rank, sample_weight, rng, options
+            )
+            if not factored:  # the polish eliminates whole W_i
+                projection_start = None
         result = staged_polish(
             X,
             Y,
@@ -667,7 +694,7 @@ def polish_from_random_starts(
         )
         residuals.append(result[2]["relative_residual"])
         if best is None or residuals[-1] < best[2]["relative_residual"]:
-            best = result
+            best, best_search = result, searches[-1]
         if residuals[-1] <= REALISABLE_RESIDUAL:
             break
     attention, projection, info = best
@@ -676,4 +703,27 @@ def polish_from_random_starts(
     info["n_starts_run"] = len(residuals)
     info["start_residuals"] = residuals
     info["whitening"] = whitened
+    info["search"] = best_search
     return attention, projection, info
+
+
+def _search(X, Y, attention, projection, head_rank, sample_weight, rng, options):
+    """The minibatch search from a start: ``(attention, value factors, info)``.
+
+    The value factors ``V_i`` ``(m, d, r)`` stand for the projections: the polish
+    starts its factored values from their column space (:meth:`FactoredHeads.
+    from_attention`), an unfactored polish ignores them.
+    """
+    par = FactoredHeads(attention.shape[0], attention.shape[1], head_rank)
+    direction = _intercept_direction(X) if options.get("intercept") else None
+    params, info = minibatch_search(
+        X,
+        Y,
+        par.from_attention(attention, projection),
+        par,
+        intercept_direction=direction,
+        sample_weight=sample_weight,
+        random_state=rng,
+        verbose=int(options.get("verbose", 0) > 1),
+    )
+    return par.attention(params), par.factors(params)[2], info

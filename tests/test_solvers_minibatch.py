@@ -1,0 +1,135 @@
+"""The minibatch search: its batch gradient, its stopping rules, its use by the polish."""
+
+import numpy as np
+import pytest
+
+from skattn._layer import forward
+from skattn.solvers import FactoredHeads, VarproProblem
+from skattn.solvers._matrix_free import _intercept_direction
+from skattn.solvers._minibatch import batch_loss_gradient, minibatch_search
+from skattn.solvers._polish import polish_from_random_starts
+
+
+def planted(n, k, d, m, r, d_out, seed=0, intercept=False):
+    """Low-rank heads with W_i = V_i O_i (and an intercept on tokens [x, 1])."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, k, d))
+    if intercept:
+        X = np.concatenate([X, np.ones((n, k, 1))], axis=2)
+        d += 1
+    Q, K, V = (rng.normal(size=(m, d, r)) / np.sqrt(d) for _ in range(3))
+    projection = V @ rng.normal(size=(m, r, d_out))
+    if intercept:
+        projection[0, -1] += rng.normal(size=d_out)
+    Y = forward(X, 2 * Q @ np.swapaxes(K, 1, 2), projection)
+    return X, Y, np.concatenate([np.sqrt(2) * Q.ravel(), np.sqrt(2) * K.ravel(), V.ravel()])
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+def test_batch_gradient_is_the_variable_projection_gradient(intercept):
+    """The envelope gradient of a batch equals the Jacobian's adjoint on the
+    residual of :class:`VarproProblem` (same reduced loss, float64)."""
+    X, Y, truth = planted(60, 3, 5, 2, 2, 7, intercept=intercept)
+    par = FactoredHeads(2, X.shape[2], 2)
+    params = truth + 0.3 * np.random.default_rng(1).normal(size=par.size)
+    direction = _intercept_direction(X) if intercept else None
+    loss, gradient, zero = batch_loss_gradient(X, Y, params, par, direction)
+    problem = VarproProblem(X, Y, None, par, intercept=intercept)
+    residual = problem.residual(params)
+    np.testing.assert_allclose(loss, 0.5 * residual @ residual, rtol=1e-7)
+    exact = problem.rmatvec(params, residual)
+    # up to the tiny ridge that keeps a batch's Gram solve defined
+    assert np.linalg.norm(gradient - exact) <= 1e-7 * np.linalg.norm(exact)
+    np.testing.assert_allclose(zero, 0.5 * np.sum(Y**2) / len(Y))
+    # single precision: the same to float32's accuracy, returned in float64
+    loss32, gradient32, _ = batch_loss_gradient(
+        X.astype(np.float32), Y.astype(np.float32), params, par, direction
+    )
+    assert gradient32.dtype == np.float64
+    assert np.linalg.norm(gradient32 - gradient) <= 1e-3 * np.linalg.norm(gradient)
+
+
+def test_minibatch_search_reaches_the_basin_of_a_planted_layer():
+    X, Y, truth = planted(3000, 4, 8, 2, 2, 8, seed=2)
+    par = FactoredHeads(2, 8, 2)
+    start = np.random.default_rng(3).normal(size=par.size) / 4
+    params, info = minibatch_search(
+        X, Y, start, par, batch_size=64, stop_residual=1e-2, random_state=0
+    )
+    assert info["stop_reason"] == "residual"
+    assert info["residual"] <= 1e-2 < info["residuals"][0]
+    assert info["n_steps"] % 50 == 0 and info["n_steps"] <= 5000
+    # the same batches: the same result
+    again, _ = minibatch_search(
+        X, Y, start, par, batch_size=64, stop_residual=1e-2, random_state=0
+    )
+    np.testing.assert_array_equal(params, again)
+
+
+def test_minibatch_search_stops_on_its_budget_and_on_no_progress():
+    X, Y, _ = planted(500, 3, 5, 2, 2, 6, seed=4)
+    par = FactoredHeads(2, 5, 2)
+    start = np.random.default_rng(0).normal(size=par.size)
+    _, info = minibatch_search(
+        X, Y, start, par, batch_size=32, max_steps=20, check_every=10, random_state=0
+    )
+    assert info["stop_reason"] == "max_steps" and info["n_steps"] == 20
+    assert len(info["residuals"]) == 3
+    # a step size too small to move: every check stalls, each cut, then stop
+    _, info = minibatch_search(
+        X,
+        Y,
+        start,
+        par,
+        batch_size=32,
+        learning_rate=1e-12,
+        check_every=5,
+        patience=2,
+        n_decays=2,
+        random_state=0,
+    )
+    assert info["stop_reason"] == "no_progress"
+    assert info["n_decays"] == 2 and info["n_steps"] == 5 * 2 * 3
+
+
+def test_minibatch_search_draws_batches_by_weight():
+    """Zero-weight examples (here: garbage targets) are never drawn."""
+    X, Y, _ = planted(400, 3, 5, 2, 2, 6, seed=5)
+    Y_bad = Y.copy()
+    Y_bad[200:] = 1e6
+    weights = np.r_[np.ones(200), np.zeros(200)]
+    par = FactoredHeads(2, 5, 2)
+    start = np.random.default_rng(0).normal(size=par.size) / 4
+    kwargs = dict(batch_size=32, max_steps=100, random_state=0)
+    params, info = minibatch_search(X, Y_bad, start, par, sample_weight=weights, **kwargs)
+    assert info["residuals"][-1] < 1.0  # on the clean half's scale
+    clean, _ = minibatch_search(X[:200], Y[:200], start, par, **kwargs)
+    assert np.all(np.isfinite(params)) and np.all(np.isfinite(clean))
+
+
+def test_random_starts_with_the_search_recover_a_planted_layer():
+    X, Y, truth = planted(600, 4, 6, 2, 2, 10, seed=6, intercept=True)
+    attention, projection, info = polish_from_random_starts(
+        X,
+        Y,
+        2,
+        head_rank=2,
+        factor_values=True,
+        intercept=True,
+        search="minibatch",
+        random_state=0,
+    )
+    assert info["search"]["n_steps"] > 0
+    assert info["search"]["residual"] < info["search"]["residuals"][0]
+    assert info["relative_residual"] < 1e-10
+    np.testing.assert_allclose(forward(X, attention, projection), Y, atol=1e-9)
+
+
+def test_search_auto_runs_only_with_factored_values():
+    X, Y, _ = planted(200, 3, 5, 1, 2, 6, seed=7)
+    _, _, info = polish_from_random_starts(X, Y, 1, head_rank=2, random_state=0)
+    assert info["search"] is None  # one head of d = 5: no factored values
+    with pytest.raises(ValueError, match="search must be"):
+        polish_from_random_starts(X, Y, 1, search="adam")
+    with pytest.raises(ValueError, match="low-rank heads"):
+        polish_from_random_starts(X, Y, 1, search="minibatch")
