@@ -81,6 +81,7 @@ _DEFAULTS = dict(
     head_rank=None,
     n_restarts=3,
     whiten="auto",
+    start_search="auto",
     polish_solver="auto",
     fit_intercept=False,
     batch_size=4096,
@@ -132,7 +133,8 @@ def phased_fit(X, Y, n_heads, *, sample_weight=None, random_state=None, **option
         ``validation_fraction``, ``selection_samples``, ``net_resolution``,
         ``net_radius``, ``net_samples``, ``max_net_candidates``, ``polish``,
         ``polish_samples``, ``polish_max_iter``, ``polish_tol``, ``head_rank``,
-        ``n_restarts``, ``whiten``, ``polish_solver``, ``fit_intercept`` (the
+        ``n_restarts``, ``whiten``, ``start_search``, ``polish_solver``,
+        ``fit_intercept`` (the
         last feature of X is the constant 1 of ``[x, 1]`` tokens),
         ``batch_size`` and ``verbose``.
 
@@ -376,6 +378,7 @@ class _PhasedRun:
                 m,
                 n_starts=self.n_restarts,
                 whiten=self.whiten,
+                start_search=self.start_search,
                 sample_weight=weights,
                 random_state=rng.randint(np.iinfo(np.int32).max),
                 **self._polish_options(X3, polish_rows),

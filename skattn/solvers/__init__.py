@@ -13,11 +13,15 @@ One module per concern:
 * :mod:`._matrix_free`: Levenberg-Marquardt from Jacobian products
   (``scipy.optimize.least_squares`` with LSMR; large layers);
 * :mod:`._lbfgs`: L-BFGS-B stages;
+* :mod:`._minibatch`: :func:`minibatch_search`, Adam on the reduced loss of
+  random batches, which moves random starts of many heads to where
+  Levenberg-Marquardt converges;
 * :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size;
   the random starts and :func:`whitening_map`, their preconditioner.
 """
 
 from ._matrix_free import VarproProblem, varpro_least_squares
+from ._minibatch import minibatch_search
 from ._objective import (
     projection_normal_equations,
     reduced_loss_gradient,
@@ -41,6 +45,7 @@ __all__ = [
     "choose_factor_values",
     "choose_solver",
     "make_parametrization",
+    "minibatch_search",
     "polish",
     "projection_normal_equations",
     "reduced_loss_gradient",

@@ -22,7 +22,7 @@ import numpy as np
 from scipy import linalg
 from sklearn.utils import check_random_state
 
-from .._layer import softmax
+from ..layer._math import softmax
 
 # Adam's constants (Kingma & Ba 2015).
 _BETA1, _BETA2, _EPSILON = 0.9, 0.999, 1e-8
@@ -79,8 +79,8 @@ def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None)
     m, r = values.shape[1], values.shape[3]
     width = m * r + (intercept_direction is not None)
     design = np.empty((b * k, width), dtype=dtype)
-    design[:, : m * r] = np.matmul(patterns, values).transpose(0, 2, 1, 3).reshape(
-        b * k, m * r
+    design[:, : m * r] = (
+        np.matmul(patterns, values).transpose(0, 2, 1, 3).reshape(b * k, m * r)
     )
     if intercept_direction is not None:
         design[:, -1] = 1.0
@@ -95,14 +95,13 @@ def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None)
     residual = design @ coef - target
     loss = 0.5 * float(np.vdot(residual, residual)) / b
     # the envelope gradient: the loss's derivative in the design is residual O^T
-    d_features = (
-        (residual @ coef[: m * r].T).reshape(b, k, m, r).transpose(0, 2, 1, 3)
-    )
+    d_features = (residual @ coef[: m * r].T).reshape(b, k, m, r).transpose(0, 2, 1, 3)
     d_patterns = np.matmul(d_features, np.swapaxes(values, 2, 3))
     d_values = np.matmul(np.swapaxes(patterns, 2, 3), d_features)
     d_logits = patterns * (d_patterns - (patterns * d_patterns).sum(-1, keepdims=True))
     gradient = parametrization.vjp(X, low, d_logits, d_values, cache)
-    return loss, gradient.astype(np.float64) / b, 0.5 * float(np.vdot(target, target)) / b
+    zero = 0.5 * float(np.vdot(target, target)) / b
+    return loss, gradient.astype(np.float64) / b, zero
 
 
 def minibatch_search(
@@ -180,7 +179,7 @@ def minibatch_search(
     Examples
     --------
     >>> import numpy as np
-    >>> from skattn._layer import forward
+    >>> from skattn.layer._math import forward
     >>> from skattn.solvers import FactoredHeads
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(2000, 4, 6))

@@ -585,7 +585,7 @@ def polish_from_random_starts(
     n_warmup_samples=1000,
     random_state=None,
     whiten="auto",
-    search="auto",
+    start_search="auto",
     **options,
 ):
     """The polish from random starts, the best kept: a start needing no phases.
@@ -595,7 +595,7 @@ def polish_from_random_starts(
     ``REALISABLE_RESIDUAL``), else keeps the lowest residual of ``n_starts``.
     The starts are drawn, and the polish runs, on whitened tokens
     (:func:`whitening_map`) when ``whiten`` says so; the result is mapped back.
-    With ``search``, each random start is first moved by Adam on minibatches
+    With ``start_search``, each random start is first moved by Adam on minibatches
     (:func:`skattn.solvers._minibatch.minibatch_search`) to where the
     Levenberg-Marquardt polish converges.
 
@@ -612,7 +612,7 @@ def polish_from_random_starts(
         layer back.  ``"auto"``: when the tokens' second moment has a condition
         number above ``WHITEN_MIN_CONDITION`` on the subspace they reach, or the
         subspace is proper.
-    search : {"auto", "minibatch", "none"}, default="auto"
+    start_search : {"auto", "minibatch", "none"}, default="auto"
         ``"minibatch"``: the minibatch search before each polish (low-rank heads,
         ``head_rank``); ``"auto"``: when the polish factors the values
         (:func:`choose_factor_values`: many heads, where Levenberg-Marquardt from
@@ -623,8 +623,9 @@ def polish_from_random_starts(
     attention, projection, info
         As :func:`staged_polish`, for the best start; ``info`` also has
         ``n_starts_run``, ``start_residuals`` (one per start tried),
-        ``whitening`` (``applied``, ``condition``, ``rank``) and ``search`` (the
-        minibatch search's info of the best start, or None).
+        ``whitening`` (``applied``, ``condition``, ``rank``) and
+        ``start_search`` (the minibatch search's info of the best start, or
+        None).
 
     Examples
     --------
@@ -641,9 +642,9 @@ def polish_from_random_starts(
     """
     if whiten not in ("auto", True, False):
         raise ValueError(f"whiten must be 'auto', True or False, got {whiten!r}.")
-    if search not in ("auto", "minibatch", "none"):
+    if start_search not in ("auto", "minibatch", "none"):
         raise ValueError(
-            f"search must be 'auto', 'minibatch' or 'none', got {search!r}."
+            f"start_search must be 'auto', 'minibatch' or 'none', got {start_search!r}."
         )
     rng = check_random_state(random_state)
     d = X.shape[2]
@@ -661,21 +662,23 @@ def polish_from_random_starts(
     factored = options.get("factor_values", "auto")
     if factored == "auto":
         factored = choose_factor_values(n_heads, d, head_rank)
-    if search == "auto":
-        search = "minibatch" if factored else "none"
-    if search == "minibatch" and (head_rank is None or head_rank >= d):
-        raise ValueError("search='minibatch' needs low-rank heads (head_rank < d).")
+    if start_search == "auto":
+        start_search = "minibatch" if factored else "none"
+    if start_search == "minibatch" and (head_rank is None or head_rank >= d):
+        raise ValueError(
+            "start_search='minibatch' needs low-rank heads (head_rank < d)."
+        )
     searches = []
     for _ in range(n_starts):
         start = random_attention(n_heads, d, rng)
         projection_start = None
-        if factored or search == "minibatch":  # a random start of the V_i too
+        if factored or start_search == "minibatch":  # a random start of the V_i too
             projection_start = rng.normal(scale=1.0 / d, size=(n_heads, d, head_rank))
             projection_start = projection_start @ rng.normal(
                 size=(n_heads, head_rank, Y.shape[2])
             )
         searches.append(None)
-        if search == "minibatch":
+        if start_search == "minibatch":
             start, projection_start, searches[-1] = _search(
                 X, Y, start, projection_start, head_rank, sample_weight, rng, options
             )
@@ -703,7 +706,7 @@ def polish_from_random_starts(
     info["n_starts_run"] = len(residuals)
     info["start_residuals"] = residuals
     info["whitening"] = whitened
-    info["search"] = best_search
+    info["start_search"] = best_search
     return attention, projection, info
 
 
