@@ -63,7 +63,8 @@ def head_match(X_aug, X_white, params, par, layer):
     augmented = np.zeros((m, d + 1, d + 1))
     augmented[:, :d, :d] = layer.attention
     augmented[:, d, :d] = layer.key_bias
-    real = softmax(np.einsum("nkd,mde,nje->nmkj", X_aug, augmented, X_aug), axis=-1)
+    logits = np.einsum("nkd,mde,nje->nmkj", X_aug, augmented, X_aug, optimize=True)
+    real = softmax(logits, axis=-1)
     cost = np.array(
         [
             [0.5 * np.abs(learned[:, i] - real[:, j]).sum(-1).mean() for j in range(m)]
