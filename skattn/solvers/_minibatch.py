@@ -23,9 +23,10 @@ from scipy import linalg
 from sklearn.utils import check_random_state
 
 from ..layer._math import softmax
+from ._first_order import _ADAM_BETA1 as _BETA1
+from ._first_order import _ADAM_BETA2 as _BETA2
+from ._first_order import _ADAM_EPSILON as _EPSILON
 
-# Adam's constants (Kingma & Ba 2015).
-_BETA1, _BETA2, _EPSILON = 0.9, 0.999, 1e-8
 # Ridge of a batch's Gram matrix, relative to its mean diagonal: keeps the solve
 # defined when a batch's design is rank deficient (a head with no signal yet).
 _BATCH_RIDGE = 1e-10
