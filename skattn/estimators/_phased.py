@@ -195,14 +195,15 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     start_search : {"auto", "minibatch", "none"}, default="auto"
         Random starts of low-rank heads only: first move each start by Adam on
         the reduced loss of random batches of 256 sequences (the output factors
-        eliminated on each batch, single precision) until a held-out batch's
-        relative residual is 2e-2 or stops falling, then polish
+        eliminated on each batch, single precision) until the relative residual
+        of a fixed evaluation batch is 2e-2 or stops falling, then polish
         (:func:`skattn.solvers.minibatch_search`).  From a random start the
         Levenberg-Marquardt polish of many heads crawls far from the minimum
         (12 heads of all-MiniLM-L6-v2: half of the targets unexplained after 20
-        iterations); the search takes all 12 heads to a residual of 1e-2 in
-        minutes, and halved the polish of two heads (9 iterations instead of
-        32).  ``"auto"``: when the polish factors the values
+        iterations); the search takes them to a relative residual of about 0.1
+        in minutes (11 of the 12 real heads found from each start tried), and
+        cut the polish of two heads from 32 iterations to 8.  ``"auto"``: when
+        the polish factors the values
         (:func:`skattn.solvers.choose_factor_values`).  ``phase_report_``
         records it (``start_search``).
     polish_solver : {"auto", "dense", "matrix-free"}, default="auto"

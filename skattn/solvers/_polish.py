@@ -668,7 +668,6 @@ def polish_from_random_starts(
         raise ValueError(
             "start_search='minibatch' needs low-rank heads (head_rank < d)."
         )
-    searches = []
     for _ in range(n_starts):
         start = random_attention(n_heads, d, rng)
         projection_start = None
@@ -677,9 +676,9 @@ def polish_from_random_starts(
             projection_start = projection_start @ rng.normal(
                 size=(n_heads, head_rank, Y.shape[2])
             )
-        searches.append(None)
+        search_info = None
         if start_search == "minibatch":
-            start, projection_start, searches[-1] = _search(
+            start, projection_start, search_info = _search(
                 X, Y, start, projection_start, head_rank, sample_weight, rng, options
             )
             if not factored:  # the polish eliminates whole W_i
@@ -697,7 +696,7 @@ def polish_from_random_starts(
         )
         residuals.append(result[2]["relative_residual"])
         if best is None or residuals[-1] < best[2]["relative_residual"]:
-            best, best_search = result, searches[-1]
+            best, best_search = result, search_info
         if residuals[-1] <= REALISABLE_RESIDUAL:
             break
     attention, projection, info = best
