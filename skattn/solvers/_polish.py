@@ -668,6 +668,9 @@ def polish_from_random_starts(
         raise ValueError(
             "start_search='minibatch' needs low-rank heads (head_rank < d)."
         )
+    direction = None  # the tokens' constant coordinate, found once for all starts
+    if start_search == "minibatch" and options.get("intercept"):
+        direction = _intercept_direction(X)
     for _ in range(n_starts):
         start = random_attention(n_heads, d, rng)
         projection_start = None
@@ -679,7 +682,15 @@ def polish_from_random_starts(
         search_info = None
         if start_search == "minibatch":
             start, projection_start, search_info = _search(
-                X, Y, start, projection_start, head_rank, sample_weight, rng, options
+                X,
+                Y,
+                start,
+                projection_start,
+                head_rank,
+                direction,
+                sample_weight,
+                rng,
+                verbose=int(options.get("verbose", 0) > 1),
             )
             if not factored:  # the polish eliminates whole W_i
                 projection_start = None
@@ -709,7 +720,9 @@ def polish_from_random_starts(
     return attention, projection, info
 
 
-def _search(X, Y, attention, projection, head_rank, sample_weight, rng, options):
+def _search(
+    X, Y, attention, projection, head_rank, direction, sample_weight, rng, verbose
+):
     """The minibatch search from a start: ``(attention, value factors, info)``.
 
     The value factors ``V_i`` ``(m, d, r)`` stand for the projections: the polish
@@ -717,7 +730,6 @@ def _search(X, Y, attention, projection, head_rank, sample_weight, rng, options)
     from_attention`), an unfactored polish ignores them.
     """
     par = FactoredHeads(attention.shape[0], attention.shape[1], head_rank)
-    direction = _intercept_direction(X) if options.get("intercept") else None
     params, info = minibatch_search(
         X,
         Y,
@@ -726,6 +738,6 @@ def _search(X, Y, attention, projection, head_rank, sample_weight, rng, options)
         intercept_direction=direction,
         sample_weight=sample_weight,
         random_state=rng,
-        verbose=int(options.get("verbose", 0) > 1),
+        verbose=verbose,
     )
     return par.attention(params), par.factors(params)[2], info
