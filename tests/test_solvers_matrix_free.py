@@ -20,6 +20,7 @@ from skattn.solvers import (
     varpro_least_squares,
 )
 from skattn.solvers._dense import _gauss_newton_system
+from skattn.solvers._parametrization import random_attention
 from skattn.solvers._polish import polish_from_random_starts, staged_polish
 
 
@@ -168,6 +169,31 @@ def test_balanced_factors_and_parametrizations():
     theta = low.attention(low.from_attention(rng.normal(size=(2, 6, 6))))
     assert np.linalg.matrix_rank(theta[0]) == 3
     assert isinstance(make_parametrization(2, 6, 6), FullRank)
+
+
+@pytest.mark.parametrize("par", [FullRank(2, 4), LowRank(2, 4, 2)])
+def test_attention_vjp_is_the_gradient_of_a_linear_function_of_theta(par):
+    # the gradient of p -> <G, Theta(p)> at p, against central differences
+    rng = np.random.default_rng(7)
+    params, G = rng.normal(size=par.size), rng.normal(size=(2, 4, 4))
+    grad = par.attention_vjp(params, G)
+    eps = 1e-6
+    numeric = [
+        (
+            np.sum(G * par.attention(params + eps * e))
+            - np.sum(G * par.attention(params - eps * e))
+        )
+        / (2 * eps)
+        for e in np.eye(par.size)
+    ]
+    np.testing.assert_allclose(grad, numeric, rtol=1e-7, atol=1e-9)
+
+
+def test_random_attention_has_the_scale_asked_for():
+    small = random_attention(3, 40, random_state=0, scale=0.5)
+    assert small.shape == (3, 40, 40)
+    np.testing.assert_allclose(np.linalg.norm(small, axis=(1, 2)), 0.5, rtol=0.05)
+    np.testing.assert_array_equal(random_attention(3, 40, random_state=0), small / 0.5)
 
 
 def test_choose_solver():

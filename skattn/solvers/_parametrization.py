@@ -16,6 +16,7 @@ the products at ``p`` reuse (the token maps ``X Q_i``, ``X K_i``).
 """
 
 import numpy as np
+from sklearn.utils import check_random_state
 
 from ..layer._math import balanced_factors
 
@@ -45,6 +46,10 @@ class FullRank:
     def from_attention(self, attention):
         """Flat parameters of the attention matrices ``(m, d, d)``."""
         return np.asarray(attention, dtype=float).reshape(-1).copy()
+
+    def attention_vjp(self, params, grad_attention):
+        """Pull a gradient in Theta ``(m, d, d)`` back to the flat parameters."""
+        return np.asarray(grad_attention, dtype=float).reshape(-1)
 
     def cache(self, X, params):
         """Nothing to precompute for the full parametrization."""
@@ -100,6 +105,17 @@ class LowRank:
         """Balanced factors of the best rank-r approximation of each Theta_i."""
         return np.concatenate(
             [f.reshape(-1) for f in balanced_factors(attention, self.rank)]
+        )
+
+    def attention_vjp(self, params, grad_attention):
+        """Pull a gradient ``G`` in Theta back to the factors: ``dQ_i = G_i K_i``,
+        ``dK_i = G_i^T Q_i``, flat."""
+        Q, K = self.factors(params)
+        return np.concatenate(
+            [
+                (grad_attention @ K).reshape(-1),
+                (np.swapaxes(grad_attention, 1, 2) @ Q).reshape(-1),
+            ]
         )
 
     def preconditioner(self, params):
@@ -332,6 +348,24 @@ def make_parametrization(n_heads, n_features, head_rank=None, factor_values=Fals
     if factor_values:
         return FactoredHeads(n_heads, n_features, head_rank)
     return LowRank(n_heads, n_features, head_rank)
+
+
+def random_attention(n_heads, n_features, random_state=None, scale=1.0):
+    """Random starting ``Theta_i``: i.i.d. ``N(0, (scale / d)^2)`` entries.
+
+    So ``E ||Theta_i||_F^2 = scale^2``: for tokens with i.i.d. mean-0 variance-1
+    entries the start's logits between distinct tokens have standard deviation
+    about ``scale`` (at the default 1, soft, informative patterns: the softmax is
+    neither uniform nor saturated).
+
+    Examples
+    --------
+    >>> random_attention(2, 4, random_state=0).shape
+    (2, 4, 4)
+    """
+    rng = check_random_state(random_state)
+    d = n_features
+    return rng.normal(scale=scale / d, size=(n_heads, d, d))
 
 
 def _token_maps(X, maps):

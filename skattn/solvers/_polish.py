@@ -17,7 +17,7 @@ from ._lbfgs import _full_lbfgs, _varpro_lbfgs
 from ._matrix_free import _intercept_direction, varpro_least_squares
 from ._minibatch import minibatch_search
 from ._objective import _loss, _normalized_weights, solve_projections
-from ._parametrization import FactoredHeads, make_parametrization
+from ._parametrization import FactoredHeads, make_parametrization, random_attention
 
 # The dense Levenberg-Marquardt forms an (m d^2)^2 Gauss-Newton matrix (O(n k (m d)^2
 # d^2) flops an iteration) and factors it (O((m d^2)^3)); the matrix-free one costs
@@ -555,23 +555,6 @@ def _unwhiten(attention, projection, A):
         np.einsum("ap,mpq,bq->mab", A, attention, A, optimize=True),
         np.einsum("ap,mpo->mao", A, projection, optimize=True),
     )
-
-
-def random_attention(n_heads, n_features, random_state=None):
-    """Random starting ``Theta_i``: i.i.d. ``N(0, 1/d^2)`` entries.
-
-    For tokens with i.i.d. mean-0 variance-1 entries the start's logits between
-    distinct tokens then have standard deviation about 1 (soft, informative
-    patterns: the softmax is neither uniform nor saturated).
-
-    Examples
-    --------
-    >>> random_attention(2, 4, random_state=0).shape
-    (2, 4, 4)
-    """
-    rng = check_random_state(random_state)
-    d = n_features
-    return rng.normal(scale=1.0 / d, size=(n_heads, d, d))
 
 
 def polish_from_random_starts(
