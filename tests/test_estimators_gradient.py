@@ -9,7 +9,7 @@ from skattn.datasets import make_attention_regression
 from skattn.estimators import GradientAttentionRegressor
 from skattn.layer._math import forward
 from skattn.metrics import parameter_error
-from skattn.solvers._first_order import _objective, _pack, _unpack
+from skattn.solvers._first_order import _objective, _Unknowns
 
 
 def plant(n, *, d=8, k=4, m=2, d_out=8, scale=2.0, noise=0.0, seed=0):
@@ -54,10 +54,11 @@ def test_objective_gradient_matches_finite_differences(alpha):
     projection = rng.normal(size=(2, 4, 2))
     # chunk_size=3 also exercises the chunked accumulation
     loss, g_att, g_proj = _objective(X, Y, attention, projection, weight, alpha, 3)
-    params = _pack(attention, projection)
+    unknowns = _Unknowns(2, 4, 2)
+    params = unknowns.pack(attention, projection)
 
     def value(p):
-        return _objective(X, Y, *_unpack(p, 2, 4, 2), weight, alpha, 3)[0]
+        return _objective(X, Y, *unknowns.unpack(p), weight, alpha, 3)[0]
 
     step = 1e-6
     numeric = np.array(
@@ -66,7 +67,7 @@ def test_objective_gradient_matches_finite_differences(alpha):
             for e in np.eye(params.size)
         ]
     )
-    analytic = _pack(g_att, g_proj)
+    analytic = unknowns.gradient(params, g_att, g_proj)
     np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-8)
     assert loss == pytest.approx(value(params), rel=1e-14)
 
@@ -357,21 +358,40 @@ def test_low_rank_heads_by_lbfgs_on_the_factors():
 
 
 def test_low_rank_factor_gradient_matches_finite_differences():
-    from skattn.solvers._first_order import _factor_objective
-
     rng = np.random.default_rng(0)
     X = rng.normal(size=(20, 3, 4))
     Y = rng.normal(size=(20, 3, 5))
-    shape = (2, 4, 5, 2)
-    params = rng.normal(size=3 * 2 * 4 * 2 + 2 * 2 * 5)
-    _, grad = _factor_objective(X, Y, params, shape, None, 0.1, None)
+    unknowns = _Unknowns(2, 4, 5, head_rank=2)
+    assert (
+        unknowns.size == 3 * 2 * 4 * 2 + 2 * 2 * 5
+    )  # Q, K, V (m, d, r), O (m, r, d_out)
+    params = rng.normal(size=unknowns.size)
+
+    def objective(p):
+        loss, g_att, g_proj = _objective(X, Y, *unknowns.unpack(p), None, 0.1, None)
+        return loss, unknowns.gradient(p, g_att, g_proj)
+
+    _, grad = objective(params)
     eps = 1e-6
     for j in rng.choice(params.size, size=10, replace=False):
         step = np.zeros_like(params)
         step[j] = eps
-        up = _factor_objective(X, Y, params + step, shape, None, 0.1, None)[0]
-        down = _factor_objective(X, Y, params - step, shape, None, 0.1, None)[0]
+        up = objective(params + step)[0]
+        down = objective(params - step)[0]
         assert grad[j] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
+
+
+def test_unknowns_pack_the_layer_and_unpack_it():
+    rng = np.random.default_rng(3)
+    attention = rng.normal(size=(2, 4, 2)) @ rng.normal(size=(2, 2, 4))
+    projection = rng.normal(size=(2, 4, 2)) @ rng.normal(size=(2, 2, 5))
+    for head_rank, size in [(None, 2 * 16 + 2 * 20), (2, 2 * 2 * 8 + 2 * 2 * 9)]:
+        unknowns = _Unknowns(2, 4, 5, head_rank)
+        params = unknowns.pack(attention, projection)
+        assert params.shape == (size,)
+        back_attention, back_projection = unknowns.unpack(params)
+        np.testing.assert_allclose(back_attention, attention, atol=1e-12)
+        np.testing.assert_allclose(back_projection, projection, atol=1e-12)
 
 
 def test_head_rank_needs_lbfgs():

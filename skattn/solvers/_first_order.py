@@ -7,9 +7,11 @@ ridge-penalised) squared loss
                   + alpha / 2 (||Theta||_F^2 + ||W||_F^2)
 
 with the analytic gradient of :func:`skattn.layer._math.squared_loss_gradient`,
-minimised by full-batch L-BFGS (scipy, :func:`_fit_lbfgs`; on the factors
-``Q_i, K_i, V_i, O_i`` for low-rank heads) or mini-batch Adam (numpy,
-:func:`_fit_adam`), from a random start (:func:`_initial_parameters`).  Pure
+minimised by full-batch L-BFGS (scipy, :func:`_fit_lbfgs`) or mini-batch Adam
+(numpy, :func:`_fit_adam`), from a random start (:func:`_initial_parameters`).
+The unknowns (:class:`_Unknowns`) are the attention part of a parametrization of
+:mod:`skattn.solvers._parametrization` (``Theta_i``, or ``Q_i K_i^T`` for
+low-rank heads) followed by the projections (``W_i``, or ``V_i O_i``).  Pure
 functions on token tensors; the estimator validates and keeps the result.
 """
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from ._lbfgs import _lbfgs
 from ._objective import _loss_gradient, solve_projections
-from ._parametrization import balanced_factors
+from ._parametrization import balanced_factors, make_parametrization, random_attention
 
 _ADAM_BETA1 = 0.9
 _ADAM_BETA2 = 0.999
@@ -26,17 +28,100 @@ _ADAM_EPSILON = 1e-8
 _LBFGS_STOP = {0: "tol", 1: "max_iter", 2: "no_progress"}
 
 
-def _pack(attention, projection):
-    """Flatten (Theta, W) into one parameter vector: ``-> (m*d*d + m*d*d_out,)``."""
-    return np.concatenate([attention.ravel(), projection.ravel()])
+class _Projections:
+    """The projections ``W_i`` in full (``rank=None``: ``m d d_out`` parameters) or
+    as ``V_i O_i`` (``V (m, d, r)`` then ``O (m, r, d_out)``: ``m r (d + d_out)``).
+
+    The projection counterpart of :class:`~skattn.solvers.FullRank` and
+    :class:`~skattn.solvers.LowRank`, for solvers that train ``W`` by gradient
+    rather than eliminating it.
+    """
+
+    def __init__(self, n_heads, n_features, n_outputs, rank=None):
+        self.shape = (n_heads, n_features, n_outputs)
+        self.rank = rank
+        r = n_features * n_outputs if rank is None else rank * (n_features + n_outputs)
+        self.size = n_heads * r
+
+    def factors(self, params):
+        """``V (m, d, r)``, ``O (m, r, d_out)``."""
+        m, d, d_out = self.shape
+        split = m * d * self.rank
+        return (
+            params[:split].reshape(m, d, self.rank),
+            params[split:].reshape(m, self.rank, d_out),
+        )
+
+    def projection(self, params):
+        """``W (m, d, d_out)`` from the flat parameters."""
+        if self.rank is None:
+            return params.reshape(self.shape)
+        value, output = self.factors(params)
+        return value @ output
+
+    def from_projection(self, projection):
+        """Flat parameters of ``W``: balanced factors of its best rank-r
+        approximation for low rank."""
+        if self.rank is None:
+            return np.asarray(projection, dtype=float).reshape(-1).copy()
+        value, output = balanced_factors(projection, self.rank)
+        return np.concatenate(
+            [value.reshape(-1), np.swapaxes(output, 1, 2).reshape(-1)]
+        )
+
+    def projection_vjp(self, params, grad_projection):
+        """Pull a gradient ``G`` in ``W`` back: ``dV_i = G_i O_i^T``,
+        ``dO_i = V_i^T G_i``, flat."""
+        if self.rank is None:
+            return np.asarray(grad_projection, dtype=float).reshape(-1)
+        value, output = self.factors(params)
+        return np.concatenate(
+            [
+                (grad_projection @ np.swapaxes(output, 1, 2)).reshape(-1),
+                (np.swapaxes(value, 1, 2) @ grad_projection).reshape(-1),
+            ]
+        )
 
 
-def _unpack(params, n_heads, n_features, n_outputs):
-    """Inverse of :func:`_pack`: ``-> (m, d, d), (m, d, d_out)``."""
-    split = n_heads * n_features * n_features
-    attention = params[:split].reshape(n_heads, n_features, n_features)
-    projection = params[split:].reshape(n_heads, n_features, n_outputs)
-    return attention, projection
+class _Unknowns:
+    """The flat unknowns of a layer: the attention part, then the projections.
+
+    ``head_rank=None``: ``Theta`` and ``W`` in full; else (a rank below
+    ``min(d, d_out)``) the factors ``Q, K`` (:class:`~skattn.solvers.LowRank`)
+    then ``V, O`` (:class:`_Projections`).
+    """
+
+    def __init__(self, n_heads, n_features, n_outputs, head_rank=None):
+        self.attention_part = make_parametrization(n_heads, n_features, head_rank)
+        self.projection_part = _Projections(n_heads, n_features, n_outputs, head_rank)
+        self.size = self.attention_part.size + self.projection_part.size
+
+    def pack(self, attention, projection):
+        """Flat parameters of the layer ``(Theta, W)``."""
+        return np.concatenate(
+            [
+                self.attention_part.from_attention(attention),
+                self.projection_part.from_projection(projection),
+            ]
+        )
+
+    def unpack(self, params):
+        """``Theta (m, d, d)``, ``W (m, d, d_out)`` from the flat parameters."""
+        split = self.attention_part.size
+        return (
+            self.attention_part.attention(params[:split]),
+            self.projection_part.projection(params[split:]),
+        )
+
+    def gradient(self, params, grad_attention, grad_projection):
+        """The gradient in the flat parameters from those in ``Theta`` and ``W``."""
+        split = self.attention_part.size
+        return np.concatenate(
+            [
+                self.attention_part.attention_vjp(params[:split], grad_attention),
+                self.projection_part.projection_vjp(params[split:], grad_projection),
+            ]
+        )
 
 
 def _objective(X, Y, attention, projection, sample_weight, alpha, chunk_size=None):
@@ -67,62 +152,20 @@ def _objective(X, Y, attention, projection, sample_weight, alpha, chunk_size=Non
 def _initial_parameters(X, Y, sample_weight, n_heads, init_scale, alpha, random_state):
     """A random start: small random Theta, then the best W for that Theta.
 
-    Theta_i has i.i.d. ``N(0, (init_scale / d)^2)`` entries, so that
-    ``E ||Theta_i||_F^2 = init_scale^2``: the typical attention logit
-    ``x^T Theta_i x'`` of unit-variance tokens has standard deviation
-    ``init_scale``.  W then solves the (ridge) least squares problem given Theta.
+    Theta by :func:`skattn.solvers._parametrization.random_attention` at scale
+    ``init_scale``: the typical attention logit ``x^T Theta_i x'`` of
+    unit-variance tokens has standard deviation ``init_scale``.  W then solves
+    the (ridge) least squares problem given Theta.
 
     Returns
     -------
     attention : ndarray of shape (m, d, d)
     projection : ndarray of shape (m, d, d_out)
     """
-    d = X.shape[2]
-    attention = random_state.standard_normal((n_heads, d, d)) * (init_scale / d)
+    attention = random_attention(n_heads, X.shape[2], random_state, scale=init_scale)
     # J's ridge on Theta does not change the minimising W given Theta
     projection = solve_projections(X, Y, attention, sample_weight, alpha)
     return attention, projection
-
-
-def _pack_factors(attention, projection, rank):
-    """Balanced rank-r factors (Q, K, V, O) of (Theta, W), flattened."""
-    query, key = balanced_factors(attention, rank)
-    value, output = balanced_factors(projection, rank)
-    return np.concatenate(
-        [f.ravel() for f in (query, key, value, np.swapaxes(output, 1, 2))]
-    )
-
-
-def _unpack_factors(params, n_heads, n_features, n_outputs, rank):
-    """``Q, K, V (m, d, r)``, ``O (m, r, d_out)`` from :func:`_pack_factors`."""
-    m, d, r = n_heads, n_features, rank
-    sizes = np.cumsum([m * d * r] * 3)
-    query, key, value = (
-        part.reshape(m, d, r) for part in np.split(params[: sizes[-1]], sizes[:-1])
-    )
-    output = params[sizes[-1] :].reshape(m, r, n_outputs)
-    return query, key, value, output
-
-
-def _factor_objective(X, Y, params, shape, sample_weight, alpha, chunk_size):
-    """J and its gradient in the factors: Theta_i = Q_i K_i^T, W_i = V_i O_i.
-
-    The chain rule on the gradient in the products: ``dQ = dTheta K``,
-    ``dK = dTheta^T Q``, ``dV = dW O^T``, ``dO = V^T dW``.
-    """
-    query, key, value, output = _unpack_factors(params, *shape)
-    attention = query @ np.swapaxes(key, 1, 2)
-    projection = value @ output
-    loss, g_att, g_proj = _objective(
-        X, Y, attention, projection, sample_weight, alpha, chunk_size
-    )
-    grads = (
-        g_att @ key,
-        np.swapaxes(g_att, 1, 2) @ query,
-        g_proj @ np.swapaxes(output, 1, 2),
-        np.swapaxes(value, 1, 2) @ g_proj,
-    )
-    return loss, np.concatenate([g.ravel() for g in grads])
 
 
 def _fit_lbfgs(
@@ -156,32 +199,13 @@ def _fit_lbfgs(
         no progress (the loss is at its rounding floor); ``max_iter`` (or the
         function-evaluation budget) ran out.
     """
-    m, d, d_out = projection.shape
-    if head_rank is None:
+    unknowns = _Unknowns(*projection.shape, head_rank)
 
-        def fun(params):
-            loss, g_att, g_proj = _objective(
-                X, Y, *_unpack(params, m, d, d_out), sample_weight, alpha, chunk_size
-            )
-            return loss, _pack(g_att, g_proj)
-
-        def products(params):
-            return _unpack(params, m, d, d_out)
-
-        start = _pack(attention, projection)
-    else:
-        shape = (m, d, d_out, head_rank)
-
-        def fun(params):
-            return _factor_objective(
-                X, Y, params, shape, sample_weight, alpha, chunk_size
-            )
-
-        def products(params):
-            query, key, value, output = _unpack_factors(params, *shape)
-            return query @ np.swapaxes(key, 1, 2), value @ output
-
-        start = _pack_factors(attention, projection, head_rank)
+    def fun(params):
+        loss, g_att, g_proj = _objective(
+            X, Y, *unknowns.unpack(params), sample_weight, alpha, chunk_size
+        )
+        return loss, unknowns.gradient(params, g_att, g_proj)
 
     loss_curve = []
 
@@ -193,14 +217,14 @@ def _fit_lbfgs(
     # scipy's default memory (maxcor=10) and a budget of function evaluations
     result = _lbfgs(
         fun,
-        start,
+        unknowns.pack(attention, projection),
         max_iter,
         tol,
         maxcor=10,
         maxfun=2 * max_iter + 20,
         callback=callback,
     )
-    attention, projection = products(result.x)
+    attention, projection = unknowns.unpack(result.x)
     if not loss_curve or loss_curve[-1] != float(result.fun):
         loss_curve.append(float(result.fun))
     return (
@@ -244,9 +268,9 @@ def _adam_epoch(
     epoch_loss : float
         Weight-averaged objective of the batches, each evaluated before its step.
     """
-    m, d, d_out = projection.shape
+    unknowns = _Unknowns(*projection.shape)
     n = X.shape[0]
-    params = _pack(attention, projection)
+    params = unknowns.pack(attention, projection)
     order = random_state.permutation(n)
     total = float(np.sum(sample_weight))
     epoch_loss = 0.0
@@ -259,13 +283,13 @@ def _adam_epoch(
         loss, g_att, g_proj = _objective(
             X[batch],
             Y[batch],
-            *_unpack(params, m, d, d_out),
+            *unknowns.unpack(params),
             batch_weight,
             alpha,
             chunk_size,
         )
         epoch_loss += share * loss
-        grad = _pack(g_att, g_proj)
+        grad = unknowns.gradient(params, g_att, g_proj)
         state["step"] += 1
         t = state["step"]
         state["first"] = _ADAM_BETA1 * state["first"] + (1 - _ADAM_BETA1) * grad
@@ -274,7 +298,7 @@ def _adam_epoch(
         params = params - step_size * state["first"] / (
             np.sqrt(state["second"]) + _ADAM_EPSILON
         )
-    attention, projection = _unpack(params, m, d, d_out)
+    attention, projection = unknowns.unpack(params)
     return attention.copy(), projection.copy(), epoch_loss
 
 
