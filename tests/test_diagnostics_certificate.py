@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from sklearn.exceptions import NotFittedError
 
 from skattn import (
     AttentionLayer,
@@ -161,7 +162,7 @@ def test_certify_rejects_bad_input(planted):
         bad = X.copy()
         bad[0, 0] = np.nan
         certify(layer, bad, y)
-    with pytest.raises(TypeError, match="fit it first"):
+    with pytest.raises(NotFittedError):
         certify(MultiHeadAttentionRegressor(), X, y)
 
 

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.exceptions import NotFittedError
 
 from skattn import AttentionLayer
 from skattn.datasets import make_attention_layer, sample_inputs
@@ -133,10 +134,10 @@ def test_parameter_error_accepts_fitted_estimators(true_layer):
 
 
 def test_parameter_error_bad_input(true_layer):
-    with pytest.raises(
-        TypeError, match="learned must be an AttentionLayer or a fitted"
-    ):
+    with pytest.raises(NotFittedError):
         parameter_error(true_layer, FittedStub())
+    with pytest.raises(TypeError, match="learned must be an AttentionLayer, a fitted"):
+        parameter_error(true_layer, PredictOnly(true_layer).fit())
     with pytest.raises(TypeError, match="true_layer must be an AttentionLayer"):
         parameter_error("layer", true_layer)
     fewer = AttentionLayer(true_layer.attention[:2], true_layer.projection[:2])

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ..layer._coerce import _layer_parameters
+from ..layer import as_layer
 from ..layer._math import attention_patterns, forward
 from ..solvers import solve_projections
 from ..solvers._polish import relative_residual as _relative_rms
@@ -347,7 +347,8 @@ def certify(
     Parameters
     ----------
     estimator_or_layer : AttentionLayer or fitted estimator
-        The fit; an estimator must expose ``attention_`` and ``projection_``.
+        The fit, as :func:`skattn.layer.as_layer` reads it (an estimator must be
+        fitted: its ``layer_``, else its ``attention_`` and ``projection_``).
     X : array-like of shape (n_samples, n_tokens * n_features) or \
 (n_samples, n_tokens, n_features)
         The training inputs.
@@ -405,7 +406,9 @@ def certify(
     >>> cert.verdict, cert.redundant_heads
     ('exact but not identifiable', (0, 1))
     """
-    attention, projection, k_layer = _layer_parameters(estimator_or_layer, "layer")
+    attention, projection, _, _, k_layer = as_layer(
+        estimator_or_layer, "layer"
+    )._arrays()
     for name, value in (
         ("exact_tol", exact_tol),
         ("rank_tol", rank_tol),

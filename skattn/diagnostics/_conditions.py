@@ -94,7 +94,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..layer._coerce import _layer_biases, _layer_parameters
+from ..layer import as_layer
 from ..utils._optional import require
 
 __all__ = [
@@ -501,9 +501,9 @@ def check_conditions(layer, n_tokens=None):
     Parameters
     ----------
     layer : AttentionLayer or fitted estimator
-        The layer; an estimator must expose ``attention_`` and ``projection_``
-        (and ``key_bias_`` when fitted with an intercept).  Key biases are
-        handled as the module docstring's "Biases" paragraph says.
+        The layer, as :func:`skattn.layer.as_layer` reads it (an estimator's
+        ``layer_``, else its ``attention_``, ``projection_`` and ``key_bias_``).
+        Key biases are handled as the module docstring's "Biases" paragraph says.
     n_tokens : int, default=None
         Sequence length k; ``None`` takes it from the layer (``n_tokens_`` or
         ``n_tokens``).
@@ -526,7 +526,7 @@ def check_conditions(layer, n_tokens=None):
     >>> check_conditions(layer, n_tokens=8).failed
     ['identifiability']
     """
-    attention, projection, k_layer = _layer_parameters(layer, "layer")
+    attention, projection, key_bias, _, k_layer = as_layer(layer, "layer")._arrays()
     if n_tokens is None:
         n_tokens = k_layer
     if n_tokens is None:
@@ -540,7 +540,6 @@ def check_conditions(layer, n_tokens=None):
         raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}.")
     n_tokens = int(n_tokens)
     m, d, d_out = projection.shape
-    key_bias = _layer_biases(layer, attention, projection)[0]
     # with key biases: the logit map on [x, 1] tokens, Theta_i with u_i^T appended
     logit_maps = (
         np.concatenate([attention, key_bias[:, None, :]], axis=1)

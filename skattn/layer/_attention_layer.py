@@ -188,6 +188,20 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         )
         return attention, projection, key_bias, intercept
 
+    def _arrays(self):
+        """What metrics and diagnostics compute with: the validated ``(attention,
+        projection, key_bias, intercept, n_tokens)``, zero biases where absent and
+        ``n_tokens_`` once fitted (else ``n_tokens``)."""
+        attention, projection, key_bias, intercept = self._parameters()
+        m, d, d_out = projection.shape
+        return (
+            attention,
+            projection,
+            np.zeros((m, d)) if key_bias is None else key_bias,
+            np.zeros(d_out) if intercept is None else intercept,
+            getattr(self, "n_tokens_", None) or self.n_tokens,
+        )
+
     @classmethod
     def from_projections(
         cls,

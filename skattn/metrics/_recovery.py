@@ -10,8 +10,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.utils import Bunch, check_array
 
-from ..layer import AttentionLayer
-from ..layer._coerce import _layer_biases, _layer_parameters
+from ..layer import AttentionLayer, as_layer
 from ..layer._math import attention_patterns, forward
 from ..utils._validation import flatten_tokens, layer_sequences
 
@@ -130,8 +129,8 @@ def parameter_error(true_layer, learned, X=None):
     Parameters
     ----------
     true_layer : AttentionLayer or fitted estimator
-        The truth; an estimator must expose ``attention_`` and ``projection_``
-        (and ``key_bias_``, ``intercept_`` when fitted with an intercept).
+        The truth, as :func:`skattn.layer.as_layer` reads it (an estimator's
+        ``layer_``, else its ``attention_``, ``projection_`` and biases).
     learned : AttentionLayer or fitted estimator
         The layer to compare, with at least as many heads as ``true_layer`` and the
         same ``n_features`` and ``n_outputs``.
@@ -167,8 +166,10 @@ def parameter_error(true_layer, learned, X=None):
 
     Raises
     ------
+    sklearn.exceptions.NotFittedError
+        If a side is an estimator that is not fitted.
     TypeError
-        If a side is neither an AttentionLayer nor a fitted estimator.
+        If a side is none of what :func:`skattn.layer.as_layer` accepts.
     ValueError
         If the parameters are invalid or the shapes are incompatible.
 
@@ -189,12 +190,9 @@ def parameter_error(true_layer, learned, X=None):
     >>> float(err.attention_error), float(err.projection_error), err.assignment
     (0.0, 0.0, array([1, 2, 0]))
     """
-    true = _layer_parameters(true_layer, "true_layer")
-    est = _layer_parameters(learned, "learned")
-    _check_compatible(true, est)
-    (th, W, k_true), (th_hat, W_hat, k_est) = true, est
-    u, c = _layer_biases(true_layer, th, W)
-    u_hat, c_hat = _layer_biases(learned, th_hat, W_hat)
+    th, W, u, c, k_true = as_layer(true_layer, "true_layer")._arrays()
+    th_hat, W_hat, u_hat, c_hat, k_est = as_layer(learned, "learned")._arrays()
+    _check_compatible((th, W), (th_hat, W_hat))
     if X is not None:
         X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
         mean, R = reached_directions(X3, th.shape[1])
@@ -253,10 +251,11 @@ def prediction_error(true_layer, learned, X):
     Parameters
     ----------
     true_layer : AttentionLayer or fitted estimator
-        The truth (``attention_``/``projection_`` for an estimator).
+        The truth, as :func:`skattn.layer.as_layer` reads it.
     learned : AttentionLayer or fitted estimator
-        Any number of heads. An estimator without ``attention_``/``projection_``
-        but with a per-token ``predict`` is evaluated through ``predict(X)``.
+        Any number of heads. An estimator without ``layer_`` or
+        ``attention_``/``projection_`` but with a per-token ``predict`` is
+        evaluated through ``predict(X)``.
     X : array-like of shape (n_samples, n_tokens * n_features) or \
             (n_samples, n_tokens, n_features)
         Inputs on which to compare; ``n_tokens`` is taken from a 3-D X, else from
@@ -279,9 +278,11 @@ def prediction_error(true_layer, learned, X):
     >>> prediction_error(true, other, X) > 0.5
     True
     """
-    th, W, k_true = _layer_parameters(true_layer, "true_layer")
-    predict_only = not isinstance(learned, AttentionLayer) and not (
-        hasattr(learned, "attention_") and hasattr(learned, "projection_")
+    th, W, u, c, k_true = as_layer(true_layer, "true_layer")._arrays()
+    predict_only = not (
+        isinstance(learned, AttentionLayer)
+        or isinstance(getattr(learned, "layer_", None), AttentionLayer)
+        or (hasattr(learned, "attention_") and hasattr(learned, "projection_"))
     )
     if predict_only and hasattr(learned, "predict"):
         k_est = getattr(learned, "n_tokens_", None)
@@ -303,7 +304,7 @@ def prediction_error(true_layer, learned, X):
                 f"has n_outputs={W.shape[2]}."
             )
     else:
-        th_hat, W_hat, k_est = _layer_parameters(learned, "learned")
+        th_hat, W_hat, u_hat, c_hat, k_est = as_layer(learned, "learned")._arrays()
         if th_hat.shape[1:] != th.shape[1:] or W_hat.shape[1:] != W.shape[1:]:
             raise ValueError(
                 f"learned has heads of shapes Theta {th_hat.shape[1:]}, W "
@@ -311,9 +312,7 @@ def prediction_error(true_layer, learned, X):
                 f"{W.shape[1:]}; both layers need the same n_features and n_outputs."
             )
         X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
-        u_hat, c_hat = _layer_biases(learned, th_hat, W_hat)
         Y_hat = forward(X3, th_hat, W_hat, key_bias=u_hat, intercept=c_hat)
-    u, c = _layer_biases(true_layer, th, W)
     Y = forward(X3, th, W, key_bias=u, intercept=c)
     return float(_ratio(np.linalg.norm(Y_hat - Y), np.linalg.norm(Y)))
 
@@ -352,24 +351,22 @@ def attention_pattern_error(true_layer, learned, X):
     >>> attention_pattern_error(true, true, X)
     0.0
     """
-    true = _layer_parameters(true_layer, "true_layer")
-    est = _layer_parameters(learned, "learned")
-    if true[0].shape[1:] != est[0].shape[1:]:
+    th, _, u, _, k_true = as_layer(true_layer, "true_layer")._arrays()
+    th_hat, _, u_hat, _, k_est = as_layer(learned, "learned")._arrays()
+    if th.shape[1:] != th_hat.shape[1:]:
         raise ValueError(
-            f"learned has attention matrices of shape {est[0].shape[1:]} but "
-            f"true_layer has {true[0].shape[1:]}; both need the same n_features."
+            f"learned has attention matrices of shape {th_hat.shape[1:]} but "
+            f"true_layer has {th.shape[1:]}; both need the same n_features."
         )
-    if est[0].shape[0] < true[0].shape[0]:
+    if th_hat.shape[0] < th.shape[0]:
         raise ValueError(
-            f"learned has {est[0].shape[0]} head(s) but true_layer has "
-            f"{true[0].shape[0]}; head-matched errors need at least as many learned "
+            f"learned has {th_hat.shape[0]} head(s) but true_layer has "
+            f"{th.shape[0]}; head-matched errors need at least as many learned "
             f"heads as true ones. Compare the functions with prediction_error."
         )
-    X3 = _sequences(X, _common_n_tokens(true[2], est[2]), true[0].shape[1])
-    u = _layer_biases(true_layer, *true[:2])[0]
-    u_hat = _layer_biases(learned, *est[:2])[0]
-    P = attention_patterns(X3, true[0], u)  # (n, m, k, k)
-    P_hat = attention_patterns(X3, est[0], u_hat)  # (n, m', k, k)
+    X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
+    P = attention_patterns(X3, th, u)  # (n, m, k, k)
+    P_hat = attention_patterns(X3, th_hat, u_hat)  # (n, m', k, k)
     cost = _pattern_distances(P, P_hat)
     rows, cols = linear_sum_assignment(cost)
     return float(cost[rows, cols].mean())

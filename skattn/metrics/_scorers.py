@@ -12,7 +12,7 @@ from sklearn.utils import check_array, check_consistent_length
 from sklearn.utils._param_validation import StrOptions, validate_params
 from sklearn.utils.validation import _check_sample_weight
 
-from ..layer._coerce import _layer_parameters
+from ..layer import as_layer
 from ._recovery import _ratio, parameter_error
 
 _ON = ("attention", "projection", "both")
@@ -55,7 +55,7 @@ class _RecoveryScorer:
         return f"make_recovery_scorer(<{self._truth_repr()}>, on={self.on!r})"
 
     def _truth_repr(self):
-        attention, projection, _ = _layer_parameters(self.true_layer, "true_layer")
+        attention, projection = as_layer(self.true_layer, "true_layer")._arrays()[:2]
         return (
             f"true layer with {attention.shape[0]} head(s), {attention.shape[1]} "
             f"features, {projection.shape[2]} outputs"
@@ -82,8 +82,7 @@ def make_recovery_scorer(true_layer, *, on="both"):
     ----------
     true_layer : AttentionLayer or fitted estimator
         The planted truth (e.g. from ``make_attention_regression(...,
-        return_layer=True)``); an estimator must expose ``attention_`` and
-        ``projection_``.
+        return_layer=True)``), or anything :func:`skattn.layer.as_layer` accepts.
     on : {"attention", "projection", "both"}, default="both"
         Which error to negate: ``attention_error`` (the Theta_i),
         ``projection_error`` (the W_i), or ``sqrt(attention_error^2 +
@@ -94,14 +93,17 @@ def make_recovery_scorer(true_layer, *, on="both"):
     scorer : callable
         ``scorer(estimator, X=None, y_true=None, sample_weight=None) -> float``,
         at most 0, equal to 0 when the matched parameters are exact. The estimator
-        (or a Pipeline's last step) must have ``attention_`` and ``projection_``
-        with at least as many heads as ``true_layer``; otherwise it raises the
-        TypeError or ValueError of ``parameter_error``.
+        (or a Pipeline's last step) must be fitted, with ``layer_`` or
+        ``attention_`` and ``projection_`` of at least as many heads as
+        ``true_layer``; otherwise it raises the NotFittedError, TypeError or
+        ValueError of ``parameter_error``.
 
     Raises
     ------
+    sklearn.exceptions.NotFittedError
+        If ``true_layer`` is an estimator that is not fitted.
     TypeError
-        If ``true_layer`` is neither an AttentionLayer nor a fitted estimator.
+        If ``true_layer`` is none of what :func:`skattn.layer.as_layer` accepts.
     ValueError
         If ``true_layer``'s parameters are invalid.
 
@@ -126,7 +128,7 @@ def make_recovery_scorer(true_layer, *, on="both"):
     >>> bool(search.best_score_ > -0.01)
     True
     """
-    _layer_parameters(true_layer, "true_layer")  # fail early on a bad truth
+    as_layer(true_layer, "true_layer")  # fail early on a bad truth
     return _RecoveryScorer(true_layer, on)
 
 
