@@ -65,17 +65,23 @@ def _identifiable_parts(attention, projection, key_bias, intercept, mean, R):
     return theta, key, proj, shift
 
 
-def _check_compatible(true, learned, *, name_true="true_layer", name_learned="learned"):
-    (th, W), (th_hat, W_hat) = true[:2], learned[:2]
-    if th.shape[1:] != th_hat.shape[1:] or W.shape[1:] != W_hat.shape[1:]:
+def _check_compatible(true, learned, *, outputs=True):
+    """Raise a ValueError unless ``learned``'s heads ``(Theta, W)`` have the shapes of
+    ``true``'s (``W``'s only with ``outputs``) and are at least as many."""
+    (th, W), (th_hat, W_hat) = true, learned
+    if th.shape[1:] != th_hat.shape[1:] or (outputs and W.shape[1:] != W_hat.shape[1:]):
+        w_hat, w, also = ("", "", "")
+        if outputs:
+            w_hat, w = f", W {W_hat.shape[1:]}", f", W {W.shape[1:]}"
+            also = " and n_outputs"
         raise ValueError(
-            f"{name_learned} has heads of shapes Theta {th_hat.shape[1:]}, W "
-            f"{W_hat.shape[1:]} but {name_true} has Theta {th.shape[1:]}, W "
-            f"{W.shape[1:]}; both layers need the same n_features and n_outputs."
+            f"learned has heads of shapes Theta {th_hat.shape[1:]}{w_hat} but "
+            f"true_layer has Theta {th.shape[1:]}{w}; both layers need the same "
+            f"n_features{also}."
         )
     if th_hat.shape[0] < th.shape[0]:
         raise ValueError(
-            f"{name_learned} has {th_hat.shape[0]} head(s) but {name_true} has "
+            f"learned has {th_hat.shape[0]} head(s) but true_layer has "
             f"{th.shape[0]}; head-matched errors need at least as many learned heads "
             f"as true ones. Compare the functions with prediction_error instead."
         )
@@ -351,19 +357,9 @@ def attention_pattern_error(true_layer, learned, X):
     >>> attention_pattern_error(true, true, X)
     0.0
     """
-    th, _, u, _, k_true = as_layer(true_layer, "true_layer")._arrays()
-    th_hat, _, u_hat, _, k_est = as_layer(learned, "learned")._arrays()
-    if th.shape[1:] != th_hat.shape[1:]:
-        raise ValueError(
-            f"learned has attention matrices of shape {th_hat.shape[1:]} but "
-            f"true_layer has {th.shape[1:]}; both need the same n_features."
-        )
-    if th_hat.shape[0] < th.shape[0]:
-        raise ValueError(
-            f"learned has {th_hat.shape[0]} head(s) but true_layer has "
-            f"{th.shape[0]}; head-matched errors need at least as many learned "
-            f"heads as true ones. Compare the functions with prediction_error."
-        )
+    th, W, u, _, k_true = as_layer(true_layer, "true_layer")._arrays()
+    th_hat, W_hat, u_hat, _, k_est = as_layer(learned, "learned")._arrays()
+    _check_compatible((th, W), (th_hat, W_hat), outputs=False)
     X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
     P = attention_patterns(X3, th, u)  # (n, m, k, k)
     P_hat = attention_patterns(X3, th_hat, u_hat)  # (n, m', k, k)
