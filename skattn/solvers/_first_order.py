@@ -40,8 +40,10 @@ class _Projections:
     def __init__(self, n_heads, n_features, n_outputs, rank=None):
         self.shape = (n_heads, n_features, n_outputs)
         self.rank = rank
-        r = n_features * n_outputs if rank is None else rank * (n_features + n_outputs)
-        self.size = n_heads * r
+        if rank is None:
+            self.size = n_heads * n_features * n_outputs
+        else:
+            self.size = n_heads * rank * (n_features + n_outputs)
 
     def factors(self, params):
         """``V (m, d, r)``, ``O (m, r, d_out)``."""
