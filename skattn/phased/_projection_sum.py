@@ -154,18 +154,43 @@ def crude_projection_sum(X, Y, sample_weight=None):
     return W_sum, info
 
 
+# _certify_batch works through its samples this many at a time: each sample's
+# patterns and residual are computed on their own, so the results are the same
+# bits for any chunking, and chunks of this size keep the (chunk, k, d_out)
+# temporaries in cache instead of page-faulting fresh ones (measured, d = 32,
+# k = 8, one thread, 4096 samples: 27 ms in one piece, 16 ms in chunks of 1024).
+_CERTIFY_CHUNK = 1024
+
+
 def _certify_batch(X, Y, W_sum, rcond):
     """Affine least-squares patterns of every row: ``p = argmin ||y_l - p^T X W||``.
 
     Subject to ``sum_a p_a = 1``.  With ``Z = X W`` and the last token as base,
     ``p = e_k + sum_{a<k} c_a (e_a - e_k)`` and ``c = (D D^T)^{-1} D (y_l - z_k)``
-    where ``D`` stacks ``z_a - z_k``; batched over samples with ``np.linalg.solve``.
+    where ``D`` stacks ``z_a - z_k``; batched over samples with ``np.linalg.solve``,
+    :data:`_CERTIFY_CHUNK` samples at a time (:func:`_certify_chunk`).
 
     Returns patterns ``(n, k, k)`` (row l = p of row l), relative residuals
     ``(n, k)`` (``inf`` on unusable samples) and the usable mask ``(n,)``.  A sample
     is usable when the Hadamard ratio ``det(G) / prod(diag G)`` of ``G = D D^T``
     exceeds ``rcond`` (0 for repeated or linearly dependent tokens).
     """
+    n, k = X.shape[0], X.shape[1]
+    if n <= _CERTIFY_CHUNK:
+        return _certify_chunk(X, Y, W_sum, rcond)
+    patterns = np.empty((n, k, k))
+    residual = np.empty((n, k))
+    usable = np.empty(n, dtype=bool)
+    for start in range(0, n, _CERTIFY_CHUNK):
+        sl = slice(start, start + _CERTIFY_CHUNK)
+        patterns[sl], residual[sl], usable[sl] = _certify_chunk(
+            X[sl], Y[sl], W_sum, rcond
+        )
+    return patterns, residual, usable
+
+
+def _certify_chunk(X, Y, W_sum, rcond):
+    """:func:`_certify_batch` of one chunk of samples, in one piece."""
     n, k, d = X.shape
     d_out = W_sum.shape[1]
     Z = (X.reshape(n * k, d) @ W_sum).reshape(n, k, d_out)
