@@ -360,10 +360,13 @@ def certify_rows(X, Y, W_sum, *, tol, rcond=1e-8):
     return patterns, info
 
 
-def _refine_scan_batch(X, Y, idx, w, *, W_sum, tol, rcond, screen, hessian_rows):
+def _refine_scan_batch(
+    X, Y, idx, w, *, W_sum, tol, rcond, screen, hessian_rows, certified=None
+):
     """Phase-3 partial statistics of one batch of samples ``idx``.
 
-    Certifies every row under ``W_sum`` and returns a dict: ``gram`` and
+    Certifies every row under ``W_sum`` (or takes ``certified``, the output of
+    :func:`_certify_batch` on the batch) and returns a dict: ``gram`` and
     ``cross`` (the normal equations of ``y_l`` on ``u_l = X^T p_l`` over the
     certified rows, weighted by ``w``), ``n_cert``, ``res_sum`` (sum of their
     residuals), ``keep`` (samples with a row below ``screen * tol``) and the
@@ -372,7 +375,9 @@ def _refine_scan_batch(X, Y, idx, w, *, W_sum, tol, rcond, screen, hessian_rows)
     ``n * k + l``) and ``sub_u`` (``sqrt(w) u_l``).
     """
     k, d = X.shape[1], X.shape[2]
-    P, residual, _ = _certify_batch(X, Y, W_sum, rcond)
+    if certified is None:
+        certified = _certify_batch(X, Y, W_sum, rcond)
+    P, residual, _ = certified
     cert = residual < tol
     # u_l = X^T p_l for the certified rows, weighted by the sample weight.
     U = np.einsum("nla,nad->nld", P, X, optimize=True)[cert]  # (r, d)
@@ -395,6 +400,19 @@ def _refine_scan_batch(X, Y, idx, w, *, W_sum, tol, rcond, screen, hessian_rows)
         )
         part = _smallest_keys(part, hessian_rows)
     return part
+
+
+def _refine_scan(W_sum, tol, rcond, screen, solver, hessian_rows):
+    """The batch function and the merge of a phase-3 pass (picklable partials)."""
+    func = partial(
+        _refine_scan_batch,
+        W_sum=W_sum,
+        tol=tol,
+        rcond=rcond,
+        screen=screen,
+        hessian_rows=hessian_rows if solver == "gauss-newton" else 0,
+    )
+    return func, partial(_merge_refine_scans, hessian_rows=hessian_rows)
 
 
 def _smallest_keys(part, hessian_rows):
@@ -517,6 +535,48 @@ def refine_projection_sum(
     >>> bool(np.linalg.norm(W1 - W[0]) < 0.1 * np.linalg.norm(W0 - W[0]))
     True
     """
+    return _refine_projection_sum(
+        X,
+        Y,
+        W_sum,
+        tol=tol,
+        sample_weight=sample_weight,
+        max_iter=max_iter,
+        rtol=rtol,
+        min_rows=min_rows,
+        batch_size=batch_size,
+        rcond=rcond,
+        screen=screen,
+        solver=solver,
+        hessian_rows=hessian_rows,
+    )
+
+
+def _refine_projection_sum(
+    X,
+    Y,
+    W_sum,
+    *,
+    tol,
+    sample_weight,
+    max_iter,
+    rtol,
+    min_rows,
+    batch_size,
+    rcond,
+    screen,
+    solver,
+    hessian_rows,
+    first_scan=None,
+):
+    """:func:`refine_projection_sum`; ``first_scan`` is its first pass, if known.
+
+    ``first_scan`` is the merge of :func:`_refine_scan_batch` over all samples
+    under ``W_sum`` with these ``tol``, ``rcond``, ``screen`` and
+    ``hessian_rows`` (see :func:`_refine_scan`): phase 2's scan of the round
+    before computes it from the same certification
+    (:func:`~skattn.phased._affine_hull.sculpt_hull`), which saves a pass.
+    """
     X, Y, w = _check_token_arrays(X, Y, sample_weight)
     n, k, d = X.shape
     d_out = Y.shape[2]
@@ -528,24 +588,21 @@ def refine_projection_sum(
     history_rows, history_change = [], []
     converged = False
     candidates = None  # all samples
-    for _ in range(max_iter):
-        scan = map_reduce_batches(
-            X,
-            Y,
-            partial(
-                _refine_scan_batch,
-                W_sum=W_sum,
-                tol=tol,
-                rcond=rcond,
-                screen=screen,
-                hessian_rows=hessian_rows if solver == "gauss-newton" else 0,
-            ),
-            partial(_merge_refine_scans, hessian_rows=hessian_rows),
-            batch_size=batch_size,
-            samples=candidates,
-            per_sample=(w,),
-            name="skattn-refine",
-        )
+    for it in range(max_iter):
+        if it == 0 and first_scan is not None:
+            scan = first_scan
+        else:
+            func, merge = _refine_scan(W_sum, tol, rcond, screen, solver, hessian_rows)
+            scan = map_reduce_batches(
+                X,
+                Y,
+                func,
+                merge,
+                batch_size=batch_size,
+                samples=candidates,
+                per_sample=(w,),
+                name="skattn-refine",
+            )
         if scan is None:  # no candidate left: nothing certified
             scan = {"gram": np.zeros((d, d)), "cross": np.zeros((d, d_out))}
             scan.update(n_cert=0, res_sum=0.0, keep=np.empty(0, dtype=np.int64))
