@@ -247,11 +247,12 @@ def _gauss_newton_step(gram, grad, U, D, max_cg=50, cg_tol=1e-8):
     if U.shape[0] == 0:
         return _solve_psd(gram, grad, factor)
     G_inv = np.linalg.pinv(np.einsum("rio,rjo->rij", D, D))
+    M = G_inv @ D  # (r, k-1, o): Pi_l t = D_l^T (M_l t)
     scale = np.trace(gram) / max(np.sum(U * U), 1e-300)
 
     def hess(V):
         t = U @ V  # (r, o): V^T u_l
-        proj = np.einsum("rio,rij,rj->ro", D, G_inv, np.einsum("rjo,ro->rj", D, t))
+        proj = np.einsum("rio,ri->ro", D, np.einsum("rjo,ro->rj", M, t))
         return gram @ V - scale * U.T @ proj
 
     x = np.zeros_like(grad)
