@@ -4,10 +4,11 @@ Boolean tokens, k=8, m=2, n=5e4 (bench_scaling.py's d sweep), ``init="phased"``:
 for each d, fits MultiHeadAttentionRegressor once per tree, each fit in its own
 process (``PYTHONPATH`` = the tree), alternating the trees, and prints the wall
 time of phases 1-5 (phase 1 + the selected hull report of phases 2-4 + phase 5,
-from ``phase_report_``), of phase 6 (net + polish), the polish's iterations and
-Jacobian products, the hull solver, the augmented gap ratio, the relative test
-error, and the whole fit.  ``--init random`` times the random-start fit instead
-(the polish's work from a random start, for the comparison of starts).
+from ``phase_report_``; also each of the three), of phase 6 (net + polish), the
+polish's iterations and Jacobian products, the hull solver, the augmented gap
+ratio, the relative test error, and the whole fit.  ``--init random`` times the
+random-start fit instead (the polish's work from a random start, for the
+comparison of starts).
 
     python benchmarks/bench_phases_scale.py --trees /work/main /work/wt-20 --d 16 32
     python benchmarks/bench_phases_scale.py --trees . --d 64 128 --timeout 900
@@ -50,6 +51,14 @@ phases = sum(
     r.seconds for r in rep
     if r.phase in ("1-crude-projection-sum", "2-4-hull-selected", "5-span")
 )
+by_phase = {
+    name: round(sum(r.seconds for r in rep if r.phase == phase), 2)
+    for name, phase in (
+        ("phase_1", "1-crude-projection-sum"),
+        ("phases_2_4", "2-4-hull-selected"),
+        ("phase_5", "5-span"),
+    )
+}
 phase6 = sum(r.seconds for r in rep if r.phase in ("6-net", "6-polish"))
 polish = ([r.info for r in rep if r.phase == "6-polish"] or [{}])[-1]
 hull = [r.info for r in rep if r.phase == "2-4-hull-selected"]
@@ -58,7 +67,8 @@ if error is None:
     err = float(np.linalg.norm(est.predict(Xt) - yt) / np.linalg.norm(yt))
 print(json.dumps(dict(
     tree=skattn.__file__.rsplit("/skattn/", 1)[0], d=d, init=spec["init"],
-    total=round(total, 2), phases_1_5=round(phases, 2), phase_6=round(phase6, 2),
+    total=round(total, 2), phases_1_5=round(phases, 2), **by_phase,
+    phase_6=round(phase6, 2),
     rounds=[round(r.seconds, 2) for r in rep if r.phase == "2-4-certify-refine-hull"],
     polish_iter=polish.get("n_iter"),
     polish_products=polish.get("n_products"),

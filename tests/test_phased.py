@@ -319,6 +319,51 @@ def test_sculpt_hull_does_not_depend_on_batch_size():
     np.testing.assert_allclose(flat_b.T @ flat_b, flat_a.T @ flat_a, atol=1e-12)
 
 
+@pytest.mark.parametrize("solver", ["dense", "matrix-free"])
+def test_sculpt_hull_rounds_are_the_public_phases_with_a_pass_fewer(
+    monkeypatch, solver
+):
+    # Each round is refine_projection_sum then hull_constraints and
+    # fit_affine_hull; sculpt_hull makes a round's first phase-3 pass from the
+    # previous round's phase-2 scan (the same W_sum): the same numbers, one
+    # certification pass over the samples fewer per round after the first.
+    from skattn.phased import _affine_hull, _projection_sum
+
+    X, Y, _, _ = _plant(6000, 4, 8, 2, d_out=16)
+    W0, _ = crude_projection_sum(X, Y)
+    certified = []
+    for module in (_affine_hull, _projection_sum):
+        original = module._certify_batch
+
+        def spy(X, *args, original=original):
+            certified.append(len(X))
+            return original(X, *args)
+
+        monkeypatch.setattr(module, "_certify_batch", spy)
+    options = dict(solver=solver, random_state=0)
+    W_sum, point, dirs, info = sculpt_hull(
+        X, Y, 2, W_sum=W0, tol=0.3, tol_final=0.12, n_rounds=3, **options
+    )
+    tols = [round_info["tol"] for round_info in info["rounds"]]
+    assert len(tols) == 3
+    fused = sum(certified)
+    certified.clear()
+    W, start = W0, None
+    for r, tol in enumerate(tols):
+        W, _ = refine_projection_sum(X, Y, W, tol=tol, max_iter=3)
+        stats, _ = hull_constraints(X, Y, W, tol=tol, **options)
+        (p, D), hinfo = fit_affine_hull(stats, 2, start=start)
+        start = np.concatenate([p[None], D])
+        round_info = info["rounds"][r]
+        assert round_info["augmented_gap_ratio"] == hinfo["augmented_gap_ratio"]
+        assert round_info["n_equations"] == hinfo["n_equations"]
+        if r == info["best_round"]:
+            np.testing.assert_array_equal(point, p)
+            np.testing.assert_array_equal(dirs, D)
+    np.testing.assert_array_equal(W_sum, W)
+    assert fused == sum(certified) - (len(tols) - 1) * len(X)
+
+
 def test_sculpt_hull_two_heads():
     X, Y, theta, W = _plant(20000, 4, 8, 2, d_out=16)
     W_sum, point, directions, info = sculpt_hull(X, Y, 2)

@@ -18,7 +18,7 @@ from skattn.phased import (
     refine_projection_sum,
     sculpt_hull,
 )
-from skattn.phased._affine_hull import hull_constraints
+from skattn.phased._affine_hull import fit_affine_hull, hull_constraints
 from skattn.utils import _batches
 from skattn.utils._batches import (
     TokenBatches,
@@ -481,3 +481,116 @@ def test_dask_fit_on_a_local_cluster_equals_in_memory(
     assert here["hull"] == []
     assert len(here["refine"]) % 3 == 0
     assert 0 < len(here["refine"]) <= 6 * (n_rounds + 1)
+
+
+# ------------------------- the matrix-free hull (hull_solver="matrix-free")
+# At d = 8 the matrix-free hull runs LOBPCG and CG on 64 unknowns (at d = 4 it
+# forms the 16 x 16 matrix): the iterative path, fed from every kind of source.
+
+MF_PARAMS = dict(PARAMS, init="phased", hull_solver="matrix-free")
+
+
+@pytest.fixture(scope="module")
+def planted_d8():
+    return make_attention_regression(
+        3000, 3, 8, 2, n_outputs=16, random_state=0, return_layer=True
+    )
+
+
+@pytest.fixture(scope="module")
+def mf_in_memory(planted_d8):
+    X, y, _ = planted_d8
+    return _fit(MultiHeadAttentionRegressor(batch_size=4096, **MF_PARAMS), X, y)
+
+
+def _spy_iterative_hull(monkeypatch):
+    """LOBPCG iterations of each matrix-free hull fit (in this process)."""
+    calls = []
+    original = _affine_hull.iterative_hull
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append(out[4]["lobpcg_iter"])
+        return out
+
+    monkeypatch.setattr(_affine_hull, "iterative_hull", spy)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["memmap", "zarr", "dask"])
+def test_matrix_free_hull_from_out_of_core_sources_equals_in_memory(
+    request, tmp_path, planted_d8, kind
+):
+    X, y, _ = planted_d8
+    n = len(X)
+    X3, Y3 = X.reshape(n, 3, 8), y.reshape(n, 3, 16)
+    W0, _ = _projection_sum.crude_projection_sum(X3, Y3)
+    options = dict(tol=0.3, solver="matrix-free", random_state=0, batch_size=512)
+    stats_mem, info_mem = hull_constraints(X3, Y3, W0, **options)
+    # chunks of 700 samples, batches of 512: neither divides the other
+    views = (
+        TokenBatches(_store(X, kind, tmp_path, "X", chunks=700), 3, 512),
+        TokenBatches(_store(y, kind, tmp_path, "y", chunks=700), 3, 512),
+    )
+    if kind == "dask":  # the scan runs on a LocalCluster's workers
+        client = request.getfixturevalue("dask_client")
+        from distributed import get_task_stream
+
+        with get_task_stream(client) as stream:
+            stats, info = hull_constraints(*views, W0, **options)
+        assert len(_tasks(stream.data, "skattn-certify")) == -(-n // 700)
+    else:
+        stats, info = hull_constraints(*views, W0, **options)
+    assert info == info_mem
+    assert stats["normal"] is None  # the system stayed factored
+    for name in ("x_row", "v", "mask"):
+        np.testing.assert_allclose(
+            stats["constraints"][name],
+            stats_mem["constraints"][name],
+            rtol=0,
+            atol=1e-10,
+        )
+    np.testing.assert_allclose(stats["rhs"], stats_mem["rhs"], rtol=0, atol=1e-10)
+    assert stats["rhs_norm2"] == pytest.approx(stats_mem["rhs_norm2"], rel=1e-12)
+    (point, dirs), hinfo = fit_affine_hull(stats, 2)
+    (point_mem, dirs_mem), hinfo_mem = fit_affine_hull(stats_mem, 2)
+    assert hinfo["solver"] == "matrix-free"
+    assert hinfo["iterative"]["lobpcg_iter"][0] > 0  # LOBPCG, not a dense eigh
+    np.testing.assert_allclose(point, point_mem, rtol=0, atol=1e-10)
+    flat, flat_mem = dirs.reshape(1, -1), dirs_mem.reshape(1, -1)
+    np.testing.assert_allclose(flat.T @ flat, flat_mem.T @ flat_mem, atol=1e-10)
+    for name in ("spectrum", "augmented_spectrum"):
+        np.testing.assert_allclose(hinfo[name], hinfo_mem[name], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["memmap", "zarr", "dask"])
+def test_matrix_free_phases_out_of_core_equal_in_memory(
+    request, tmp_path, planted_d8, mf_in_memory, monkeypatch, kind
+):
+    X, y, layer = planted_d8
+    if kind == "dask":
+        request.getfixturevalue("dask_client")
+    lobpcg = _spy_iterative_hull(monkeypatch)
+    est = _fit(
+        MultiHeadAttentionRegressor(batch_size=512, **MF_PARAMS),
+        _store(X, kind, tmp_path, "X", chunks=700),
+        _store(y, kind, tmp_path, "y", chunks=700),
+    )
+    assert len(lobpcg) == est.n_iter_ and all(its[0] > 0 for its in lobpcg)
+    np.testing.assert_allclose(est.attention_, mf_in_memory.attention_, atol=1e-10)
+    np.testing.assert_allclose(est.projection_, mf_in_memory.projection_, atol=1e-10)
+    assert parameter_error(layer, est).attention_error < 1e-10
+    assert _hull_rounds(est) == _hull_rounds(mf_in_memory)
+    np.testing.assert_allclose(
+        est.projection_sum_, mf_in_memory.projection_sum_, rtol=0, atol=1e-10
+    )
+    # Batches (512 against 4096) and chunks change W_sum's sums by rounding
+    # (2e-15 here); the hull solved from it by LOBPCG and CG (to rtol 1e-8) moves
+    # within the solvers' tolerance (measured: 5e-9 and 7e-9 relative for the
+    # point, 2e-10 for the directions); the same statistics give the same hull
+    # to 1e-10 (the test above).
+    scale = np.linalg.norm(mf_in_memory.hull_point_)
+    assert np.linalg.norm(est.hull_point_ - mf_in_memory.hull_point_) < 1e-7 * scale
+    flat = est.hull_directions_.reshape(1, -1)
+    flat_mem = mf_in_memory.hull_directions_.reshape(1, -1)
+    np.testing.assert_allclose(flat.T @ flat, flat_mem.T @ flat_mem, atol=1e-8)

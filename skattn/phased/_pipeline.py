@@ -42,12 +42,16 @@ _TOLERANCE_NAMES = (
 )
 
 # init="auto" runs phases 1-5 up to this many features per token.  Since the
-# matrix-free hull (hull_solver) they run at any d (k = 8, m = 2, n = 5e4, loaded
-# machine: 11 s at d = 16 and 32, 34 s at d = 64, 57 s at d = 128), but their start
-# saves the polish little: 8 Levenberg-Marquardt iterations against 8-9 from a
-# random start at d = 8-16, 8 vs 10-11 at d = 32-64, 11 vs 16 at d = 128 (benchmarks/
-# README.md, 2026-11-24), far less time than the phases take.  So beyond d = 16 the
-# faster default (random starts) is kept; init="phased" runs the phases at any d.
+# matrix-free hull (hull_solver) they run at any d (k = 8, m = 2, n = 5e4, one
+# loaded thread, 2026-11-25: 3.0 s at d = 16, 4.6 s at d = 32, 8.9 s at d = 64),
+# but their start saves the polish little: 8 Levenberg-Marquardt iterations against
+# 8-9 from a random start at d = 8-16, 8 vs 10-11 at d = 32-64, 11 vs 16 at d = 128
+# (benchmarks/README.md, 2026-11-24), and a whole default (random-start) fit takes
+# 2.4 s at d = 32 and 6.0 s at d = 64.  Running the phases only for their report on
+# a subsample costs more than a tenth of that even at 2500 samples (0.9 s at d = 32,
+# 1.1 s at d = 64), where they locate nothing (gap ratios 1.04-1.11; benchmarks/
+# README.md, 2026-11-25).  So beyond d = 16 the faster default (random starts) is
+# kept; init="phased" runs the phases at any d.
 _MAX_PHASE_FEATURES = 16
 
 # Below this augmented gap ratio the hull's spectral evidence is weak (see Notes).
