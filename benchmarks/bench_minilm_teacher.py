@@ -81,6 +81,8 @@ class _Timeout(Exception):
 def teacher(args):
     """The teacher layer restricted to the chosen heads, its input distribution and
     the held-out one (the same, but for real text)."""
+    if getattr(args, "bert_base_like", False):
+        return bert_base_like(args)
     if args.planted:
         d = args.planted
         rng = np.random.default_rng(args.seed)
@@ -135,6 +137,60 @@ def teacher(args):
     return layer, dist, test, name
 
 
+def bert_base_like(args, d=768, rank=64, vocabulary=5000):
+    """A planted BERT-base-sized layer (12 heads of rank 64, biases, d = 768) whose
+    heads copy the spectra and bias scales of MiniLM's layer ``--layer``.
+
+    No BERT-base checkpoint installs from the package index here, so head ``i``
+    gets the 32 singular values of MiniLM's ``Theta_i`` and of ``Theta_{i+1}``
+    (64 in all) on random orthonormal singular vectors of R^768, and likewise for
+    ``W_i``; key bias ``i`` and the intercept keep the norms of MiniLM's
+    (the intercept's per coordinate).  The tokens: ``--n-tokens`` ids drawn from a
+    random ``vocabulary x 768`` table and positions, with the per-coordinate
+    scales of MiniLM's word and position tables, through a LayerNorm whose
+    weight and bias are MiniLM's, tiled.
+    """
+    full, small = load_bert_attention(layer=args.layer, n_tokens=args.n_tokens)
+    rng = np.random.default_rng(args.seed)
+    m, r = full.n_heads, full.attention.shape[1] // full.n_heads
+
+    def spectrum(matrices, i):
+        s = [np.linalg.svd(matrices[(i + j) % m], compute_uv=False)[:r] for j in (0, 1)]
+        return np.sort(np.concatenate(s))[::-1][:rank]
+
+    def planted(values):
+        left = np.linalg.qr(rng.normal(size=(d, rank)))[0]
+        right = np.linalg.qr(rng.normal(size=(d, rank)))[0]
+        return (left * values) @ right.T
+
+    attention = np.stack([planted(spectrum(full.attention, i)) for i in range(m)])
+    projection = np.stack([planted(spectrum(full.projection, i)) for i in range(m)])
+    key_bias = rng.normal(size=(m, d))
+    key_bias *= (
+        np.linalg.norm(full.key_bias, axis=1) / np.linalg.norm(key_bias, axis=1)
+    )[:, None]
+    intercept = rng.normal(scale=np.std(full.intercept), size=d)
+    weight, bias = (np.tile(part, 2) for part in small.layer_norm)
+    dist = EmbeddedTokens(
+        rng.normal(scale=np.std(small.embeddings), size=(vocabulary, d)),
+        args.n_tokens,
+        positions=rng.normal(scale=np.std(small.positions), size=(args.n_tokens, d)),
+        layer_norm=(weight, bias),
+    )
+    layer = AttentionLayer(
+        attention[: args.n_heads],
+        projection[: args.n_heads],
+        key_bias=key_bias[: args.n_heads],
+        intercept=intercept,
+        n_tokens=args.n_tokens,
+    )
+    name = (
+        f"planted BERT-base-sized layer (d = {d}, heads of rank {rank} with MiniLM "
+        f"layer {args.layer}'s spectra), {args.n_heads} heads"
+    )
+    return layer, dist, dist, name
+
+
 def learner(args):
     common = {"n_heads": args.n_heads, "n_tokens": args.n_tokens}
     if args.learner == "phased":
@@ -171,6 +227,12 @@ def main(argv=None):
         action="store_true",
         help="inputs: hidden states of real text entering --layer",
     )
+    parser.add_argument(
+        "--bert-base-like",
+        action="store_true",
+        help="teacher: a planted d = 768 layer, heads of rank 64 with MiniLM's "
+        "spectra (--head-rank defaults to 64)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", metavar="FILE.png")
     parser.add_argument(
@@ -185,7 +247,7 @@ def main(argv=None):
     if args.heads:
         args.n_heads = len(args.heads)
     if args.head_rank is None:
-        args.head_rank = None if args.planted else 32
+        args.head_rank = 64 if args.bert_base_like else None if args.planted else 32
     elif args.head_rank == 0:
         args.head_rank = None
 
