@@ -6,7 +6,11 @@ import pytest
 from skattn.layer._math import forward
 from skattn.solvers import FactoredHeads, VarproProblem
 from skattn.solvers._matrix_free import _intercept_direction
-from skattn.solvers._minibatch import batch_loss_gradient, minibatch_search
+from skattn.solvers._minibatch import (
+    batch_loss_gradient,
+    head_contributions,
+    minibatch_search,
+)
 from skattn.solvers._polish import polish_from_random_starts
 
 
@@ -87,10 +91,56 @@ def test_minibatch_search_stops_on_its_budget_and_on_no_progress():
         check_every=5,
         patience=2,
         n_decays=2,
+        n_replacements=0,
         random_state=0,
     )
     assert info["stop_reason"] == "no_progress"
     assert info["n_decays"] == 2 and info["n_steps"] == 5 * 2 * 3
+    assert info["replacements"] == []
+
+
+def dead_head_start(truth, par):
+    """Head 0 of the truth and a zero head 1: the zero head's columns are zero, so
+    its gradient is zero and Adam never moves it; head 1 stays unfound."""
+    Q, K, V = (factor.copy() for factor in par.factors(truth))
+    for factor in (Q, K, V):
+        factor[1] = 0.0
+    return np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+
+
+def test_a_stalled_search_replaces_its_weakest_head():
+    X, Y, truth = planted(2000, 4, 8, 2, 2, 8, seed=6)
+    par = FactoredHeads(2, 8, 2)
+    start = dead_head_start(truth, par)
+    options = dict(batch_size=64, stop_residual=1e-2, random_state=0, check_every=25)
+    stuck, info = minibatch_search(X, Y, start, par, n_replacements=0, **options)
+    assert info["stop_reason"] == "no_progress" and info["residual"] > 0.1
+    assert not np.any(par.factors(stuck)[2][1])  # the dead head never moved
+    found, info = minibatch_search(X, Y, start, par, **options)
+    (replacement,) = info["replacements"]
+    assert replacement["kept"] and replacement["head"] in (0, 1)
+    assert replacement["residual_before"] > 0.1
+    assert info["stop_reason"] == "residual" and info["residual"] <= 1e-2
+    # the other real head is found: each real head has a learned head with
+    # nearly its patterns
+    real = par.logits(X[:200], truth)
+    learned = par.logits(X[:200], found)
+    for i in range(2):
+        gaps = [np.abs(learned[:, j] - real[:, i]).mean() for j in range(2)]
+        assert min(gaps) < 0.2 * np.abs(real[:, i]).mean()
+
+
+def test_head_contributions_finds_a_useless_head():
+    X, Y, truth = planted(300, 4, 8, 2, 2, 8, seed=7)
+    par = FactoredHeads(2, 8, 2)
+    residual, without = head_contributions(X, Y, truth, par)
+    # exact but for the tiny ridge of the batch solve
+    assert residual < 1e-8 and np.all(without > 0.05)
+    # a zero head explains nothing
+    residual, without = head_contributions(X, Y, dead_head_start(truth, par), par)
+    assert residual > 0.05
+    assert without[0] > residual + 0.05
+    np.testing.assert_allclose(without[1], residual, rtol=1e-6)
 
 
 def test_minibatch_search_draws_batches_by_weight():

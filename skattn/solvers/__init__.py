@@ -15,13 +15,14 @@ One module per concern:
 * :mod:`._lbfgs`: L-BFGS-B stages;
 * :mod:`._minibatch`: :func:`minibatch_search`, Adam on the reduced loss of
   random batches, which moves random starts of many heads to where
-  Levenberg-Marquardt converges;
+  Levenberg-Marquardt converges, replacing a head that found nothing
+  (:func:`head_contributions`) when it stalls;
 * :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size;
   the random starts and :func:`whitening_map`, their preconditioner.
 """
 
 from ._matrix_free import VarproProblem, varpro_least_squares
-from ._minibatch import minibatch_search
+from ._minibatch import head_contributions, minibatch_search
 from ._objective import (
     projection_normal_equations,
     reduced_loss_gradient,
@@ -44,6 +45,7 @@ __all__ = [
     "balanced_factors",
     "choose_factor_values",
     "choose_solver",
+    "head_contributions",
     "make_parametrization",
     "minibatch_search",
     "polish",

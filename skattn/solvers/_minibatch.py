@@ -26,6 +26,7 @@ from ..layer._math import softmax
 from ._first_order import _ADAM_BETA1 as _BETA1
 from ._first_order import _ADAM_BETA2 as _BETA2
 from ._first_order import _ADAM_EPSILON as _EPSILON
+from ._parametrization import random_attention
 
 # Ridge of a batch's Gram matrix, relative to its mean diagonal: keeps the solve
 # defined when a batch's design is rank deficient (a head with no signal yet).
@@ -34,6 +35,9 @@ _BATCH_RIDGE = 1e-10
 # the best so far.  (A tenth cut the step size of 12 MiniLM heads while Adam at
 # the first step size still gained 3-5 % a check; benchmarks/README.md.)
 _PROGRESS = 0.01
+# Sequences, in batches, that a replaced head is searched on (what the other heads
+# leave unexplained is computed on them once).
+_REPLACEMENT_BATCHES = 16
 
 
 def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None):
@@ -76,27 +80,14 @@ def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None)
     """
     b, k, _ = X.shape
     dtype = X.dtype
-    d_out = Y.shape[2]
     low = np.asarray(params).astype(dtype, copy=False)
     cache = parametrization.cache(X, low)
     patterns = softmax(parametrization.logits(X, low, cache), axis=-1)
     values = parametrization.values(X, low, cache)  # (b, m, k, r)
     m, r = values.shape[1], values.shape[3]
-    width = m * r + (intercept_direction is not None)
-    design = np.empty((b * k, width), dtype=dtype)
-    design[:, : m * r] = (
-        np.matmul(patterns, values).transpose(0, 2, 1, 3).reshape(b * k, m * r)
-    )
-    if intercept_direction is not None:
-        design[:, -1] = 1.0
-    target = Y.reshape(b * k, d_out).astype(dtype, copy=False)
-    gram = (design.T @ design).astype(np.float64)
-    gram[np.diag_indices_from(gram)] += _BATCH_RIDGE * max(
-        np.trace(gram) / width, np.finfo(float).tiny
-    )
-    coef = linalg.cho_solve(
-        linalg.cho_factor(gram), (design.T @ target).astype(np.float64)
-    ).astype(dtype)
+    design = _design(patterns, values, intercept_direction is not None)
+    target = Y.reshape(b * k, Y.shape[2]).astype(dtype, copy=False)
+    coef = _least_squares(design, target)
     residual = design @ coef - target
     loss = 0.5 * float(np.vdot(residual, residual)) / b
     # the envelope gradient: the loss's derivative in the design is residual O^T
@@ -107,6 +98,40 @@ def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None)
     gradient = parametrization.vjp(X, low, d_logits, d_values, cache)
     zero = 0.5 * float(np.vdot(target, target)) / b
     return loss, gradient.astype(np.float64) / b, zero
+
+
+def _design(patterns, values, intercept):
+    """The batch's design ``[S_1 X V_1, ..., S_m X V_m, (1)]``: ``(b k, m r [+ 1])``."""
+    b, m, k, r = values.shape
+    design = np.empty((b * k, m * r + intercept), dtype=values.dtype)
+    design[:, : m * r] = (
+        np.matmul(patterns, values).transpose(0, 2, 1, 3).reshape(b * k, m * r)
+    )
+    if intercept:
+        design[:, -1] = 1.0
+    return design
+
+
+def _least_squares(design, target):
+    """``argmin_O ||design O - target||``: a float64 Cholesky solve of the (ridged)
+    Gram matrix, in the design's dtype (least squares when that is not definite)."""
+    width = design.shape[1]
+    gram = (design.T @ design).astype(np.float64)
+    gram[np.diag_indices_from(gram)] += _BATCH_RIDGE * max(
+        np.trace(gram) / width, np.finfo(float).tiny
+    )
+    try:
+        factor = linalg.cho_factor(gram)
+    except linalg.LinAlgError:
+        # a design the ridge does not keep definite in the design's precision
+        # (two heads with the same columns): the minimum-norm solution instead
+        solution = linalg.lstsq(
+            design.astype(np.float64), target.astype(np.float64), cond=None
+        )[0]
+        return solution.astype(design.dtype)
+    return linalg.cho_solve(factor, (design.T @ target).astype(np.float64)).astype(
+        design.dtype
+    )
 
 
 def minibatch_search(
@@ -125,6 +150,7 @@ def minibatch_search(
     patience=3,
     decay=0.3,
     n_decays=3,
+    n_replacements=2,
     dtype=np.float32,
     random_state=None,
     verbose=0,
@@ -139,6 +165,15 @@ def minibatch_search(
     search stops when the residual is at most ``stop_residual``, when it stalls
     after the last cut, or after ``max_steps`` steps.  The parameters of the best
     check are returned.
+
+    A search that stalls above ``stop_residual`` has often left a real head
+    unfound, with one learned head doing little (12 heads of all-MiniLM-L6-v2).
+    Then, up to ``n_replacements`` times, the head whose removal raises the
+    evaluation residual least (:func:`head_contributions`) is replaced: one head
+    is searched alone on what the other heads leave unexplained (a one-head
+    search, which finds its head reliably), put in its place, and the search of
+    all heads resumes from there at ``decay`` times the step size.  A
+    replacement is kept only when the resumed search ends lower.
 
     Parameters
     ----------
@@ -165,6 +200,9 @@ def minibatch_search(
     patience : int, default=3
     decay : float, default=0.3
     n_decays : int, default=3
+    n_replacements : int, default=2
+        Weakest-head replacements after a stalled search (0: none; nothing is
+        replaced for one head, or when the search reaches ``stop_residual``).
     dtype : dtype, default=numpy.float32
         Precision of the products.
     random_state : int, RandomState instance or None
@@ -178,8 +216,10 @@ def minibatch_search(
     info : dict
         ``n_steps``, ``n_decays`` (step-size cuts), ``residuals`` (relative
         residual at each check, the start first), ``residual`` (of the returned
-        parameters) and ``stop_reason``
-        (``"residual"``, ``"no_progress"`` or ``"max_steps"``).
+        parameters), ``stop_reason`` (``"residual"``, ``"no_progress"`` or
+        ``"max_steps"``) and ``replacements`` (one dict per replacement tried:
+        ``head``, ``residual_without`` the head, ``residual_before``,
+        ``residual_after`` the resumed search, ``kept``).
 
     Examples
     --------
@@ -206,11 +246,9 @@ def minibatch_search(
         probabilities = np.asarray(sample_weight, dtype=float)
         probabilities = probabilities / probabilities.sum()
 
-    def draw():
+    def draw(size=batch_size):
         return np.sort(
-            rng.choice(
-                n, size=batch_size, replace=probabilities is not None, p=probabilities
-            )
+            rng.choice(n, size=size, replace=probabilities is not None, p=probabilities)
         )
 
     evaluation = draw()
@@ -225,58 +263,236 @@ def minibatch_search(
 
     params = np.array(params, dtype=np.float64, copy=True)
     step_size = learning_rate * math.sqrt(float(np.mean(params**2)))
-    best, best_residual = params.copy(), check(params)
+    best_residual = check(params)
     residuals = [best_residual]
-    first = np.zeros_like(params)
-    second = np.zeros_like(params)
-    stalled, n_cuts, stop_reason, step, t = 0, 0, "max_steps", 0, 0
     if verbose:
         print(f"minibatch search: start residual {best_residual:.4g}")
-    while step < max_steps and best_residual > stop_residual:
-        rows = draw()
-        _, gradient, _ = batch_loss_gradient(
-            X[rows].astype(dtype, copy=False),
-            Y[rows].astype(dtype, copy=False),
-            params,
+
+    def adam(params, best_residual, step_size, max_steps):
+        """Adam with step-size cuts: ``(best, residual, steps, cuts, reason)``."""
+        best = params.copy()
+        first = np.zeros_like(params)
+        second = np.zeros_like(params)
+        stalled, n_cuts, stop_reason, step, t = 0, 0, "max_steps", 0, 0
+        while step < max_steps and best_residual > stop_residual:
+            rows = draw()
+            _, gradient, _ = batch_loss_gradient(
+                X[rows].astype(dtype, copy=False),
+                Y[rows].astype(dtype, copy=False),
+                params,
+                parametrization,
+                intercept_direction,
+            )
+            step, t = step + 1, t + 1
+            first = _BETA1 * first + (1 - _BETA1) * gradient
+            second = _BETA2 * second + (1 - _BETA2) * gradient * gradient
+            params -= (
+                step_size
+                * (first / (1 - _BETA1**t))
+                / (np.sqrt(second / (1 - _BETA2**t)) + _EPSILON)
+            )
+            if step % check_every:
+                continue
+            residual = check(params)
+            residuals.append(residual)
+            if verbose:
+                print(f"minibatch search: step {step} residual {residual:.4g}")
+            if residual < (1 - _PROGRESS) * best_residual:
+                stalled = 0
+            else:
+                stalled += 1
+            if residual < best_residual:
+                best, best_residual = params.copy(), residual
+            if stalled >= patience:
+                if n_cuts == n_decays:
+                    stop_reason = "no_progress"
+                    break
+                n_cuts, stalled = n_cuts + 1, 0
+                step_size *= decay
+                # Adam afresh from the best point: its moments, grown on the large
+                # early gradients, would shrink the smaller steps further
+                params, first, second, t = best.copy(), 0 * first, 0 * second, 0
+        if best_residual <= stop_residual:
+            stop_reason = "residual"
+        return best, best_residual, step, n_cuts, stop_reason
+
+    best, best_residual, n_steps, n_cuts, stop_reason = adam(
+        params, best_residual, step_size, max_steps
+    )
+    replacements = []
+    while (
+        len(replacements) < n_replacements
+        and stop_reason == "no_progress"
+        and parametrization.n_heads > 1
+        and n_steps < max_steps
+    ):
+        head, without = _weakest_head(
+            X_eval, Y_eval, best, parametrization, intercept_direction
+        )
+        candidate = _replace_head(
+            X,
+            Y,
+            best,
             parametrization,
-            intercept_direction,
+            head,
+            rows=draw(min(n, _REPLACEMENT_BATCHES * batch_size)),
+            intercept_direction=intercept_direction,
+            learning_rate=learning_rate,
+            random_state=rng,
+            dtype=dtype,
         )
-        step, t = step + 1, t + 1
-        first = _BETA1 * first + (1 - _BETA1) * gradient
-        second = _BETA2 * second + (1 - _BETA2) * gradient * gradient
-        params -= (
-            step_size
-            * (first / (1 - _BETA1**t))
-            / (np.sqrt(second / (1 - _BETA2**t)) + _EPSILON)
-        )
-        if step % check_every:
-            continue
-        residual = check(params)
-        residuals.append(residual)
         if verbose:
-            print(f"minibatch search: step {step} residual {residual:.4g}")
-        if residual < (1 - _PROGRESS) * best_residual:
-            stalled = 0
-        else:
-            stalled += 1
-        if residual < best_residual:
-            best, best_residual = params.copy(), residual
-        if stalled >= patience:
-            if n_cuts == n_decays:
-                stop_reason = "no_progress"
-                break
-            n_cuts, stalled = n_cuts + 1, 0
-            step_size *= decay
-            # Adam afresh from the best point: its moments, grown on the large
-            # early gradients, would shrink the smaller steps further
-            params, first, second, t = best.copy(), 0 * first, 0 * second, 0
-    if best_residual <= stop_residual:
-        stop_reason = "residual"
+            print(
+                f"minibatch search: replacing head {head} (residual without it "
+                f"{without:.4g}); all heads with the new one {check(candidate):.4g}"
+            )
+        searched, residual, steps, cuts, reason = adam(
+            candidate, check(candidate), decay * step_size, max_steps - n_steps
+        )
+        n_steps, n_cuts = n_steps + steps, n_cuts + cuts
+        kept = residual < best_residual
+        replacements.append(
+            {
+                "head": int(head),
+                "residual_without": float(without),
+                "residual_before": float(best_residual),
+                "residual_after": float(residual),
+                "kept": bool(kept),
+            }
+        )
+        if not kept:
+            break
+        best, best_residual, stop_reason = searched, residual, reason
     info = {
-        "n_steps": step,
+        "n_steps": n_steps,
         "n_decays": n_cuts,
         "residuals": residuals,
         "residual": best_residual,
         "stop_reason": stop_reason,
+        "replacements": replacements,
     }
     return best, info
+
+
+def head_contributions(X, Y, params, parametrization, intercept_direction=None):
+    """How much each head explains: the relative residual without it.
+
+    The relative residual of the batch (output factors and intercept eliminated,
+    as :func:`batch_loss_gradient`), and for each head that of the design
+    without the head's columns.  A head whose removal hardly raises the residual
+    contributes little: after a stalled search, usually a head that found no real
+    one.
+
+    Parameters
+    ----------
+    X : ndarray of shape (b, k, d)
+    Y : ndarray of shape (b, k, d_out)
+    params : ndarray of shape (p,)
+    parametrization : FactoredHeads
+    intercept_direction : ndarray of shape (d,) or None
+
+    Returns
+    -------
+    residual : float
+        ``||A O - Y|| / ||Y||`` at the best ``O``.
+    without : ndarray of shape (m,)
+        The same with head ``i``'s columns left out of ``A``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 4, 6))
+    >>> par = FactoredHeads(2, 6, 2)
+    >>> p = rng.normal(size=par.size)
+    >>> Q, K, V = par.factors(p)
+    >>> O = rng.normal(size=(2, 2, 6))
+    >>> O[1] *= 0.01  # head 1 hardly reaches the outputs
+    >>> Y = forward(X, par.attention(p), V @ O)
+    >>> residual, without = head_contributions(X, Y, p, par)
+    >>> bool(residual < 1e-8), int(np.argmin(without))
+    (True, 1)
+    """
+    b, k, _ = X.shape
+    cache = parametrization.cache(X, params)
+    patterns = softmax(parametrization.logits(X, params, cache), axis=-1)
+    values = parametrization.values(X, params, cache)
+    m, r = values.shape[1], values.shape[3]
+    design = _design(patterns, values, intercept_direction is not None)
+    target = Y.reshape(b * k, Y.shape[2]).astype(design.dtype, copy=False)
+    norm = max(float(np.linalg.norm(target)), np.finfo(float).tiny)
+
+    def relative(columns):
+        part = design[:, columns]
+        residual = part @ _least_squares(part, target) - target
+        return float(np.linalg.norm(residual)) / norm
+
+    everything = np.arange(design.shape[1])
+    without = [
+        relative(np.setdiff1d(everything, np.arange(i * r, (i + 1) * r)))
+        for i in range(m)
+    ]
+    return relative(everything), np.array(without)
+
+
+def _weakest_head(X, Y, params, parametrization, intercept_direction):
+    """``(head, residual without it)`` of the head that contributes least."""
+    _, without = head_contributions(X, Y, params, parametrization, intercept_direction)
+    head = int(np.argmin(without))
+    return head, float(without[head])
+
+
+def _replace_head(
+    X,
+    Y,
+    params,
+    parametrization,
+    head,
+    *,
+    rows,
+    intercept_direction,
+    learning_rate,
+    random_state,
+    dtype,
+):
+    """``params`` with head ``head`` searched afresh on what the others leave.
+
+    On the sequences ``rows``, the other heads' design (and the intercept) is
+    fitted to ``Y`` by least squares; one head is searched from a random start
+    on the residual, with no intercept (the residual has none left), and takes
+    ``head``'s place.
+    """
+    rng = random_state
+    m, d, r = parametrization.n_heads, parametrization.n_features, parametrization.rank
+    Xr = X[rows].astype(dtype, copy=False)
+    Yr = Y[rows].astype(dtype, copy=False)
+    b, k, _ = Xr.shape
+    cache = parametrization.cache(Xr, params.astype(dtype))
+    patterns = softmax(parametrization.logits(Xr, None, cache), axis=-1)
+    values = parametrization.values(Xr, None, cache)
+    others = np.delete(np.arange(m), head)
+    design = _design(
+        patterns[:, others], values[:, others], intercept_direction is not None
+    )
+    target = Yr.reshape(b * k, -1)
+    rest = (target - design @ _least_squares(design, target)).reshape(Yr.shape)
+    single = type(parametrization)(1, d, r)
+    start = single.from_attention(
+        random_attention(1, d, rng), rng.normal(scale=1.0 / d, size=(1, d, r))
+    )
+    found, _ = minibatch_search(
+        Xr,
+        rest,
+        start,
+        single,
+        learning_rate=learning_rate,
+        n_replacements=0,
+        dtype=dtype,
+        random_state=rng,
+    )
+    Q, K, V = (factor.copy() for factor in parametrization.factors(params))
+    for factor, new in zip((Q, K, V), single.factors(found), strict=True):
+        factor[head] = new[0]
+    return np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
