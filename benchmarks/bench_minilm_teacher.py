@@ -283,7 +283,11 @@ def main(argv=None):
             warnings.simplefilter("always")
             est.fit(X, y)
     except _Timeout:
-        print(f"\nfit did not finish within --max-time {args.max_time:g} s")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(
+            f"\nfit did not finish within --max-time {args.max_time:g} s; peak "
+            f"resident memory {peak:.0f} MB"
+        )
         return None
     finally:
         signal.alarm(0)
