@@ -337,17 +337,19 @@ def minibatch_search(
             head,
             rows=draw(min(n, _REPLACEMENT_BATCHES * batch_size)),
             intercept_direction=intercept_direction,
+            batch_size=batch_size,
             learning_rate=learning_rate,
             random_state=rng,
             dtype=dtype,
         )
+        start_residual = check(candidate)
         if verbose:
             print(
                 f"minibatch search: replacing head {head} (residual without it "
-                f"{without:.4g}); all heads with the new one {check(candidate):.4g}"
+                f"{without:.4g}); all heads with the new one {start_residual:.4g}"
             )
         searched, residual, steps, cuts, reason = adam(
-            candidate, check(candidate), decay * step_size, max_steps - n_steps
+            candidate, start_residual, decay * step_size, max_steps - n_steps
         )
         n_steps, n_cuts = n_steps + steps, n_cuts + cuts
         kept = residual < best_residual
@@ -453,6 +455,7 @@ def _replace_head(
     *,
     rows,
     intercept_direction,
+    batch_size,
     learning_rate,
     random_state,
     dtype,
@@ -487,6 +490,7 @@ def _replace_head(
         rest,
         start,
         single,
+        batch_size=batch_size,
         learning_rate=learning_rate,
         n_replacements=0,
         dtype=dtype,
