@@ -326,9 +326,11 @@ def minibatch_search(
         and parametrization.n_heads > 1
         and n_steps < max_steps
     ):
-        head, without = _weakest_head(
+        _, contributions = head_contributions(
             X_eval, Y_eval, best, parametrization, intercept_direction
         )
+        head = int(np.argmin(contributions))
+        without = float(contributions[head])
         candidate = _replace_head(
             X,
             Y,
@@ -439,13 +441,6 @@ def head_contributions(X, Y, params, parametrization, intercept_direction=None):
     return relative(everything), np.array(without)
 
 
-def _weakest_head(X, Y, params, parametrization, intercept_direction):
-    """``(head, residual without it)`` of the head that contributes least."""
-    _, without = head_contributions(X, Y, params, parametrization, intercept_direction)
-    head = int(np.argmin(without))
-    return head, float(without[head])
-
-
 def _replace_head(
     X,
     Y,
@@ -472,9 +467,10 @@ def _replace_head(
     Xr = X[rows].astype(dtype, copy=False)
     Yr = Y[rows].astype(dtype, copy=False)
     b, k, _ = Xr.shape
-    cache = parametrization.cache(Xr, params.astype(dtype))
-    patterns = softmax(parametrization.logits(Xr, None, cache), axis=-1)
-    values = parametrization.values(Xr, None, cache)
+    low = params.astype(dtype)
+    cache = parametrization.cache(Xr, low)
+    patterns = softmax(parametrization.logits(Xr, low, cache), axis=-1)
+    values = parametrization.values(Xr, low, cache)
     others = np.delete(np.arange(m), head)
     design = _design(
         patterns[:, others], values[:, others], intercept_direction is not None
