@@ -42,7 +42,13 @@ Run (default < 3 minutes on one core)::
 
 ``--quick`` runs two settings; ``--n`` changes the number of samples;
 ``--no-sculpt`` skips the end-to-end ``sculpt_hull`` rows; ``--scores`` prints
-only the precision of truth-free certification scores (``score_precision``).
+only the precision of truth-free certification scores (``score_precision``);
+``--rules`` compares our certification rule with the paper's (``rule_comparison``:
+samples streamed ``--chunk`` at a time, so ``--n 10000000`` fits in about 1 GB;
+``--dist``, ``--no-phases``)::
+
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/study_three_heads.py \
+        --rules --n 10000000
 """
 
 import argparse
@@ -373,7 +379,78 @@ def score_precision(n=30000, tol=0.3, p_min=0.05):
             )
 
 
-def rule_comparison(n=100000, m=3, k=4, dist="boolean", p_min=0.05, spread=0.1):
+def _rules(residual, P, lin_res, C, tol):
+    """Certified mask and patterns of each rule at ``tol`` (rows on the last axis)."""
+    return {
+        "ours": (residual < tol, P),
+        "ours+simplex": ((residual < tol) & (P.min(axis=-1) >= -tol), P),
+        "paper": (
+            (lin_res < tol) & (C.min(axis=-1) >= -tol) & (np.abs(C.sum(-1) - 1) <= tol),
+            C,
+        ),
+    }
+
+
+def _agreement(p, p_true, p_min, spread):
+    """Rows that give equations and, among them, those whose heads truly agree.
+
+    ``p`` (L, k) a rule's patterns, ``p_true`` (L, m, k) the heads' true ones;
+    agreement is a centred log-ratio spread <= ``spread`` on the tokens ``p`` keeps.
+    """
+    kept = p >= p_min
+    usable = kept.sum(axis=-1) >= 2
+    c_true = _centred_log(p_true, kept[:, None, :])
+    agree = np.max(np.ptp(c_true, axis=1), axis=1) <= spread
+    return usable, agree & usable
+
+
+def _hull_from_rows(tokens, r_idx, p, m, theta, p_min=0.05, power=2.0):
+    """Hull (``_stats`` + ``fit_affine_hull``) from rows and their patterns."""
+    kept = p >= p_min
+    usable = kept.sum(axis=1) >= 2
+    omega = np.where(kept, np.clip(p, p_min, None) ** power, 0.0) * usable[:, None]
+    x_row = tokens[np.arange(r_idx.size), r_idx]
+    if usable.sum() < 2:
+        return np.nan, np.nan, None
+    return _fit(_stats(tokens, x_row, p, omega), m, theta)
+
+
+def _phases_from_hull(hull, m, sample, truth_layer, n_fit=20000, n_test=5000):
+    """Phases 5-6 alone (``fit_from_hull(polish=False)``) from a hull: the
+    relative test prediction error and the head-matched Theta error."""
+    from skattn import AttentionLayer, parameter_error, prediction_error
+    from skattn.layer._math import forward
+    from skattn.phased import fit_from_hull
+
+    X = sample(n_fit)
+    Y = forward(X, truth_layer.attention, truth_layer.projection)
+    point, directions = hull
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        th, W, _ = fit_from_hull(
+            X, Y, point, directions, m, polish=False, random_state=0
+        )
+    learned = AttentionLayer(th, W, n_tokens=X.shape[1])
+    X_test = sample(n_test)
+    return (
+        float(prediction_error(truth_layer, learned, X_test)),
+        float(parameter_error(truth_layer, learned).attention_error),
+    )
+
+
+def rule_comparison(
+    n=100000,
+    m=3,
+    k=4,
+    dist="boolean",
+    p_min=0.05,
+    spread=0.1,
+    chunk=50000,
+    tols=(0.3, 0.1, 0.03, 0.01, 0.003),
+    keep_tol=0.1,
+    phases=True,
+    seed=0,
+):
     """Our certification rule against the paper's, on the same rows (exact W_sum).
 
     Rules, each at several tolerances ``t``:
@@ -385,47 +462,137 @@ def rule_comparison(n=100000, m=3, k=4, dist="boolean", p_min=0.05, spread=0.1):
       with ``p`` the unconstrained least-squares coefficients;
     * ``ours+simplex``: ours and ``min p >= -t`` (the paper's sign condition).
 
-    Printed per rule and tolerance: rows certified (that give equations),
-    precision (share whose heads truly agree: centred log-ratio spread <=
-    ``spread`` on the kept tokens) and the number of truly agreeing rows.
+    The samples are drawn and certified ``chunk`` at a time (the layer and the
+    input stream of ``make_attention_regression(n, ..., random_state=seed)``: one
+    chunk of n reproduces its data), so n = 10^7 runs in about 1 GB.  Printed per
+    rule and tolerance: rows certified (that give equations), precision (share
+    whose heads truly agree: centred log-ratio spread <= ``spread`` on the kept
+    tokens), the number of truly agreeing rows, and, for t <= ``keep_tol`` (the
+    certified rows are kept), the hull fitted from the certified rows (``err``:
+    max relative distance of a Theta_i to it; ``gap``: augmented gap ratio) and,
+    with ``phases``, phases 5-6 alone from that hull (``fit_from_hull(polish=
+    False)`` on 20000 fresh samples): relative test prediction error and Theta
+    error.  Reference hulls: ``oracle`` (certified by ours at ``keep_tol`` and
+    truly agreeing), ``ceil<e`` (ALL rows whose heads truly agree within e, with
+    the true mean pattern; ``ceil<e,est``: the same rows with our estimated
+    patterns) and ``exact`` (the true hull).
     """
-    X, Y, theta, W_sum = _plant(n, k, 8, m, 16, dist, 2.0, 0)
-    P, residual, _ = _certify_batch(X, Y, W_sum, 1e-8)
-    Z = X @ W_sum
-    # unconstrained coefficients of every row: (n, k rows, k tokens)
-    G = Z @ np.swapaxes(Z, 1, 2)
-    C = np.swapaxes(np.linalg.pinv(G) @ (Z @ np.swapaxes(Y, 1, 2)), 1, 2)
-    lin_res = np.linalg.norm(Y - C @ Z, axis=2) / np.linalg.norm(Y, axis=2)
-    lin_res[~np.isfinite(residual)] = np.inf  # the same usable samples for all
-    Ptrue = attention_patterns(X, theta)  # (n, m, k, k)
-    print(f"m={m} k={k} {dist} n={n}: rows {n * k}")
-    print("| rule | tol | certified rows | precision | agreeing rows |")
-    print("|---|---|---|---|---|")
-    for tol in (0.3, 0.1, 0.03, 0.01):
-        rules = {
-            "ours": (residual < tol, P),
-            "ours+simplex": ((residual < tol) & (P.min(axis=2) >= -tol), P),
-            "paper": (
-                (lin_res < tol)
-                & (C.min(axis=2) >= -tol)
-                & (np.abs(C.sum(axis=2) - 1) <= tol),
-                C,
-            ),
-        }
-        for name, (cert, patterns) in rules.items():
-            s_idx, r_idx = np.nonzero(cert)
-            p = patterns[s_idx, r_idx]
-            kept = p >= p_min
-            usable = kept.sum(axis=1) >= 2
-            c_true = _centred_log(Ptrue[s_idx, :, r_idx], kept[:, None, :])  # (L, m, k)
-            agree = np.max(np.ptp(c_true, axis=1), axis=1) <= spread
-            rows = int(usable.sum())
-            prec = float(np.mean(agree[usable])) if rows else float("nan")
+    from skattn.datasets import make_attention_layer, resolve_distribution
+    from skattn.datasets._distributions import _as_generator
+    from skattn.layer import AttentionLayer
+    from skattn.layer._math import forward
+
+    d, d_out = 8, 16
+    rng = _as_generator(seed)  # as make_attention_regression(random_state=seed)
+    planted = make_attention_layer(
+        m, d, n_outputs=d_out, attention_scale=2.0, random_state=rng
+    )
+    layer = AttentionLayer(planted.attention, planted.projection, n_tokens=k)
+    theta, W_sum = layer.attention, layer.projection.sum(0)
+    sampler = resolve_distribution(dist, k, d)
+    counts = {}
+    kept_rows, ceil_rows = [], []
+    start = time.perf_counter()
+    for X in sampler.iter_batches(n, chunk, random_state=rng):
+        c = X.shape[0]
+        X = X.reshape(c, k, d)
+        Y = forward(X, layer.attention, layer.projection)
+        P, residual, _ = _certify_batch(X, Y, W_sum, 1e-8)
+        Z = X @ W_sum
+        # unconstrained coefficients of every row: (c, k rows, k tokens)
+        G = Z @ np.swapaxes(Z, 1, 2)
+        C = np.swapaxes(np.linalg.pinv(G) @ (Z @ np.swapaxes(Y, 1, 2)), 1, 2)
+        lin_res = np.linalg.norm(Y - C @ Z, axis=2) / np.linalg.norm(Y, axis=2)
+        lin_res[~np.isfinite(residual)] = np.inf  # the same usable samples for all
+        Ptrue = attention_patterns(X, theta)  # (c, m, k, k)
+        for tol in tols:
+            for name, (cert, patterns) in _rules(residual, P, lin_res, C, tol).items():
+                s_idx, r_idx = np.nonzero(cert)
+                usable, agree = _agreement(
+                    patterns[s_idx, r_idx], Ptrue[s_idx, :, r_idx], p_min, spread
+                )
+                got = counts.setdefault((name, tol), [0, 0])
+                got[0] += int(usable.sum())
+                got[1] += int(agree.sum())
+        s_idx, r_idx = np.nonzero(np.minimum(residual, lin_res) < keep_tol)
+        kept_rows.append(
+            (
+                X[s_idx],
+                r_idx,
+                P[s_idx, r_idx],
+                C[s_idx, r_idx],
+                residual[s_idx, r_idx],
+                lin_res[s_idx, r_idx],
+                Ptrue[s_idx, :, r_idx],
+            )
+        )
+        # every row whose heads truly agree within 0.2 (the true mean pattern)
+        Pmean = Ptrue.mean(axis=1)
+        kept_all = Pmean >= p_min
+        c_all = _centred_log(Ptrue, kept_all[:, None])
+        spread_all = np.max(np.ptp(c_all, axis=1), axis=-1)
+        sa, ra = np.nonzero((spread_all < 0.2) & (kept_all.sum(axis=-1) >= 2))
+        ceil_rows.append((X[sa], ra, Pmean[sa, ra], P[sa, ra], spread_all[sa, ra]))
+    seconds = time.perf_counter() - start
+    tokens, r_k, P_k, C_k, res_k, lin_k, Pt_k = (
+        np.concatenate(a) for a in zip(*kept_rows, strict=True)
+    )
+    tok_c, r_c, Pm_c, P_c, spr_c = (
+        np.concatenate(a) for a in zip(*ceil_rows, strict=True)
+    )
+
+    def sample(size):
+        return sampler.sample(size, random_state=rng).reshape(size, k, d)
+
+    def hull_row(hull):
+        if not phases or hull is None:
+            return ""
+        pred, th_err = _phases_from_hull(hull, m, sample, layer)
+        return f" {pred:.3f} | {th_err:.3f} |"
+
+    print(f"m={m} k={k} {dist} n={n}: rows {n * k}, streamed in {seconds:.0f} s")
+    print(
+        "| rule | tol | certified rows | precision | agreeing rows | hull err | gap |"
+        + (" phases pred err | phases Θ err |" if phases else "")
+    )
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if phases else ""))
+    for tol in tols:
+        masks = _rules(res_k, P_k, lin_k, C_k, tol) if tol <= keep_tol else {}
+        for name in ("ours", "ours+simplex", "paper"):
+            rows, agree = counts[(name, tol)]
+            prec = agree / rows if rows else float("nan")
+            line = f"| {name} | {tol:g} | {rows} | {prec:.3f} | {agree} |"
+            if name in masks:
+                cert, patterns = masks[name]
+                err, gap, hull = _hull_from_rows(
+                    tokens[cert], r_k[cert], patterns[cert], m, theta, p_min
+                )
+                line += f" {err:.3f} | {gap:.3g} |" + hull_row(hull)
+            print(line, flush=True)
+    # reference hulls (truth)
+    cert = res_k < keep_tol
+    usable, agree = _agreement(P_k[cert], Pt_k[cert], p_min, spread)
+    good = np.flatnonzero(cert)[agree]
+    err, gap, hull = _hull_from_rows(tokens[good], r_k[good], P_k[good], m, theta)
+    print(
+        f"| oracle: ours@{keep_tol:g} and agreeing | | {good.size} | 1 | {good.size} |"
+        f" {err:.3f} | {gap:.3g} |" + hull_row(hull),
+        flush=True,
+    )
+    for e in (0.1, 0.2):
+        sel = spr_c < e
+        for label, p in ((f"ceil<{e:g}", Pm_c), (f"ceil<{e:g},est", P_c)):
+            err, gap, hull = _hull_from_rows(tok_c[sel], r_c[sel], p[sel], m, theta)
             print(
-                f"| {name} | {tol:g} | {rows} | {prec:.3f} | "
-                f"{int(np.sum(agree & usable))} |",
+                f"| {label} | | {int(sel.sum())} | 1 | {int(sel.sum())} |"
+                f" {err:.3f} | {gap:.3g} |" + hull_row(hull),
                 flush=True,
             )
+    flat = theta.reshape(m, -1)
+    q, _ = np.linalg.qr((flat[1:] - flat[0]).T)
+    exact = (theta[0], q.T.reshape(m - 1, d, d))
+    print("| exact hull | | | | | 0.000 | |" + hull_row(exact), flush=True)
+    print(f"total {time.perf_counter() - start:.0f} s", flush=True)
 
 
 def main():
@@ -445,10 +612,28 @@ def main():
         action="store_true",
         help="only our certification rule against the paper's (m=3, k=4)",
     )
+    parser.add_argument(
+        "--chunk", type=int, default=50000, help="--rules: samples per chunk"
+    )
+    parser.add_argument(
+        "--dist",
+        nargs="+",
+        default=["boolean", "gaussian"],
+        help="--rules: input distributions",
+    )
+    parser.add_argument(
+        "--no-phases",
+        action="store_true",
+        help="--rules: skip phases 5-6 from the fitted hulls",
+    )
     args = parser.parse_args()
     if args.rules:
-        for dist in ("boolean", "gaussian"):
-            rule_comparison(args.n, dist=dist)
+        for dist in args.dist:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                rule_comparison(
+                    args.n, dist=dist, chunk=args.chunk, phases=not args.no_phases
+                )
         return
     if args.scores:
         score_precision(args.n)
