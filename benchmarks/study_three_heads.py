@@ -526,18 +526,23 @@ def rule_comparison(
                 Ptrue[s_idx, :, r_idx],
             )
         )
-        # every row whose heads truly agree within 0.2 (the true mean pattern)
+        # every row of a usable sample (distinct, independent tokens: the rules'
+        # rows) whose heads truly agree within 0.2 (on the true mean pattern)
         Pmean = Ptrue.mean(axis=1)
         kept_all = Pmean >= p_min
         c_all = _centred_log(Ptrue, kept_all[:, None])
         spread_all = np.max(np.ptp(c_all, axis=1), axis=-1)
-        sa, ra = np.nonzero((spread_all < 0.2) & (kept_all.sum(axis=-1) >= 2))
-        ceil_rows.append((X[sa], ra, Pmean[sa, ra], P[sa, ra], spread_all[sa, ra]))
+        sa, ra = np.nonzero(
+            (spread_all < 0.2) & (kept_all.sum(axis=-1) >= 2) & np.isfinite(residual)
+        )
+        ceil_rows.append(
+            (X[sa], ra, Pmean[sa, ra], P[sa, ra], spread_all[sa, ra], residual[sa, ra])
+        )
     seconds = time.perf_counter() - start
     tokens, r_k, P_k, C_k, res_k, lin_k, Pt_k = (
         np.concatenate(a) for a in zip(*kept_rows, strict=True)
     )
-    tok_c, r_c, Pm_c, P_c, spr_c = (
+    tok_c, r_c, Pm_c, P_c, spr_c, res_c = (
         np.concatenate(a) for a in zip(*ceil_rows, strict=True)
     )
 
@@ -573,25 +578,60 @@ def rule_comparison(
     cert = res_k < keep_tol
     usable, agree = _agreement(P_k[cert], Pt_k[cert], p_min, spread)
     good = np.flatnonzero(cert)[agree]
-    err, gap, hull = _hull_from_rows(tokens[good], r_k[good], P_k[good], m, theta)
+    err, gap, hull = _hull_from_rows(
+        tokens[good], r_k[good], P_k[good], m, theta, p_min
+    )
     print(
         f"| oracle: ours@{keep_tol:g} and agreeing | | {good.size} | 1 | {good.size} |"
         f" {err:.3f} | {gap:.3g} |" + hull_row(hull),
         flush=True,
     )
-    for e in (0.1, 0.2):
+    for e in (0.05, 0.1, 0.2):
         sel = spr_c < e
         for label, p in ((f"ceil<{e:g}", Pm_c), (f"ceil<{e:g},est", P_c)):
-            err, gap, hull = _hull_from_rows(tok_c[sel], r_c[sel], p[sel], m, theta)
+            err, gap, hull = _hull_from_rows(
+                tok_c[sel], r_c[sel], p[sel], m, theta, p_min
+            )
             print(
                 f"| {label} | | {int(sel.sum())} | 1 | {int(sel.sum())} |"
                 f" {err:.3f} | {gap:.3g} |" + hull_row(hull),
                 flush=True,
             )
+    # phases 5-6 from the exact hull, and from it shifted off the Theta_i by
+    # `shift` (relative hull error: the max over heads of the distance / ||Theta_i||)
     flat = theta.reshape(m, -1)
     q, _ = np.linalg.qr((flat[1:] - flat[0]).T)
-    exact = (theta[0], q.T.reshape(m - 1, d, d))
-    print("| exact hull | | | | | 0.000 | |" + hull_row(exact), flush=True)
+    directions = q.T.reshape(m - 1, d, d)
+    normal = rng.standard_normal(d * d)
+    normal -= q @ (q.T @ normal)
+    normal *= np.min(np.linalg.norm(flat, axis=1)) / np.linalg.norm(normal)
+    for shift in (0.0, 0.01, 0.03, 0.1):
+        hull = (theta[0] + shift * normal.reshape(d, d), directions)
+        err = float(np.max(hull_distance(theta, *hull)))
+        label = "exact hull" if shift == 0 else f"exact hull shifted {shift:g}"
+        print(f"| {label} | | | | | {err:.3f} | |" + hull_row(hull), flush=True)
+    # how the truly agreeing rows fare under our rule
+    for e in (0.05, 0.1):
+        sel = spr_c < e
+        share = ", ".join(
+            f"< {t:g}: {int(np.sum(res_c[sel] < t))}" for t in tols if t <= keep_tol
+        )
+        q10, q50, q90 = np.quantile(res_c[sel], [0.1, 0.5, 0.9])
+        # rank of their equations (true mean patterns, kept tokens): the hull
+        # needs d^2 - (m - 1) independent ones
+        p = Pm_c[sel]
+        omega = np.where(p >= p_min, 1.0, 0.0)
+        tk = tok_c[sel]
+        v, _ = _row_equations(tk, None, p, omega)
+        x_row = tk[np.arange(tk.shape[0]), r_c[sel]]
+        eqs = np.einsum("li,laj->laij", x_row, v).reshape(-1, d * d)
+        rank = np.linalg.matrix_rank(eqs) if eqs.size else 0
+        print(
+            f"rows whose heads agree within {e:g}: {int(sel.sum())} (rank of their "
+            f"equations {rank} of {d * d}); our residual 10/50/90 % {q10:.3f} / "
+            f"{q50:.3f} / {q90:.3f}; residual {share}",
+            flush=True,
+        )
     print(f"total {time.perf_counter() - start:.0f} s", flush=True)
 
 
@@ -622,6 +662,18 @@ def main():
         help="--rules: input distributions",
     )
     parser.add_argument(
+        "--p-min",
+        type=float,
+        default=0.05,
+        help="--rules: smallest pattern probability of a kept token",
+    )
+    parser.add_argument(
+        "--keep-tol",
+        type=float,
+        default=0.1,
+        help="--rules: rows certified at this tolerance are kept for the hull fits",
+    )
+    parser.add_argument(
         "--no-phases",
         action="store_true",
         help="--rules: skip phases 5-6 from the fitted hulls",
@@ -632,7 +684,12 @@ def main():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 rule_comparison(
-                    args.n, dist=dist, chunk=args.chunk, phases=not args.no_phases
+                    args.n,
+                    dist=dist,
+                    p_min=args.p_min,
+                    chunk=args.chunk,
+                    keep_tol=args.keep_tol,
+                    phases=not args.no_phases,
                 )
         return
     if args.scores:
