@@ -130,6 +130,19 @@ def test_a_stalled_search_replaces_its_weakest_head():
         assert min(gaps) < 0.2 * np.abs(real[:, i]).mean()
 
 
+def test_a_stall_with_every_head_contributing_replaces_nothing():
+    """Noise sets the floor: the search stalls above its target with both real
+    heads found, each explaining far more than is left, and none is replaced."""
+    X, Y, truth = planted(2000, 4, 8, 2, 2, 8, seed=6)
+    noisy = Y + 0.3 * Y.std() * np.random.default_rng(0).normal(size=Y.shape)
+    par = FactoredHeads(2, 8, 2)
+    _, info = minibatch_search(
+        X, noisy, truth, par, batch_size=64, check_every=25, random_state=0
+    )
+    assert info["stop_reason"] == "no_progress" and info["residual"] > 0.1
+    assert info["replacements"] == []
+
+
 def test_head_contributions_finds_a_useless_head():
     X, Y, truth = planted(300, 4, 8, 2, 2, 8, seed=7)
     par = FactoredHeads(2, 8, 2)

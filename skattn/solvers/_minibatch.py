@@ -38,6 +38,12 @@ _PROGRESS = 0.01
 # Sequences, in batches, that a replaced head is searched on (what the other heads
 # leave unexplained is computed on them once).
 _REPLACEMENT_BATCHES = 16
+# The weakest head is replaced only when it explains less than what all heads
+# leave unexplained: its removal raises the residual by less than this factor
+# (the explained energy ``without**2 - residual**2`` below ``residual**2``).  A
+# stall with every head contributing (12 MiniLM heads at 0.006, the weakest
+# worth 0.117) is the step size's noise floor, not an unfound head.
+_REPLACE_BELOW = math.sqrt(2.0)
 
 
 def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None):
@@ -169,7 +175,9 @@ def minibatch_search(
     A search that stalls above ``stop_residual`` has often left a real head
     unfound, with one learned head doing little (12 heads of all-MiniLM-L6-v2).
     Then, up to ``n_replacements`` times, the head whose removal raises the
-    evaluation residual least (:func:`head_contributions`) is replaced: one head
+    evaluation residual least (:func:`head_contributions`) is replaced when it
+    explains less than all heads leave unexplained (its removal raises the
+    residual by less than a factor sqrt(2)): one head
     is searched alone on what the other heads leave unexplained (a one-head
     search, which finds its head reliably), put in its place, and the search of
     all heads resumes from there at ``decay`` times the step size.  A
@@ -202,7 +210,8 @@ def minibatch_search(
     n_decays : int, default=3
     n_replacements : int, default=2
         Weakest-head replacements after a stalled search (0: none; nothing is
-        replaced for one head, or when the search reaches ``stop_residual``).
+        replaced for one head, when the search reaches ``stop_residual``, or
+        when every head explains more than what is left).
     dtype : dtype, default=numpy.float32
         Precision of the products.
     random_state : int, RandomState instance or None
@@ -326,11 +335,13 @@ def minibatch_search(
         and parametrization.n_heads > 1
         and n_steps < max_steps
     ):
-        _, contributions = head_contributions(
+        residual, contributions = head_contributions(
             X_eval, Y_eval, best, parametrization, intercept_direction
         )
         head = int(np.argmin(contributions))
         without = float(contributions[head])
+        if without >= _REPLACE_BELOW * residual:
+            break  # every head explains more than is left: nothing to replace
         candidate = _replace_head(
             X,
             Y,
