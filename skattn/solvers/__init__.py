@@ -17,10 +17,14 @@ One module per concern:
   random batches, which moves random starts of many heads to where
   Levenberg-Marquardt converges, replacing a head that found nothing
   (:func:`head_contributions`) when it stalls;
+* :mod:`._decoupled`: :func:`decoupled_refine`, every head refined on its own
+  one-head problem through the inverse of the stacked output factors (low-rank
+  heads with ``n_heads * head_rank <= d_out``, the shape of real transformers);
 * :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size;
   the random starts and :func:`whitening_map`, their preconditioner.
 """
 
+from ._decoupled import can_decouple, decoupled_refine
 from ._matrix_free import VarproProblem, varpro_least_squares
 from ._minibatch import head_contributions, minibatch_search
 from ._objective import (
@@ -43,8 +47,10 @@ __all__ = [
     "LowRank",
     "VarproProblem",
     "balanced_factors",
+    "can_decouple",
     "choose_factor_values",
     "choose_solver",
+    "decoupled_refine",
     "head_contributions",
     "make_parametrization",
     "minibatch_search",

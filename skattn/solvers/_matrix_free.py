@@ -80,6 +80,12 @@ class VarproProblem:
     dtype : dtype, default=numpy.float64
         Precision of the products (``float32`` for loose steps); the eliminated
         coefficients are solved, and results returned, in float64.
+    fixed_columns : ndarray of shape (n, k, f) or None
+        Full ``W_i`` only: ``f`` more eliminated design columns that do not depend
+        on the parameters (row ``(n, l)`` gets ``fixed_columns[n, l]``); their
+        coefficients are in :attr:`fixed_coefficients`.  The decoupled one-head
+        problems (:mod:`skattn.solvers._decoupled`) put the other heads' outputs
+        there.
 
     Attributes
     ----------
@@ -89,6 +95,8 @@ class VarproProblem:
         The ``W_i`` at the last point evaluated.
     output_factors : ndarray of shape (m, r, d_out)
         ``FactoredHeads`` only: the eliminated ``O_i`` at that point.
+    fixed_coefficients : ndarray of shape (f, d_out)
+        With ``fixed_columns`` only: their eliminated coefficients at that point.
 
     Examples
     --------
@@ -107,7 +115,14 @@ class VarproProblem:
     """
 
     def __init__(
-        self, X, Y, sample_weight, parametrization, intercept=False, dtype=np.float64
+        self,
+        X,
+        Y,
+        sample_weight,
+        parametrization,
+        intercept=False,
+        dtype=np.float64,
+        fixed_columns=None,
     ):
         n, k, d = X.shape
         self.par = parametrization
@@ -128,14 +143,23 @@ class VarproProblem:
             Y.astype(self.dtype, copy=False),
         )
         self.root = np.sqrt(_normalized_weights(n, sample_weight)).astype(self.dtype)
-        self.width = (self.m * r if self.factored else self.m * d) + (
-            self.intercept_direction is not None
+        self.fixed = None
+        if fixed_columns is not None:
+            if self.factored:
+                raise ValueError("fixed_columns needs full W_i, not FactoredHeads.")
+            self.fixed = np.asarray(fixed_columns).astype(self.dtype, copy=False)
+        self.width = (
+            (self.m * r if self.factored else self.m * d)
+            + (self.intercept_direction is not None)
+            + (0 if self.fixed is None else self.fixed.shape[2])
         )
         # kept per sample: patterns, design row block, values, token maps
         if self.factored:
             per_sample = self.m * k * (k + self.d_out + 3 * r) + k * self.width
         else:
-            per_sample = self.m * k * (k + d + self.d_out + 2 * r)
+            per_sample = self.m * k * (k + d + self.d_out + 2 * r) + k * (
+                self.width - self.m * d
+            )
         self.slices = _chunks(n, 2 * per_sample)
         # keep every chunk's state between products when it fits the budget
         self._keep = n * per_sample <= _KEEP_FLOATS_PER_CHUNK_FLOAT * (
@@ -165,6 +189,10 @@ class VarproProblem:
         if self.intercept_direction is not None:
             design = np.concatenate(
                 [design, np.ones((c * k, 1), dtype=design.dtype)], axis=1
+            )
+        if self.fixed is not None:
+            design = np.concatenate(
+                [design, self.fixed[rows].reshape(c * k, -1)], axis=1
             )
         design *= np.repeat(self.root[rows], k)[:, None]
         return {"cache": cache, "patterns": patterns, "design": design}
@@ -213,7 +241,8 @@ class VarproProblem:
         """
         m, d, o = self.m, self.X.shape[2], self.d_out
         if not self.factored:
-            return flat.reshape(m, d, o)
+            self.fixed_coefficients = flat[m * d :]
+            return flat[: m * d].reshape(m, d, o)
         r = self.par.rank
         self.output_factors = flat[: m * r].reshape(m, r, o)
         self._output_factors_low = self.output_factors.astype(self.dtype)
@@ -408,7 +437,10 @@ def varpro_least_squares(
     max_products=None,
     coarse=True,
     coarse_dtype=np.float32,
+    coarse_until=COARSE_UNTIL,
+    coarse_lsmr_tol=COARSE_LSMR_TOL,
     intercept=False,
+    fixed_columns=None,
     verbose=0,
 ):
     """Minimise the reduced loss matrix-free: scipy's ``least_squares``, TRF + LSMR.
@@ -435,11 +467,20 @@ def varpro_least_squares(
         Precision of the Jacobian products of the loose stage (half the cost of
         float64 BLAS); the eliminated coefficients are solved in float64 and the
         final stage runs in float64, so the result is a float64 optimum.
+    coarse_until : float, default=COARSE_UNTIL
+        The loose stage runs while the residual is above this fraction of the
+        targets' norm.
+    coarse_lsmr_tol : float or None, default=COARSE_LSMR_TOL
+        LSMR's tolerance in the loose stage (``None``: LSMR's default, exact
+        steps in ``coarse_dtype``).
     intercept : bool, default=False
         With :class:`FactoredHeads` only: also eliminate a constant output shift
         (an intercept column in the design; the tokens must have a constant
         coordinate, as the ``[x, 1]`` tokens of ``fit_intercept``).  A rank-r
         ``V_i O_i`` cannot hold it; full ``W_i`` hold it in that coordinate.
+    fixed_columns : ndarray of shape (n, k, f) or None
+        Full ``W_i`` only: more eliminated design columns that do not depend on
+        the parameters (see :class:`VarproProblem`).
     verbose : int, default=0
         Passed to ``least_squares``: 2 prints one line per iteration.
 
@@ -467,11 +508,19 @@ def varpro_least_squares(
     >>> bool(np.allclose(p, th.reshape(-1), atol=1e-8)), info["converged"]
     (True, True)
     """
-    problem = VarproProblem(X, Y, sample_weight, parametrization, intercept)
+    problem = VarproProblem(
+        X, Y, sample_weight, parametrization, intercept, fixed_columns=fixed_columns
+    )
     loose = problem
     if coarse and np.dtype(coarse_dtype) != problem.dtype:
         loose = VarproProblem(
-            X, Y, sample_weight, parametrization, intercept, dtype=coarse_dtype
+            X,
+            Y,
+            sample_weight,
+            parametrization,
+            intercept,
+            dtype=coarse_dtype,
+            fixed_columns=fixed_columns,
         )
     x = np.asarray(params, dtype=float)
     start = loose.residual(x)
@@ -489,16 +538,19 @@ def varpro_least_squares(
     omega = _normalized_weights(len(X), sample_weight)
     target = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", Y, Y)))
     status = None
-    if coarse and math.sqrt(2.0 * loss_start) > COARSE_UNTIL * target:
-        # far from a minimum: loose steps until the residual is COARSE_UNTIL of Y
+    if coarse and math.sqrt(2.0 * loss_start) > coarse_until * target:
+        # far from a minimum: loose steps until the residual is coarse_until of Y
         def close_enough(intermediate_result):
-            if math.sqrt(2.0 * intermediate_result.cost) <= COARSE_UNTIL * target:
+            if math.sqrt(2.0 * intermediate_result.cost) <= coarse_until * target:
                 raise StopIteration
 
+        loose_options = {"maxiter": max_products}
+        if coarse_lsmr_tol is not None:
+            loose_options.update(atol=coarse_lsmr_tol, btol=coarse_lsmr_tol)
         x, result = _stage(
             loose,
             x,
-            {"maxiter": max_products, "atol": COARSE_LSMR_TOL, "btol": COARSE_LSMR_TOL},
+            loose_options,
             max_iter,
             callback=close_enough,
             **options,

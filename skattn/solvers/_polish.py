@@ -12,6 +12,7 @@ import math
 import numpy as np
 from sklearn.utils import check_random_state
 
+from ._decoupled import can_decouple, decoupled_refine, decoupled_size
 from ._dense import _varpro_levenberg_marquardt
 from ._lbfgs import _full_lbfgs, _varpro_lbfgs
 from ._matrix_free import _intercept_direction, varpro_least_squares
@@ -569,6 +570,7 @@ def polish_from_random_starts(
     random_state=None,
     whiten="auto",
     start_search="auto",
+    decouple="auto",
     **options,
 ):
     """The polish from random starts, the best kept: a start needing no phases.
@@ -600,6 +602,14 @@ def polish_from_random_starts(
         ``head_rank``); ``"auto"``: when the polish factors the values
         (:func:`choose_factor_values`: many heads, where Levenberg-Marquardt from
         a random start stalls far from the minimum).
+    decouple : {"auto", True, False}, default="auto"
+        After the minibatch search, refine every head on its own one-head problem
+        (:func:`skattn.solvers._decoupled.decoupled_refine`, on
+        :func:`~skattn.solvers._decoupled.decoupled_size` random sequences) before
+        the polish.  ``"auto"``: when the search runs and the heads' output
+        factors fit in the outputs (``n_heads * head_rank <= d_out``,
+        :func:`~skattn.solvers._decoupled.can_decouple`); ``True`` raises when
+        they do not.
 
     Returns
     -------
@@ -608,7 +618,7 @@ def polish_from_random_starts(
         ``n_starts_run``, ``start_residuals`` (one per start tried),
         ``whitening`` (``applied``, ``condition``, ``rank``) and
         ``start_search`` (the minibatch search's info of the best start, or
-        None).
+        None; with the decoupled refinement's info under ``"decoupled"``).
 
     Examples
     --------
@@ -651,6 +661,18 @@ def polish_from_random_starts(
         raise ValueError(
             "start_search='minibatch' needs low-rank heads (head_rank < d)."
         )
+    if decouple not in ("auto", True, False):
+        raise ValueError(f"decouple must be 'auto', True or False, got {decouple!r}.")
+    decouplable = start_search == "minibatch" and can_decouple(
+        n_heads, head_rank, Y.shape[2]
+    )
+    if decouple is True and not decouplable:
+        raise ValueError(
+            "decouple=True needs the minibatch search (start_search) and "
+            f"n_heads * head_rank <= n_outputs, got {n_heads} * {head_rank} and "
+            f"{Y.shape[2]} outputs."
+        )
+    decouple = decouplable and decouple is not False
     direction = None  # the tokens' constant coordinate, found once for all starts
     if start_search == "minibatch" and options.get("intercept"):
         direction = _intercept_direction(X)
@@ -674,6 +696,7 @@ def polish_from_random_starts(
                 sample_weight,
                 rng,
                 verbose=int(options.get("verbose", 0) > 1),
+                decouple=decouple,
             )
             if not factored:  # the polish eliminates whole W_i
                 projection_start = None
@@ -704,15 +727,28 @@ def polish_from_random_starts(
 
 
 def _search(
-    X, Y, attention, projection, head_rank, direction, sample_weight, rng, verbose
+    X,
+    Y,
+    attention,
+    projection,
+    head_rank,
+    direction,
+    sample_weight,
+    rng,
+    verbose,
+    decouple=False,
 ):
     """The minibatch search from a start: ``(attention, value factors, info)``.
 
     The value factors ``V_i`` ``(m, d, r)`` stand for the projections: the polish
     starts its factored values from their column space (:meth:`FactoredHeads.
-    from_attention`), an unfactored polish ignores them.
+    from_attention`), an unfactored polish ignores them.  With ``decouple`` the
+    searched heads are then refined each on its own problem
+    (:func:`decoupled_refine`, on :func:`decoupled_size` random sequences); its
+    info is ``info["decoupled"]``.
     """
-    par = FactoredHeads(attention.shape[0], attention.shape[1], head_rank)
+    m, d = attention.shape[:2]
+    par = FactoredHeads(m, d, head_rank)
     params, info = minibatch_search(
         X,
         Y,
@@ -723,4 +759,17 @@ def _search(
         random_state=rng,
         verbose=verbose,
     )
+    if decouple:
+        n, k = X.shape[:2]
+        size = decoupled_size(m, k, d, head_rank, Y.shape[2])
+        rows = np.sort(rng.choice(n, size=min(n, size), replace=False))
+        params, info["decoupled"] = decoupled_refine(
+            X[rows],
+            Y[rows],
+            params,
+            par,
+            sample_weight=None if sample_weight is None else sample_weight[rows],
+            intercept_direction=direction,
+            verbose=verbose,
+        )
     return par.attention(params), par.factors(params)[2], info

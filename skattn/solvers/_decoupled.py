@@ -1,0 +1,305 @@
+"""Decoupled heads: one small problem per head, through the output factors' inverse.
+
+A layer of low-rank heads with factored values writes its outputs as
+
+    Y_s = sum_j S_j(X_s) X_s V_j O_j (+ 1 c^T),     O_j of shape (r, d_out).
+
+When the heads' output factors together fit in the outputs (``m r <= d_out``, the
+shape of real transformers, where ``m r = d_model``) the stacked ``O = [O_1; ...;
+O_m]`` has full row rank, and with ``D = O^+ = [D_1, ..., D_m]`` (``O D = I``)
+
+    Y_s D_i = S_i(X_s) X_s V_i (+ 1 c^T D_i):
+
+each head's share of the outputs is a linear image of the outputs, and it depends
+on head i's parameters alone.  ``D`` is not known exactly, but it need not be: for
+any ``B = [B_1, B_2]`` (``B_1`` of r columns) near ``D``, the true ``D_i`` is
+``B_1 M + B_2 N`` with ``M`` invertible, so
+
+    Y_s B_1 = S_i(X_s) X_s V_i M^{-1} - Y_s B_2 N M^{-1} (+ const):
+
+a one-head regression of the r targets ``Y B_1`` on the design
+``[S_i X, Y B_2]`` whose only nonlinear unknowns are head i's ``Theta_i = Q_i
+K_i^T``, and whose residual is exactly zero at the real head, whatever the other
+heads' errors.  :func:`decoupled_refine` takes ``B = D`` at the current point
+(``B_1 = D_i``, ``B_2`` the other heads' columns) and solves the ``m`` one-head
+problems by the matrix-free variable projection
+(:func:`skattn.solvers._matrix_free.varpro_least_squares`, the ``Y B_2`` columns
+eliminated with the head's ``W``), independently (in threads with ``n_jobs``).
+
+Why it matters: the joint Levenberg-Marquardt problem of 12 MiniLM heads (442 368
+parameters) converges only linearly from where the minibatch search leaves it,
+held back by one nearly one-hot head whose Gauss-Newton block is tiny next to the
+others'; the one-head problems are each well scaled on their own, and each
+converged to rounding in 6-10 iterations (benchmarks/README.md).
+
+Pure functions on token tensors (no validation; callers validate).
+"""
+
+import math
+import time
+
+import numpy as np
+from joblib import Parallel, delayed
+from threadpoolctl import threadpool_info, threadpool_limits
+
+from ..layer._math import softmax
+from ._matrix_free import varpro_least_squares
+from ._minibatch import _design
+from ._objective import _normalized_weights
+from ._parametrization import LowRank
+
+# The one-head problems' rows: this many equations per unknown at least (each row
+# of r targets against Q_i, K_i, the head's W and the fixed columns' coefficients).
+_EQUATIONS_PER_UNKNOWN = 4
+# ... and never fewer sequences than this.
+_MIN_SEQUENCES = 200
+# A head's steps are solved exactly (LSMR's default tolerance; loose steps stalled
+# at 5e-5 on a MiniLM head) with single-precision products while its residual is
+# above this fraction of its targets, in double precision below: 47 s and 10
+# iterations against 65 s and 12 for all in double (MiniLM layer 0, head 0).
+_SINGLE_UNTIL = 1e-5
+
+
+def can_decouple(n_heads, head_rank, n_outputs):
+    """Whether the heads' output factors fit in the outputs: ``m r <= d_out``.
+
+    Examples
+    --------
+    >>> can_decouple(12, 32, 384), can_decouple(12, 32, 300), can_decouple(2, None, 8)
+    (True, False, False)
+    """
+    return head_rank is not None and n_heads * head_rank <= n_outputs
+
+
+def decoupled_size(n_heads, n_tokens, n_features, head_rank, n_outputs):
+    """Sequences the one-head problems need: ``_EQUATIONS_PER_UNKNOWN`` equations
+    per unknown, at least ``_MIN_SEQUENCES``.
+
+    A head's problem has ``2 d r`` nonlinear unknowns (``Q_i``, ``K_i``) and
+    ``(d + d_out - r) r`` eliminated ones (its ``W`` and the fixed columns'
+    coefficients); a sequence gives ``k r`` equations.
+
+    Examples
+    --------
+    >>> decoupled_size(12, 16, 385, 32, 384)
+    377
+    """
+    unknowns = 3 * n_features + n_outputs - head_rank
+    return max(_MIN_SEQUENCES, math.ceil(_EQUATIONS_PER_UNKNOWN * unknowns / n_tokens))
+
+
+def decoupling_map(output_factors):
+    """``D = O^+`` of the stacked output factors, and the stack's condition number.
+
+    Parameters
+    ----------
+    output_factors : ndarray of shape (m, r, d_out)
+
+    Returns
+    -------
+    D : ndarray of shape (d_out, m r)
+        ``O D = I``; columns ``[i r, (i + 1) r)`` are head i's ``D_i``.
+    condition : float
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> O = np.random.default_rng(0).normal(size=(2, 3, 7))
+    >>> D, condition = decoupling_map(O)
+    >>> bool(np.allclose(O.reshape(6, 7) @ D, np.eye(6)))
+    True
+    """
+    m, r, o = output_factors.shape
+    stacked = np.asarray(output_factors, dtype=float).reshape(m * r, o)
+    singular = np.linalg.svd(stacked, compute_uv=False)
+    condition = float(singular[0] / singular[-1]) if singular[-1] > 0 else math.inf
+    return np.linalg.pinv(stacked), condition
+
+
+def _output_factors(X, Y, params, parametrization, sample_weight, intercept):
+    """Least-squares ``O_i`` (and intercept) at ``params``; the relative residual."""
+    cache = parametrization.cache(X, params)
+    patterns = softmax(parametrization.logits(X, params, cache), axis=-1)
+    design = _design(patterns, parametrization.values(X, params, cache), intercept)
+    n, k = X.shape[:2]
+    root = np.repeat(np.sqrt(_normalized_weights(n, sample_weight)), k)[:, None]
+    design *= root
+    target = Y.reshape(n * k, -1) * root
+    coef = np.linalg.lstsq(design, target, rcond=None)[0]
+    residual = np.linalg.norm(design @ coef - target) / max(
+        float(np.linalg.norm(target)), np.finfo(float).tiny
+    )
+    m, r = parametrization.n_heads, parametrization.rank
+    return coef[: m * r].reshape(m, r, -1), float(residual)
+
+
+def _solve_head(X, target, fixed, start, rank, sample_weight, max_iter, tol):
+    """One head's problem from ``start`` (its Q_i, K_i flat): params, W, info."""
+    clock = time.perf_counter()
+    params, projection, info = varpro_least_squares(
+        X,
+        target,
+        start,
+        LowRank(1, X.shape[2], rank),
+        sample_weight,
+        max_iter=max_iter,
+        tol=tol,
+        coarse_until=_SINGLE_UNTIL,
+        coarse_lsmr_tol=None,
+        fixed_columns=fixed,
+    )
+    omega = _normalized_weights(len(X), sample_weight)
+    norm = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", target, target)))
+    info["relative_residual"] = math.sqrt(2.0 * info["loss"]) / max(
+        norm, np.finfo(float).tiny
+    )
+    info["seconds"] = time.perf_counter() - clock
+    return params, projection[0], info
+
+
+def decoupled_refine(
+    X,
+    Y,
+    params,
+    parametrization,
+    *,
+    sample_weight=None,
+    intercept_direction=None,
+    max_iter=50,
+    tol=1e-10,
+    n_jobs=None,
+    verbose=0,
+):
+    """Refine every head on its own problem (see the module's docstring).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    params : ndarray of shape (3 m d r,)
+        :class:`FactoredHeads` parameters (``Q, K, V``), e.g. from
+        :func:`skattn.solvers.minibatch_search`.
+    parametrization : FactoredHeads
+        With ``m r <= d_out`` (:func:`can_decouple`).
+    sample_weight : ndarray of shape (n,) or None
+    intercept_direction : ndarray of shape (d,) or None
+        A token-space ``g`` with ``X g = 1`` when the outputs have an intercept:
+        the output factors are then fitted with a column of ones.  (The one-head
+        designs ``S_i X`` hold a constant already through that coordinate.)
+    max_iter : int, default=50
+        Levenberg-Marquardt iterations of each head's problem.
+    tol : float, default=1e-10
+        Relative step tolerance of each head's problem.
+    n_jobs : int or None
+        Heads solved at once (joblib threads, each with one BLAS thread).
+        ``None``: as many as BLAS has threads (``OMP_NUM_THREADS=1``: one head
+        at a time): the heads' problems are independent, and their products
+        too small for BLAS to use several cores well.
+    verbose : int, default=0
+        1 prints one line per head.
+
+    Returns
+    -------
+    params : ndarray of shape (3 m d r,)
+        The refined parameters, or ``params`` unchanged when the refined ones fit
+        worse (a head that moved to another head's solution).
+    info : dict
+        ``heads`` (per head: ``n_iter``, ``n_products``, ``relative_residual`` of
+        its problem, ``seconds``, ``converged``), ``n_products``, ``condition``
+        (of the stacked output factors), ``residual_start``, ``residual`` (the
+        relative residual with the output factors eliminated, before and after),
+        ``kept``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> par = FactoredHeads(3, 8, 2)
+    >>> truth = rng.normal(size=par.size) / 2
+    >>> Q, K, V = par.factors(truth)
+    >>> O = rng.normal(size=(3, 2, 6))  # m r = 6 outputs
+    >>> X = rng.normal(size=(300, 5, 8))
+    >>> Y = forward(X, par.attention(truth), V @ O)
+    >>> start = truth + 0.02 * rng.normal(size=par.size)
+    >>> refined, info = decoupled_refine(X, Y, start, par)
+    >>> bool(info["residual_start"] > 1e-3), bool(info["residual"] < 1e-10)
+    (True, True)
+    """
+    m, d, r = parametrization.n_heads, parametrization.n_features, parametrization.rank
+    n, k, o = Y.shape
+    if not can_decouple(m, r, o):
+        raise ValueError(
+            f"decoupled_refine needs n_heads * head_rank <= n_outputs, got "
+            f"{m} * {r} > {o}."
+        )
+    intercept = intercept_direction is not None
+    output_factors, residual_start = _output_factors(
+        X, Y, params, parametrization, sample_weight, intercept
+    )
+    D, condition = decoupling_map(output_factors)
+    shares = (Y.reshape(n * k, o) @ D).reshape(n, k, m, r)
+    Q, K, _ = parametrization.factors(params)
+
+    def job(i):
+        return _solve_head(
+            X,
+            np.ascontiguousarray(shares[:, :, i]),
+            np.delete(shares, i, axis=2).reshape(n, k, (m - 1) * r),
+            np.concatenate([Q[i].reshape(-1), K[i].reshape(-1)]),
+            r,
+            sample_weight,
+            max_iter,
+            tol,
+        )
+
+    if n_jobs is None:
+        n_jobs = max(
+            [1]
+            + [
+                pool["num_threads"]
+                for pool in threadpool_info()
+                if pool["user_api"] == "blas"
+            ]
+        )
+    n_jobs = min(m, n_jobs)
+    if n_jobs == 1:
+        results = [job(i) for i in range(m)]
+    else:
+        with threadpool_limits(limits=1, user_api="blas"):
+            results = Parallel(n_jobs=n_jobs, prefer="threads")(
+                delayed(job)(i) for i in range(m)
+            )
+    heads = []
+    new_q, new_k, new_v = np.empty((3, m, d, r))
+    for i, (head_params, values, info) in enumerate(results):
+        q, kk = LowRank(1, d, r).factors(head_params)
+        new_q[i], new_k[i], new_v[i] = q[0], kk[0], values
+        row = {
+            key: info[key]
+            for key in ("n_iter", "n_products", "relative_residual", "converged")
+        }
+        row["seconds"] = info["seconds"]
+        heads.append(row)
+        if verbose:
+            print(
+                f"decoupled head {i}: {row['n_iter']} iterations, "
+                f"{row['n_products']} products, relative residual "
+                f"{row['relative_residual']:.3g}, {row['seconds']:.1f} s",
+                flush=True,
+            )
+    refined = np.concatenate([new_q.reshape(-1), new_k.reshape(-1), new_v.reshape(-1)])
+    _, residual = _output_factors(
+        X, Y, refined, parametrization, sample_weight, intercept
+    )
+    kept = residual < residual_start
+    info = {
+        "heads": heads,
+        "n_products": int(sum(row["n_products"] for row in heads)),
+        "condition": condition,
+        "residual_start": residual_start,
+        "residual": residual if kept else residual_start,
+        "kept": bool(kept),
+    }
+    return (refined if kept else np.asarray(params, dtype=float)), info

@@ -1,0 +1,217 @@
+"""Decoupled heads: fixed design columns, the decoupling map, one problem per head."""
+
+import numpy as np
+import pytest
+
+from skattn.layer._math import forward
+from skattn.solvers import (
+    FactoredHeads,
+    LowRank,
+    VarproProblem,
+    can_decouple,
+    decoupled_refine,
+    varpro_least_squares,
+)
+from skattn.solvers._decoupled import decoupled_size, decoupling_map
+from skattn.solvers._matrix_free import _intercept_direction
+from skattn.solvers._polish import polish_from_random_starts
+
+
+def planted(n, k, d, m, r, d_out, seed=0, intercept=True, scale=1.0):
+    """Low-rank heads ``W_i = V_i O_i`` on Gaussian tokens ``[x, 1]`` (with an
+    output intercept) or on ``x``: tokens, outputs, parameters, output factors."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, k, d))
+    if intercept:
+        X = np.concatenate([X, np.ones((n, k, 1))], axis=2)
+        d += 1
+    Q, K = (scale * rng.normal(size=(m, d, r)) / d**0.25 for _ in range(2))
+    V = rng.normal(size=(m, d, r))
+    factors = rng.normal(size=(m, r, d_out))
+    projection = V @ factors
+    if intercept:
+        projection[0, -1] += rng.normal(size=d_out)
+    Y = forward(X, Q @ np.swapaxes(K, 1, 2), projection)
+    return X, Y, np.concatenate([Q.ravel(), K.ravel(), V.ravel()]), factors
+
+
+def identifiable_attention_error(par, params, truth, intercept=True):
+    """Relative error of the Theta_i, heads in order; with tokens ``[x, 1]`` the
+    column of the constant key coordinate only shifts a row of logits and cancels
+    in the softmax, so it is left out."""
+    cut = slice(None, -1) if intercept else slice(None)
+    a, b = par.attention(params)[:, :, cut], par.attention(truth)[:, :, cut]
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def test_can_decouple_and_sizes():
+    assert can_decouple(12, 32, 384) and can_decouple(3, 2, 7)
+    assert not can_decouple(3, 3, 7) and not can_decouple(2, None, 100)
+    # enough equations per unknown, and a floor for tiny layers
+    m, k, d, r, o = 12, 16, 385, 32, 384
+    n = decoupled_size(m, k, d, r, o)
+    assert n * k * r >= 4 * (2 * d * r + (d + o - r) * r)
+    assert decoupled_size(2, 4, 5, 1, 2) == 200
+
+
+def test_decoupling_map_is_a_right_inverse_also_when_outputs_are_wider():
+    factors = np.random.default_rng(0).normal(size=(3, 2, 9))
+    D, condition = decoupling_map(factors)
+    np.testing.assert_allclose(factors.reshape(6, 9) @ D, np.eye(6), atol=1e-12)
+    assert 1 <= condition < 1e3
+
+
+def test_fixed_columns_are_eliminated_as_explicit_design_columns():
+    # the residual is the least-squares residual of [S X, F] against the targets
+    rng = np.random.default_rng(1)
+    X, T, F = (rng.normal(size=(30, 3, w)) for w in (4, 2, 5))
+    par = LowRank(1, 4, 2)
+    params = rng.normal(size=par.size)
+    problem = VarproProblem(X, T, None, par, fixed_columns=F)
+    theta = par.attention(params)[0]
+    logits = np.einsum("nkd,de,nle->nkl", X, theta, X)
+    S = np.exp(logits - logits.max(-1, keepdims=True))
+    S /= S.sum(-1, keepdims=True)
+    design = np.concatenate([S @ X, F], axis=2).reshape(90, 9)
+    coef = np.linalg.lstsq(design, T.reshape(90, 2), rcond=None)[0]
+    # the problem's residual carries the normalised weights' root, 1 / sqrt(n)
+    expected = (design @ coef - T.reshape(90, 2)) / np.sqrt(30)
+    np.testing.assert_allclose(problem.residual(params), expected.ravel(), atol=1e-10)
+    np.testing.assert_allclose(problem.projection[0], coef[:4], atol=1e-9)
+    np.testing.assert_allclose(problem.fixed_coefficients, coef[4:], atol=1e-9)
+
+
+def test_fixed_columns_jacobian_matches_finite_differences_and_is_adjoint():
+    rng = np.random.default_rng(2)
+    X, T, F = (rng.normal(size=(40, 3, w)) for w in (4, 2, 3))
+    par = LowRank(1, 4, 2)
+    params = rng.normal(size=par.size)
+    problem = VarproProblem(X, T, rng.uniform(0.5, 2, 40), par, fixed_columns=F)
+    J = problem.jacobian(params) @ np.eye(par.size)
+    v, u = rng.normal(size=par.size), rng.normal(size=J.shape[0])
+    assert u @ (J @ v) == pytest.approx(v @ (problem.rmatvec(params, u)), rel=1e-12)
+    # Kaufman's Jacobian is exact at a zero residual: make T realisable
+    truth = rng.normal(size=par.size)
+    exact = VarproProblem(X, T, None, par, fixed_columns=F)
+    exact.residual(truth)
+    theta = par.attention(truth)[0]
+    logits = np.einsum("nkd,de,nle->nkl", X, theta, X)
+    S = np.exp(logits - logits.max(-1, keepdims=True))
+    S /= S.sum(-1, keepdims=True)
+    T = S @ X @ rng.normal(size=(4, 2)) + F @ rng.normal(size=(3, 2))
+    problem = VarproProblem(X, T, None, par, fixed_columns=F)
+    J = problem.jacobian(truth) @ np.eye(par.size)
+    eps = 1e-6
+    for j in range(0, par.size, 3):
+        step = np.zeros(par.size)
+        step[j] = eps
+        fd = (problem.residual(truth + step) - problem.residual(truth - step)) / (
+            2 * eps
+        )
+        np.testing.assert_allclose(J[:, j], fd, atol=1e-7)
+
+
+def test_fixed_columns_need_full_projections():
+    X, Y = np.ones((5, 2, 3)), np.ones((5, 2, 2))
+    with pytest.raises(ValueError, match="fixed_columns needs full W_i"):
+        VarproProblem(X, Y, None, FactoredHeads(1, 3, 1), fixed_columns=np.ones(1))
+
+
+def test_one_head_problem_with_fixed_columns_is_solved_to_rounding():
+    X, Y, truth, factors = planted(300, 5, 6, 3, 2, 6)
+    par = FactoredHeads(3, 7, 2)
+    D, _ = decoupling_map(factors)
+    shares = (Y.reshape(-1, 6) @ D).reshape(300, 5, 3, 2)
+    Q, K, _ = par.factors(truth)
+    rng = np.random.default_rng(3)
+    start = np.concatenate([Q[1].ravel(), K[1].ravel()])
+    start += 0.05 * rng.normal(size=start.size)
+    params, _, info = varpro_least_squares(
+        X,
+        shares[:, :, 1],
+        start,
+        LowRank(1, 7, 2),
+        fixed_columns=np.delete(shares, 1, axis=2).reshape(300, 5, 4),
+    )
+    assert np.sqrt(2 * info["loss"]) < 1e-10 * np.linalg.norm(shares[:, :, 1])
+
+
+@pytest.mark.parametrize(
+    "d_out, intercept, weighted", [(6, True, False), (9, True, True), (6, False, False)]
+)
+def test_decoupled_refine_recovers_every_head_from_a_perturbed_start(
+    d_out, intercept, weighted
+):
+    # m r = 6 <= d_out: every head on its own problem, whatever the others' errors
+    X, Y, truth, _ = planted(400, 6, 6, 3, 2, d_out, seed=4, intercept=intercept)
+    d = X.shape[2]
+    par = FactoredHeads(3, d, 2)
+    rng = np.random.default_rng(5)
+    start = truth + 0.05 * rng.normal(size=truth.size)
+    weights = rng.uniform(0.5, 2.0, size=400) if weighted else None
+    direction = _intercept_direction(X) if intercept else None
+    refined, info = decoupled_refine(
+        X, Y, start, par, sample_weight=weights, intercept_direction=direction
+    )
+    assert info["kept"] and info["residual_start"] > 1e-3
+    assert info["residual"] < 1e-10
+    assert all(head["relative_residual"] < 1e-10 for head in info["heads"])
+    assert identifiable_attention_error(par, refined, truth, intercept) < 1e-8
+
+
+def test_decoupled_refine_in_threads_gives_the_same_result():
+    X, Y, truth, _ = planted(300, 5, 5, 2, 2, 4, seed=6)
+    par = FactoredHeads(2, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(7).normal(size=truth.size)
+    direction = _intercept_direction(X)
+    one, _ = decoupled_refine(X, Y, start, par, intercept_direction=direction)
+    two, _ = decoupled_refine(X, Y, start, par, intercept_direction=direction, n_jobs=2)
+    np.testing.assert_array_equal(one, two)
+
+
+def test_decoupled_refine_refuses_heads_that_do_not_fit_in_the_outputs():
+    X, Y, truth, _ = planted(50, 3, 4, 3, 2, 6)
+    with pytest.raises(ValueError, match="n_heads \\* head_rank <= n_outputs"):
+        decoupled_refine(X, Y[:, :, :5], truth, FactoredHeads(3, 5, 2))
+
+
+def test_decoupled_refine_keeps_the_start_when_it_fits_better():
+    # at the truth there is nothing to gain: the start is returned as it is
+    X, Y, truth, _ = planted(250, 4, 4, 2, 2, 4, seed=8)
+    par = FactoredHeads(2, 5, 2)
+    refined, info = decoupled_refine(
+        X, Y, truth, par, intercept_direction=_intercept_direction(X), max_iter=1
+    )
+    assert info["residual"] <= info["residual_start"] < 1e-12
+    if not info["kept"]:
+        np.testing.assert_array_equal(refined, truth)
+
+
+def test_random_starts_decouple_after_the_search():
+    X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
+    X_test, Y_test, _, _ = planted(100, 6, 6, 3, 2, 6, seed=9)
+    attention, projection, info = polish_from_random_starts(
+        X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
+    )
+    decoupled = info["start_search"]["decoupled"]
+    assert len(decoupled["heads"]) == 3
+    assert info["relative_residual"] < 1e-10
+    # off: no decoupled record; asked for where the heads do not fit: an error
+    _, _, info = polish_from_random_starts(
+        X,
+        Y,
+        3,
+        head_rank=2,
+        intercept=True,
+        start_search="minibatch",
+        decouple=False,
+        random_state=0,
+        n_starts=1,
+    )
+    assert "decoupled" not in info["start_search"]
+    with pytest.raises(ValueError, match="decouple=True needs"):
+        polish_from_random_starts(
+            X, Y[:, :, :5], 3, head_rank=2, intercept=True, decouple=True
+        )
+    with pytest.raises(ValueError, match="decouple must be"):
+        polish_from_random_starts(X, Y, 3, head_rank=2, decouple="yes")
