@@ -78,6 +78,19 @@ class _Timeout(Exception):
     pass
 
 
+def _decoupled_summary(info):
+    """The decoupled refinement's work from a polish report, or ``""``."""
+    decoupled = (info.get("start_search") or {}).get("decoupled")
+    if not decoupled:
+        return ""
+    heads = decoupled["heads"]
+    return (
+        f"{max(h['n_iter'] for h in heads)}, {decoupled['n_products']}, "
+        f"{sum(h['seconds'] for h in heads):.0f} (residual "
+        f"{decoupled['residual_start']:.2g} -> {decoupled['residual']:.2g})"
+    )
+
+
 def teacher(args):
     """The teacher layer restricted to the chosen heads, its input distribution and
     the held-out one (the same, but for real text)."""
@@ -309,6 +322,10 @@ def main(argv=None):
             )
             if polish
             else "",
+        ),
+        (
+            "decoupled heads: iterations (most), products, seconds (sum)",
+            _decoupled_summary(polish[-1].info if polish else {}),
         ),
         ("n_samples (distinct)", f"{args.n_samples} ({distinct})"),
         ("time [s]", f"{seconds:.1f}"),

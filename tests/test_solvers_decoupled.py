@@ -215,3 +215,21 @@ def test_random_starts_decouple_after_the_search():
         )
     with pytest.raises(ValueError, match="decouple must be"):
         polish_from_random_starts(X, Y, 3, head_rank=2, decouple="yes")
+
+
+def test_heads_that_do_not_converge_alone_are_solved_together(monkeypatch):
+    # nothing counts as converged: the second round solves all heads as one group
+    # (targets Y D, no fixed columns), and gets the layer all the same
+    import skattn.solvers._decoupled as decoupled
+
+    monkeypatch.setattr(decoupled, "_CONVERGED", 0.0)
+    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=10)
+    par = FactoredHeads(3, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(11).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X)
+    )
+    assert [head["round"] for head in info["heads"]] == [1, 1, 1]
+    assert info["heads"][0]["group"] == [0, 1, 2]
+    assert info["residual"] < 1e-10
+    assert identifiable_attention_error(par, refined, truth) < 1e-8

@@ -58,6 +58,9 @@ _MIN_SEQUENCES = 200
 # above this fraction of its targets, in double precision below: 47 s and 10
 # iterations against 65 s and 12 for all in double (MiniLM layer 0, head 0).
 _SINGLE_UNTIL = 1e-5
+# A head's (or group's) problem has converged at this relative residual; the heads
+# that have not are solved together in a second round.
+_CONVERGED = 1e-10
 
 
 def can_decouple(n_heads, head_rank, n_outputs):
@@ -133,14 +136,24 @@ def _output_factors(X, Y, params, parametrization, sample_weight, intercept):
     return coef[: m * r].reshape(m, r, -1), float(residual)
 
 
-def _solve_head(X, target, fixed, start, rank, sample_weight, max_iter, tol):
-    """One head's problem from ``start`` (its Q_i, K_i flat): params, W, info."""
+def _solve_group(X, shares, group, Q, K, sample_weight, max_iter, tol):
+    """The problem of the heads ``group`` together: targets ``Y D_G``, the other
+    heads' shares ``Y D_{-G}`` as fixed columns.  Returns their ``Q, K`` and value
+    factors ``V`` (each ``(g, d, r)``) and the solver's info."""
     clock = time.perf_counter()
+    n, k, m, r = shares.shape
+    g, d = len(group), Q.shape[1]
+    others = np.setdiff1d(np.arange(m), group)
+    target = np.ascontiguousarray(shares[:, :, group]).reshape(n, k, g * r)
+    fixed = None
+    if len(others):
+        fixed = np.ascontiguousarray(shares[:, :, others]).reshape(n, k, -1)
+    par = LowRank(g, d, r)
     params, projection, info = varpro_least_squares(
         X,
         target,
-        start,
-        LowRank(1, X.shape[2], rank),
+        np.concatenate([Q[group].reshape(-1), K[group].reshape(-1)]),
+        par,
         sample_weight,
         max_iter=max_iter,
         tol=tol,
@@ -148,13 +161,31 @@ def _solve_head(X, target, fixed, start, rank, sample_weight, max_iter, tol):
         coarse_lsmr_tol=None,
         fixed_columns=fixed,
     )
-    omega = _normalized_weights(len(X), sample_weight)
+    omega = _normalized_weights(n, sample_weight)
     norm = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", target, target)))
     info["relative_residual"] = math.sqrt(2.0 * info["loss"]) / max(
         norm, np.finfo(float).tiny
     )
     info["seconds"] = time.perf_counter() - clock
-    return params, projection[0], info
+    # a head's W maps to the group's g r targets with rank r: its top r columns
+    U, sigma, _ = np.linalg.svd(projection, full_matrices=False)
+    values = U[:, :, :r] * sigma[:, None, :r]
+    q, kk = par.factors(params)
+    return q, kk, values, info
+
+
+def _threads(n_jobs, size):
+    """Jobs at once: ``n_jobs``, or (``None``) the BLAS threads, at most ``size``."""
+    if n_jobs is None:
+        n_jobs = max(
+            [1]
+            + [
+                pool["num_threads"]
+                for pool in threadpool_info()
+                if pool["user_api"] == "blas"
+            ]
+        )
+    return max(1, min(size, n_jobs))
 
 
 def decoupled_refine(
@@ -165,7 +196,7 @@ def decoupled_refine(
     *,
     sample_weight=None,
     intercept_direction=None,
-    max_iter=50,
+    max_iter=20,
     tol=1e-10,
     n_jobs=None,
     verbose=0,
@@ -186,8 +217,8 @@ def decoupled_refine(
         A token-space ``g`` with ``X g = 1`` when the outputs have an intercept:
         the output factors are then fitted with a column of ones.  (The one-head
         designs ``S_i X`` hold a constant already through that coordinate.)
-    max_iter : int, default=50
-        Levenberg-Marquardt iterations of each head's problem.
+    max_iter : int, default=20
+        Levenberg-Marquardt iterations of each problem.
     tol : float, default=1e-10
         Relative step tolerance of each head's problem.
     n_jobs : int or None
@@ -196,7 +227,7 @@ def decoupled_refine(
         at a time): the heads' problems are independent, and their products
         too small for BLAS to use several cores well.
     verbose : int, default=0
-        1 prints one line per head.
+        1 prints one line per problem.
 
     Returns
     -------
@@ -204,8 +235,9 @@ def decoupled_refine(
         The refined parameters, or ``params`` unchanged when the refined ones fit
         worse (a head that moved to another head's solution).
     info : dict
-        ``heads`` (per head: ``n_iter``, ``n_products``, ``relative_residual`` of
-        its problem, ``seconds``, ``converged``), ``n_products``, ``condition``
+        ``heads`` (per head, its last problem's ``n_iter``, ``n_products``,
+        ``relative_residual``, ``seconds``, ``converged``, ``round`` and
+        ``group``: the heads solved together), ``n_products``, ``condition``
         (of the stacked output factors), ``residual_start``, ``residual`` (the
         relative residual with the output factors eliminated, before and after),
         ``kept``.
@@ -227,7 +259,7 @@ def decoupled_refine(
     >>> bool(info["residual_start"] > 1e-3), bool(info["residual"] < 1e-10)
     (True, True)
     """
-    m, d, r = parametrization.n_heads, parametrization.n_features, parametrization.rank
+    m, r = parametrization.n_heads, parametrization.rank
     n, k, o = Y.shape
     if not can_decouple(m, r, o):
         raise ValueError(
@@ -235,68 +267,63 @@ def decoupled_refine(
             f"{m} * {r} > {o}."
         )
     intercept = intercept_direction is not None
-    output_factors, residual_start = _output_factors(
-        X, Y, params, parametrization, sample_weight, intercept
-    )
-    D, condition = decoupling_map(output_factors)
-    shares = (Y.reshape(n * k, o) @ D).reshape(n, k, m, r)
-    Q, K, _ = parametrization.factors(params)
-
-    def job(i):
-        return _solve_head(
-            X,
-            np.ascontiguousarray(shares[:, :, i]),
-            np.delete(shares, i, axis=2).reshape(n, k, (m - 1) * r),
-            np.concatenate([Q[i].reshape(-1), K[i].reshape(-1)]),
-            r,
-            sample_weight,
-            max_iter,
-            tol,
+    Q, K, V = (f.copy() for f in parametrization.factors(params))
+    heads = [None] * m
+    pending, residual_start, condition = list(range(m)), None, None
+    # first every head on its own problem, then the heads that did not converge
+    # together (their split between each other no longer hangs on the charts)
+    for round_ in range(2):
+        current = np.concatenate([Q.reshape(-1), K.reshape(-1), V.reshape(-1)])
+        output_factors, residual = _output_factors(
+            X, Y, current, parametrization, sample_weight, intercept
         )
+        D, cond = decoupling_map(output_factors)
+        if round_ == 0:
+            residual_start, condition = residual, cond
+            groups = [[i] for i in pending]
+        else:
+            groups = [pending]
+        shares = (Y.reshape(n * k, o) @ D).reshape(n, k, m, r)
+        jobs = _threads(n_jobs, len(groups))
 
-    if n_jobs is None:
-        n_jobs = max(
-            [1]
-            + [
-                pool["num_threads"]
-                for pool in threadpool_info()
-                if pool["user_api"] == "blas"
-            ]
-        )
-    n_jobs = min(m, n_jobs)
-    if n_jobs == 1:
-        results = [job(i) for i in range(m)]
-    else:
-        with threadpool_limits(limits=1, user_api="blas"):
-            results = Parallel(n_jobs=n_jobs, prefer="threads")(
-                delayed(job)(i) for i in range(m)
-            )
-    heads = []
-    new_q, new_k, new_v = np.empty((3, m, d, r))
-    for i, (head_params, values, info) in enumerate(results):
-        q, kk = LowRank(1, d, r).factors(head_params)
-        new_q[i], new_k[i], new_v[i] = q[0], kk[0], values
-        row = {
-            key: info[key]
-            for key in ("n_iter", "n_products", "relative_residual", "converged")
-        }
-        row["seconds"] = info["seconds"]
-        heads.append(row)
-        if verbose:
-            print(
-                f"decoupled head {i}: {row['n_iter']} iterations, "
-                f"{row['n_products']} products, relative residual "
-                f"{row['relative_residual']:.3g}, {row['seconds']:.1f} s",
-                flush=True,
-            )
-    refined = np.concatenate([new_q.reshape(-1), new_k.reshape(-1), new_v.reshape(-1)])
+        def job(group, shares=shares):
+            return _solve_group(X, shares, group, Q, K, sample_weight, max_iter, tol)
+
+        if jobs == 1:
+            results = [job(group) for group in groups]
+        else:
+            with threadpool_limits(limits=1, user_api="blas"):
+                results = Parallel(n_jobs=jobs, prefer="threads")(
+                    delayed(job)(group) for group in groups
+                )
+        for group, (q, kk, values, info) in zip(groups, results, strict=True):
+            Q[group], K[group], V[group] = q, kk, values
+            row = {key: info[key] for key in ("n_iter", "n_products", "seconds")}
+            row["relative_residual"] = info["relative_residual"]
+            row["converged"] = info["relative_residual"] <= _CONVERGED
+            row["round"], row["group"] = round_, list(map(int, group))
+            for i in group:
+                heads[i] = row
+            if verbose:
+                print(
+                    f"decoupled heads {row['group']}: {row['n_iter']} iterations, "
+                    f"{row['n_products']} products, relative residual "
+                    f"{row['relative_residual']:.3g}, {row['seconds']:.1f} s",
+                    flush=True,
+                )
+        pending = [i for i in range(m) if not heads[i]["converged"]]
+        if not pending:
+            break
+    refined = np.concatenate([Q.reshape(-1), K.reshape(-1), V.reshape(-1)])
     _, residual = _output_factors(
         X, Y, refined, parametrization, sample_weight, intercept
     )
     kept = residual < residual_start
     info = {
         "heads": heads,
-        "n_products": int(sum(row["n_products"] for row in heads)),
+        "n_products": int(
+            sum(row["n_products"] for row in {id(row): row for row in heads}.values())
+        ),
         "condition": condition,
         "residual_start": residual_start,
         "residual": residual if kept else residual_start,
