@@ -53,11 +53,11 @@ from ._parametrization import LowRank
 _EQUATIONS_PER_UNKNOWN = 4
 # ... and never fewer sequences than this.
 _MIN_SEQUENCES = 200
-# A head's steps are solved exactly (LSMR's default tolerance; loose steps stalled
-# at 5e-5 on a MiniLM head) with single-precision products while its residual is
-# above this fraction of its targets, in double precision below: 47 s and 10
-# iterations against 65 s and 12 for all in double (MiniLM layer 0, head 0).
-_SINGLE_UNTIL = 1e-5
+# A head's problem runs as varpro_least_squares does by default: loose steps in
+# single precision while its residual is above 1e-2 of its targets, then exact steps
+# in double precision.  Loose or single-precision steps further down stalled (a
+# MiniLM head at 5e-5 with loose steps to 1e-6; twelve MiniLM heads at about 7e-6
+# with single-precision exact steps to 1e-5).
 # A head's (or group's) problem has converged at this relative residual; the heads
 # that have not are solved together in a second round.
 _CONVERGED = 1e-10
@@ -157,8 +157,6 @@ def _solve_group(X, shares, group, Q, K, sample_weight, max_iter, tol):
         sample_weight,
         max_iter=max_iter,
         tol=tol,
-        coarse_until=_SINGLE_UNTIL,
-        coarse_lsmr_tol=None,
         fixed_columns=fixed,
     )
     omega = _normalized_weights(n, sample_weight)

@@ -437,8 +437,6 @@ def varpro_least_squares(
     max_products=None,
     coarse=True,
     coarse_dtype=np.float32,
-    coarse_until=COARSE_UNTIL,
-    coarse_lsmr_tol=COARSE_LSMR_TOL,
     intercept=False,
     fixed_columns=None,
     verbose=0,
@@ -467,12 +465,6 @@ def varpro_least_squares(
         Precision of the Jacobian products of the loose stage (half the cost of
         float64 BLAS); the eliminated coefficients are solved in float64 and the
         final stage runs in float64, so the result is a float64 optimum.
-    coarse_until : float, default=COARSE_UNTIL
-        The loose stage runs while the residual is above this fraction of the
-        targets' norm.
-    coarse_lsmr_tol : float or None, default=COARSE_LSMR_TOL
-        LSMR's tolerance in the loose stage (``None``: LSMR's default, exact
-        steps in ``coarse_dtype``).
     intercept : bool, default=False
         With :class:`FactoredHeads` only: also eliminate a constant output shift
         (an intercept column in the design; the tokens must have a constant
@@ -538,19 +530,16 @@ def varpro_least_squares(
     omega = _normalized_weights(len(X), sample_weight)
     target = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", Y, Y)))
     status = None
-    if coarse and math.sqrt(2.0 * loss_start) > coarse_until * target:
-        # far from a minimum: loose steps until the residual is coarse_until of Y
+    if coarse and math.sqrt(2.0 * loss_start) > COARSE_UNTIL * target:
+        # far from a minimum: loose steps until the residual is COARSE_UNTIL of Y
         def close_enough(intermediate_result):
-            if math.sqrt(2.0 * intermediate_result.cost) <= coarse_until * target:
+            if math.sqrt(2.0 * intermediate_result.cost) <= COARSE_UNTIL * target:
                 raise StopIteration
 
-        loose_options = {"maxiter": max_products}
-        if coarse_lsmr_tol is not None:
-            loose_options.update(atol=coarse_lsmr_tol, btol=coarse_lsmr_tol)
         x, result = _stage(
             loose,
             x,
-            loose_options,
+            {"maxiter": max_products, "atol": COARSE_LSMR_TOL, "btol": COARSE_LSMR_TOL},
             max_iter,
             callback=close_enough,
             **options,
