@@ -53,11 +53,11 @@ from ._parametrization import LowRank
 _EQUATIONS_PER_UNKNOWN = 4
 # ... and never fewer sequences than this.
 _MIN_SEQUENCES = 200
-# A head's problem runs as varpro_least_squares does by default: loose steps in
-# single precision while its residual is above 1e-2 of its targets, then exact steps
-# in double precision.  Loose or single-precision steps further down stalled (a
-# MiniLM head at 5e-5 with loose steps to 1e-6; twelve MiniLM heads at about 7e-6
-# with single-precision exact steps to 1e-5).
+# Every step of a head's problem is solved in double precision to LSMR's default
+# tolerance.  Loose (LSMR to 1e-2) or single-precision steps failed on MiniLM heads:
+# a head's loose steps were rejected 17 times in a row at 1e-2 of its targets, and
+# twelve heads stalled near 7e-6 with single-precision exact steps (the fixed
+# columns are large next to what is left of the targets).
 # A head's (or group's) problem has converged at this relative residual; the heads
 # that have not are solved together in a second round.
 _CONVERGED = 1e-10
@@ -157,6 +157,7 @@ def _solve_group(X, shares, group, Q, K, sample_weight, max_iter, tol):
         sample_weight,
         max_iter=max_iter,
         tol=tol,
+        coarse=False,
         fixed_columns=fixed,
     )
     omega = _normalized_weights(n, sample_weight)
@@ -230,8 +231,9 @@ def decoupled_refine(
     Returns
     -------
     params : ndarray of shape (3 m d r,)
-        The refined parameters, or ``params`` unchanged when the refined ones fit
-        worse (a head that moved to another head's solution).
+        Of ``params``, the layer after the first round and after the second, the
+        one of the lowest residual (``params`` itself when no round lowers it: a
+        head that moved to another head's solution).
     info : dict
         ``heads`` (per head, its last problem's ``n_iter``, ``n_products``,
         ``relative_residual``, ``seconds``, ``converged``, ``round`` and
@@ -267,17 +269,26 @@ def decoupled_refine(
     intercept = intercept_direction is not None
     Q, K, V = (f.copy() for f in parametrization.factors(params))
     heads = [None] * m
-    pending, residual_start, condition = list(range(m)), None, None
+    pending, condition = list(range(m)), None
+    best, best_residual, residual_start = np.asarray(params, dtype=float), None, None
     # first every head on its own problem, then the heads that did not converge
-    # together (their split between each other no longer hangs on the charts)
-    for round_ in range(2):
+    # together (their split between each other no longer hangs on the charts);
+    # the layer of the lowest residual, measured before each round and at the end,
+    # is returned
+    for round_ in range(3):
         current = np.concatenate([Q.reshape(-1), K.reshape(-1), V.reshape(-1)])
         output_factors, residual = _output_factors(
             X, Y, current, parametrization, sample_weight, intercept
         )
+        if best_residual is None:
+            residual_start = best_residual = residual
+        elif residual < best_residual:
+            best, best_residual = current, residual
+        if round_ == 2 or not pending:
+            break
         D, cond = decoupling_map(output_factors)
         if round_ == 0:
-            residual_start, condition = residual, cond
+            condition = cond
             groups = [[i] for i in pending]
         else:
             groups = [pending]
@@ -310,13 +321,7 @@ def decoupled_refine(
                     flush=True,
                 )
         pending = [i for i in range(m) if not heads[i]["converged"]]
-        if not pending:
-            break
-    refined = np.concatenate([Q.reshape(-1), K.reshape(-1), V.reshape(-1)])
-    _, residual = _output_factors(
-        X, Y, refined, parametrization, sample_weight, intercept
-    )
-    kept = residual < residual_start
+    kept = best_residual < residual_start
     info = {
         "heads": heads,
         "n_products": int(
@@ -324,7 +329,7 @@ def decoupled_refine(
         ),
         "condition": condition,
         "residual_start": residual_start,
-        "residual": residual if kept else residual_start,
+        "residual": best_residual,
         "kept": bool(kept),
     }
-    return (refined if kept else np.asarray(params, dtype=float)), info
+    return best, info
