@@ -218,11 +218,20 @@ def test_random_starts_decouple_after_the_search():
 
 
 def test_heads_that_do_not_converge_alone_are_solved_together(monkeypatch):
-    # nothing counts as converged: the second round solves all heads as one group
-    # (targets Y D, no fixed columns), and gets the layer all the same
+    # every one-head problem "fails" (its head is then not taken): the second round
+    # solves all heads as one group (targets Y D, no fixed columns) and gets the
+    # layer all the same
     import skattn.solvers._decoupled as decoupled
 
-    monkeypatch.setattr(decoupled, "_CONVERGED", 0.0)
+    solve = decoupled._solve_group
+
+    def failing_alone(X, shares, group, Q, K, *args):
+        q, kk, values, info = solve(X, shares, group, Q, K, *args)
+        if len(group) == 1:
+            info["relative_residual"] = 1.0
+        return q, kk, values, info
+
+    monkeypatch.setattr(decoupled, "_solve_group", failing_alone)
     X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=10)
     par = FactoredHeads(3, 6, 2)
     start = truth + 0.03 * np.random.default_rng(11).normal(size=truth.size)
@@ -233,3 +242,30 @@ def test_heads_that_do_not_converge_alone_are_solved_together(monkeypatch):
     assert info["heads"][0]["group"] == [0, 1, 2]
     assert info["residual"] < 1e-10
     assert identifiable_attention_error(par, refined, truth) < 1e-8
+
+
+def test_an_unconverged_head_is_not_taken(monkeypatch):
+    # a problem that does not converge leaves its head as it was
+    import skattn.solvers._decoupled as decoupled
+
+    solve = decoupled._solve_group
+
+    def head_one_fails(X, shares, group, Q, K, *args):
+        q, kk, values, info = solve(X, shares, group, Q, K, *args)
+        if 1 in group:
+            info["relative_residual"] = 1.0
+        return q, kk, values, info
+
+    monkeypatch.setattr(decoupled, "_solve_group", head_one_fails)
+    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
+    par = FactoredHeads(3, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X)
+    )
+    Q, K, _ = par.factors(refined)
+    Q0, K0, _ = par.factors(start)
+    np.testing.assert_array_equal(Q[1], Q0[1])
+    np.testing.assert_array_equal(K[1], K0[1])
+    assert info["kept"] and info["residual"] < info["residual_start"]
+    assert not info["heads"][1]["converged"] and info["heads"][0]["converged"]

@@ -272,9 +272,9 @@ def decoupled_refine(
     pending, condition = list(range(m)), None
     best, best_residual, residual_start = np.asarray(params, dtype=float), None, None
     # first every head on its own problem, then the heads that did not converge
-    # together (their split between each other no longer hangs on the charts);
-    # the layer of the lowest residual, measured before each round and at the end,
-    # is returned
+    # together (their split between each other no longer hangs on the charts); a
+    # problem's heads are taken only when it converged, and the layer of the lowest
+    # residual, measured before each round and at the end, is returned
     for round_ in range(3):
         current = np.concatenate([Q.reshape(-1), K.reshape(-1), V.reshape(-1)])
         output_factors, residual = _output_factors(
@@ -306,10 +306,13 @@ def decoupled_refine(
                     delayed(job)(group) for group in groups
                 )
         for group, (q, kk, values, info) in zip(groups, results, strict=True):
-            Q[group], K[group], V[group] = q, kk, values
             row = {key: info[key] for key in ("n_iter", "n_products", "seconds")}
             row["relative_residual"] = info["relative_residual"]
             row["converged"] = info["relative_residual"] <= _CONVERGED
+            if row["converged"]:
+                # an unconverged problem may explain its targets through the fixed
+                # columns (the other heads' shares): its head is not taken
+                Q[group], K[group], V[group] = q, kk, values
             row["round"], row["group"] = round_, list(map(int, group))
             for i in group:
                 heads[i] = row
