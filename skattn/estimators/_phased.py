@@ -204,8 +204,11 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         in minutes (11 of the 12 real heads found from each start tried), and
         cut the polish of two heads from 32 iterations to 8.  ``"auto"``: when
         the polish factors the values
-        (:func:`skattn.solvers.choose_factor_values`).  ``phase_report_``
-        records it (``start_search``).
+        (:func:`skattn.solvers.choose_factor_values`).  When ``n_heads *
+        head_rank`` is at most the output width (every BERT-style layer), the
+        searched heads are then refined each on its own one-head problem
+        (:func:`skattn.solvers.decoupled_refine`).  ``phase_report_`` records
+        both (``start_search``, and its ``"decoupled"``).
     polish_solver : {"auto", "dense", "matrix-free"}, default="auto"
         Levenberg-Marquardt solver of the polish: the Gauss-Newton matrix formed
         and factored (``"dense"``: ``O((m d^2)^3)`` a step, fastest for small
