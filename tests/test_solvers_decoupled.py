@@ -269,3 +269,29 @@ def test_an_unconverged_head_is_not_taken(monkeypatch):
     np.testing.assert_array_equal(K[1], K0[1])
     assert info["kept"] and info["residual"] < info["residual_start"]
     assert not info["heads"][1]["converged"] and info["heads"][0]["converged"]
+
+
+def test_a_head_left_unsolved_is_searched_afresh_and_refined(monkeypatch):
+    # head 1's problems "fail" in the first refinement: it is searched alone on
+    # what the other heads leave, refined alone again, and the fit is exact
+    import skattn.solvers._decoupled as decoupled
+
+    solve, calls = decoupled._solve_group, {"head 1": 0}
+
+    def head_one_fails_twice(X, shares, group, Q, K, *args):
+        q, kk, values, info = solve(X, shares, group, Q, K, *args)
+        if 1 in group and calls["head 1"] < 2:
+            calls["head 1"] += 1
+            info["relative_residual"] = 1.0
+        return q, kk, values, info
+
+    monkeypatch.setattr(decoupled, "_solve_group", head_one_fails_twice)
+    X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
+    _, _, info = polish_from_random_starts(
+        X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
+    )
+    decoupled_info = info["start_search"]["decoupled"]
+    assert decoupled_info["replacements"] == [{"head": 1, "converged": True}]
+    assert decoupled_info["heads"][1]["converged"]
+    assert decoupled_info["residual"] < 1e-10
+    assert info["relative_residual"] < 1e-10

@@ -195,6 +195,7 @@ def decoupled_refine(
     *,
     sample_weight=None,
     intercept_direction=None,
+    heads=None,
     max_iter=20,
     tol=1e-10,
     n_jobs=None,
@@ -216,6 +217,8 @@ def decoupled_refine(
         A token-space ``g`` with ``X g = 1`` when the outputs have an intercept:
         the output factors are then fitted with a column of ones.  (The one-head
         designs ``S_i X`` hold a constant already through that coordinate.)
+    heads : list of int or None
+        The heads to refine (``None``: all); the others keep their parameters.
     max_iter : int, default=20
         Levenberg-Marquardt iterations of each problem.
     tol : float, default=1e-10
@@ -237,7 +240,8 @@ def decoupled_refine(
     info : dict
         ``heads`` (per head, its last problem's ``n_iter``, ``n_products``,
         ``relative_residual``, ``seconds``, ``converged``, ``round`` and
-        ``group``: the heads solved together), ``n_products``, ``condition``
+        ``group``: the heads solved together; None for a head not refined),
+        ``n_products``, ``condition``
         (of the stacked output factors), ``residual_start``, ``residual`` (the
         relative residual with the output factors eliminated, before and after),
         ``kept``.
@@ -268,8 +272,9 @@ def decoupled_refine(
         )
     intercept = intercept_direction is not None
     Q, K, V = (f.copy() for f in parametrization.factors(params))
+    chosen = list(range(m)) if heads is None else [int(i) for i in heads]
     heads = [None] * m
-    pending, condition = list(range(m)), None
+    pending, condition = list(chosen), None
     best, best_residual, residual_start = np.asarray(params, dtype=float), None, None
     # first every head on its own problem, then the heads that did not converge
     # together (their split between each other no longer hangs on the charts); a
@@ -323,12 +328,15 @@ def decoupled_refine(
                     f"{row['relative_residual']:.3g}, {row['seconds']:.1f} s",
                     flush=True,
                 )
-        pending = [i for i in range(m) if not heads[i]["converged"]]
+        pending = [i for i in chosen if not heads[i]["converged"]]
     kept = best_residual < residual_start
     info = {
         "heads": heads,
         "n_products": int(
-            sum(row["n_products"] for row in {id(row): row for row in heads}.values())
+            sum(
+                row["n_products"]
+                for row in {id(row): row for row in heads if row}.values()
+            )
         ),
         "condition": condition,
         "residual_start": residual_start,

@@ -28,6 +28,9 @@ from ._first_order import _ADAM_BETA2 as _BETA2
 from ._first_order import _ADAM_EPSILON as _EPSILON
 from ._parametrization import random_attention
 
+# The search's defaults (also those of the replacements after a decoupled refinement).
+_BATCH_SIZE = 256
+_LEARNING_RATE = 0.1
 # Ridge of a batch's Gram matrix, relative to its mean diagonal: keeps the solve
 # defined when a batch's design is rank deficient (a head with no signal yet).
 _BATCH_RIDGE = 1e-10
@@ -148,8 +151,8 @@ def minibatch_search(
     *,
     intercept_direction=None,
     sample_weight=None,
-    batch_size=256,
-    learning_rate=0.1,
+    batch_size=_BATCH_SIZE,
+    learning_rate=_LEARNING_RATE,
     max_steps=5000,
     check_every=50,
     stop_residual=2e-2,

@@ -16,7 +16,13 @@ from ._decoupled import can_decouple, decoupled_refine, decoupled_size
 from ._dense import _varpro_levenberg_marquardt
 from ._lbfgs import _full_lbfgs, _varpro_lbfgs
 from ._matrix_free import _intercept_direction, varpro_least_squares
-from ._minibatch import minibatch_search
+from ._minibatch import (
+    _BATCH_SIZE,
+    _LEARNING_RATE,
+    _REPLACEMENT_BATCHES,
+    _replace_head,
+    minibatch_search,
+)
 from ._objective import _loss, _normalized_weights, solve_projections
 from ._parametrization import FactoredHeads, make_parametrization, random_attention
 
@@ -760,16 +766,74 @@ def _search(
         verbose=verbose,
     )
     if decouple:
-        n, k = X.shape[:2]
-        size = decoupled_size(m, k, d, head_rank, Y.shape[2])
-        rows = np.sort(rng.choice(n, size=min(n, size), replace=False))
-        params, info["decoupled"] = decoupled_refine(
-            X[rows],
-            Y[rows],
-            params,
-            par,
-            sample_weight=None if sample_weight is None else sample_weight[rows],
-            intercept_direction=direction,
-            verbose=verbose,
+        params, info["decoupled"] = _decouple(
+            X, Y, params, par, direction, sample_weight, rng, verbose
         )
     return par.attention(params), par.factors(params)[2], info
+
+
+# Heads whose one-head problem did not converge are searched afresh (each alone,
+# on what the others leave) and refined again, at most this many.
+_DECOUPLED_REPLACEMENTS = 2
+
+
+def _decouple(X, Y, params, par, direction, sample_weight, rng, verbose):
+    """:func:`decoupled_refine` on :func:`decoupled_size` random sequences; then
+    each head it could not solve (a head the search left mixed with another, or
+    unfound) is searched alone on what the other heads leave unexplained
+    (:func:`skattn.solvers._minibatch._replace_head`, as the search's replacement)
+    and refined alone again.  Returns the parameters and the refinement's info,
+    with ``replacements`` (per head: ``head``, ``converged``)."""
+    n, k = X.shape[:2]
+    size = decoupled_size(par.n_heads, k, par.n_features, par.rank, Y.shape[2])
+    rows = np.sort(rng.choice(n, size=min(n, size), replace=False))
+    Xd, Yd = X[rows], Y[rows]
+    weights = None if sample_weight is None else sample_weight[rows]
+    params, info = decoupled_refine(
+        Xd,
+        Yd,
+        params,
+        par,
+        sample_weight=weights,
+        intercept_direction=direction,
+        verbose=verbose,
+    )
+    pending = [i for i, row in enumerate(info["heads"]) if not row["converged"]]
+    info["replacements"] = []
+    for head in pending[:_DECOUPLED_REPLACEMENTS]:
+        batch = min(n, _BATCH_SIZE)
+        candidate = _replace_head(
+            X,
+            Y,
+            params,
+            par,
+            head,
+            rows=np.sort(
+                rng.choice(n, size=min(n, _REPLACEMENT_BATCHES * batch), replace=False)
+            ),
+            intercept_direction=direction,
+            batch_size=batch,
+            learning_rate=_LEARNING_RATE,
+            random_state=rng,
+            dtype=np.float32,
+        )
+        refined, again = decoupled_refine(
+            Xd,
+            Yd,
+            candidate,
+            par,
+            sample_weight=weights,
+            intercept_direction=direction,
+            heads=[head],
+            verbose=verbose,
+        )
+        converged = bool(again["heads"][head]["converged"])
+        if converged and again["residual"] < info["residual"]:
+            params, info["residual"] = refined, again["residual"]
+            info["heads"][head] = again["heads"][head]
+            info["n_products"] += again["n_products"]
+            info["kept"] = True
+        info["replacements"].append({"head": int(head), "converged": converged})
+        if verbose:
+            print(f"decoupled: head {head} searched afresh, converged: {converged}")
+    return params, info
