@@ -44,6 +44,22 @@ def identifiable_attention_error(par, params, truth, intercept=True):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
+def fail_problems(monkeypatch, fails):
+    """Make the problems of the head groups for which ``fails(group)`` is true
+    report a relative residual of 1 (not converged); they are solved as usual."""
+    import skattn.solvers._decoupled as decoupled
+
+    solve = decoupled._solve_group
+
+    def solve_or_fail(X, shares, group, Q, K, *args):
+        q, kk, values, info = solve(X, shares, group, Q, K, *args)
+        if fails(group):
+            info["relative_residual"] = 1.0
+        return q, kk, values, info
+
+    monkeypatch.setattr(decoupled, "_solve_group", solve_or_fail)
+
+
 def test_can_decouple_and_sizes():
     assert can_decouple(12, 32, 384) and can_decouple(3, 2, 7)
     assert not can_decouple(3, 3, 7) and not can_decouple(2, None, 100)
@@ -221,17 +237,7 @@ def test_heads_that_do_not_converge_alone_are_solved_together(monkeypatch):
     # every one-head problem "fails" (its head is then not taken): the second round
     # solves all heads as one group (targets Y D, no fixed columns) and gets the
     # layer all the same
-    import skattn.solvers._decoupled as decoupled
-
-    solve = decoupled._solve_group
-
-    def failing_alone(X, shares, group, Q, K, *args):
-        q, kk, values, info = solve(X, shares, group, Q, K, *args)
-        if len(group) == 1:
-            info["relative_residual"] = 1.0
-        return q, kk, values, info
-
-    monkeypatch.setattr(decoupled, "_solve_group", failing_alone)
+    fail_problems(monkeypatch, lambda group: len(group) == 1)
     X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=10)
     par = FactoredHeads(3, 6, 2)
     start = truth + 0.03 * np.random.default_rng(11).normal(size=truth.size)
@@ -246,17 +252,7 @@ def test_heads_that_do_not_converge_alone_are_solved_together(monkeypatch):
 
 def test_an_unconverged_head_is_not_taken(monkeypatch):
     # a problem that does not converge leaves its head as it was
-    import skattn.solvers._decoupled as decoupled
-
-    solve = decoupled._solve_group
-
-    def head_one_fails(X, shares, group, Q, K, *args):
-        q, kk, values, info = solve(X, shares, group, Q, K, *args)
-        if 1 in group:
-            info["relative_residual"] = 1.0
-        return q, kk, values, info
-
-    monkeypatch.setattr(decoupled, "_solve_group", head_one_fails)
+    fail_problems(monkeypatch, lambda group: 1 in group)
     X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
     par = FactoredHeads(3, 6, 2)
     start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
@@ -272,20 +268,17 @@ def test_an_unconverged_head_is_not_taken(monkeypatch):
 
 
 def test_a_head_left_unsolved_is_searched_afresh_and_refined(monkeypatch):
-    # head 1's problems "fail" in the first refinement: it is searched alone on
-    # what the other heads leave, refined alone again, and the fit is exact
-    import skattn.solvers._decoupled as decoupled
+    # head 1's problems "fail" in the first refinement (both rounds): it is searched
+    # alone on what the other heads leave, refined alone again, and the fit is exact
+    failures = {"left": 2}
 
-    solve, calls = decoupled._solve_group, {"head 1": 0}
+    def head_one_twice(group):
+        if 1 in group and failures["left"]:
+            failures["left"] -= 1
+            return True
+        return False
 
-    def head_one_fails_twice(X, shares, group, Q, K, *args):
-        q, kk, values, info = solve(X, shares, group, Q, K, *args)
-        if 1 in group and calls["head 1"] < 2:
-            calls["head 1"] += 1
-            info["relative_residual"] = 1.0
-        return q, kk, values, info
-
-    monkeypatch.setattr(decoupled, "_solve_group", head_one_fails_twice)
+    fail_problems(monkeypatch, head_one_twice)
     X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
     _, _, info = polish_from_random_starts(
         X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
