@@ -29,8 +29,9 @@ eliminated with the head's ``W``), independently (in threads with ``n_jobs``).
 Why it matters: the joint Levenberg-Marquardt problem of 12 MiniLM heads (442 368
 parameters) converges only linearly from where the minibatch search leaves it,
 held back by one nearly one-hot head whose Gauss-Newton block is tiny next to the
-others'; the one-head problems are each well scaled on their own, and each
-converged to rounding in 6-10 iterations (benchmarks/README.md).
+others'; the one-head problems are each well scaled on their own: from the search's
+end, ten of the twelve converged to rounding in 6-17 iterations each
+(benchmarks/README.md).
 
 Pure functions on token tensors (no validation; callers validate).
 """
@@ -53,11 +54,6 @@ from ._parametrization import LowRank
 _EQUATIONS_PER_UNKNOWN = 4
 # ... and never fewer sequences than this.
 _MIN_SEQUENCES = 200
-# Every step of a head's problem is solved in double precision to LSMR's default
-# tolerance.  Loose (LSMR to 1e-2) or single-precision steps failed on MiniLM heads:
-# a head's loose steps were rejected 17 times in a row at 1e-2 of its targets, and
-# twelve heads stalled near 7e-6 with single-precision exact steps (the fixed
-# columns are large next to what is left of the targets).
 # A head's (or group's) problem has converged at this relative residual; the heads
 # that have not are solved together in a second round.
 _CONVERGED = 1e-10
@@ -157,6 +153,11 @@ def _solve_group(X, shares, group, Q, K, sample_weight, max_iter, tol):
         sample_weight,
         max_iter=max_iter,
         tol=tol,
+        # every step in double precision to LSMR's default tolerance: loose (LSMR
+        # to 1e-2) or single-precision steps failed on MiniLM heads (a head's loose
+        # steps were rejected 17 times in a row at 1e-2 of its targets; twelve heads
+        # stalled near 7e-6 with single-precision exact steps: the fixed columns are
+        # large next to what is left of the targets)
         coarse=False,
         fixed_columns=fixed,
     )
