@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 from sklearn.utils import check_random_state
+from threadpoolctl import threadpool_limits
 
 from ._decoupled import can_decouple, decoupled_refine, decoupled_size
 from ._dense import _varpro_levenberg_marquardt
@@ -755,16 +756,19 @@ def _search(
     """
     m, d = attention.shape[:2]
     par = FactoredHeads(m, d, head_rank)
-    params, info = minibatch_search(
-        X,
-        Y,
-        par.from_attention(attention, projection),
-        par,
-        intercept_direction=direction,
-        sample_weight=sample_weight,
-        random_state=rng,
-        verbose=verbose,
-    )
+    # one BLAS thread: a batch's products are too small to share (12 MiniLM heads:
+    # 1400 steps took 5-6 min on two threads, 3.3 min on one)
+    with threadpool_limits(limits=1, user_api="blas"):
+        params, info = minibatch_search(
+            X,
+            Y,
+            par.from_attention(attention, projection),
+            par,
+            intercept_direction=direction,
+            sample_weight=sample_weight,
+            random_state=rng,
+            verbose=verbose,
+        )
     if decouple:
         params, info["decoupled"] = _decouple(
             X, Y, params, par, direction, sample_weight, rng, verbose
