@@ -45,19 +45,19 @@ def identifiable_attention_error(par, params, truth, intercept=True):
 
 
 def fail_problems(monkeypatch, fails):
-    """Make the problems of the head groups for which ``fails(group)`` is true
-    report a relative residual of 1 (not converged); they are solved as usual."""
+    """Make the problems of the heads for which ``fails(head)`` is true report a
+    relative residual of 1 (not converged); they are solved as usual."""
     import skattn.solvers._decoupled as decoupled
 
-    solve = decoupled._solve_group
+    solve = decoupled._solve_head
 
-    def solve_or_fail(X, shares, group, Q, K, *args):
-        q, kk, values, info = solve(X, shares, group, Q, K, *args)
-        if fails(group):
+    def solve_or_fail(X, shares, head, *args):
+        q, kk, values, info = solve(X, shares, head, *args)
+        if fails(head):
             info["relative_residual"] = 1.0
         return q, kk, values, info
 
-    monkeypatch.setattr(decoupled, "_solve_group", solve_or_fail)
+    monkeypatch.setattr(decoupled, "_solve_head", solve_or_fail)
 
 
 def test_can_decouple_and_sizes():
@@ -233,26 +233,9 @@ def test_random_starts_decouple_after_the_search():
         polish_from_random_starts(X, Y, 3, head_rank=2, decouple="yes")
 
 
-def test_heads_that_do_not_converge_alone_are_solved_together(monkeypatch):
-    # every one-head problem "fails" (its head is then not taken): the second round
-    # solves all heads as one group (targets Y D, no fixed columns) and gets the
-    # layer all the same
-    fail_problems(monkeypatch, lambda group: len(group) == 1)
-    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=10)
-    par = FactoredHeads(3, 6, 2)
-    start = truth + 0.03 * np.random.default_rng(11).normal(size=truth.size)
-    refined, info = decoupled_refine(
-        X, Y, start, par, intercept_direction=_intercept_direction(X)
-    )
-    assert [head["round"] for head in info["heads"]] == [1, 1, 1]
-    assert info["heads"][0]["group"] == [0, 1, 2]
-    assert info["residual"] < 1e-10
-    assert identifiable_attention_error(par, refined, truth) < 1e-8
-
-
 def test_an_unconverged_head_is_not_taken(monkeypatch):
     # a problem that does not converge leaves its head as it was
-    fail_problems(monkeypatch, lambda group: 1 in group)
+    fail_problems(monkeypatch, lambda head: head == 1)
     X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
     par = FactoredHeads(3, 6, 2)
     start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
@@ -268,17 +251,17 @@ def test_an_unconverged_head_is_not_taken(monkeypatch):
 
 
 def test_a_head_left_unsolved_is_searched_afresh_and_refined(monkeypatch):
-    # head 1's problems "fail" in the first refinement (both rounds): it is searched
-    # alone on what the other heads leave, refined alone again, and the fit is exact
-    failures = {"left": 2}
+    # head 1's problem "fails" in the first refinement: it is searched alone on
+    # what the other heads leave, refined alone again, and the fit is exact
+    failures = {"left": 1}
 
-    def head_one_twice(group):
-        if 1 in group and failures["left"]:
+    def head_one_once(head):
+        if head == 1 and failures["left"]:
             failures["left"] -= 1
             return True
         return False
 
-    fail_problems(monkeypatch, head_one_twice)
+    fail_problems(monkeypatch, head_one_once)
     X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
     _, _, info = polish_from_random_starts(
         X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
