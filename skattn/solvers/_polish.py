@@ -804,8 +804,8 @@ def _decouple(X, Y, params, par, direction, sample_weight, rng, verbose):
     )
     pending = [i for i, row in enumerate(info["heads"]) if not row["converged"]]
     info["replacements"] = []
+    batch = min(n, _BATCH_SIZE)
     for head in pending[:_DECOUPLED_REPLACEMENTS]:
-        batch = min(n, _BATCH_SIZE)
         candidate = _replace_head(
             X,
             Y,
@@ -832,10 +832,10 @@ def _decouple(X, Y, params, par, direction, sample_weight, rng, verbose):
             verbose=verbose,
         )
         converged = bool(again["heads"][head]["converged"])
+        info["n_products"] += again["n_products"]  # spent, taken or not
         if converged and again["residual"] < info["residual"]:
             params, info["residual"] = refined, again["residual"]
             info["heads"][head] = again["heads"][head]
-            info["n_products"] += again["n_products"]
             info["kept"] = True
         info["replacements"].append({"head": int(head), "converged": converged})
         if verbose:
