@@ -319,6 +319,36 @@ def test_coarse_steps_far_from_the_minimum_then_exact_ones():
     np.testing.assert_allclose(results[True][0], results[False][0], atol=1e-9)
 
 
+@pytest.mark.parametrize("coarse", [True, False])
+def test_a_start_that_fits_already_is_returned_as_it_is(coarse):
+    X, Y, attention, projection = planted(300, 4, 5, 2, 5, seed=13)
+    par = FullRank(2, 5)
+    exact = attention.reshape(-1)
+    params, W, info = varpro_least_squares(
+        X, Y, exact, par, coarse=coarse, stop_below=1e-10
+    )
+    assert info["stop_reason"] == "start" and info["converged"]
+    assert info["n_iter"] == 0 and info["n_products"] == 0
+    np.testing.assert_array_equal(params, exact)
+    np.testing.assert_allclose(W, projection, atol=1e-10)
+    # a start that does not fit is solved as without the rule
+    start = exact + 0.01 * np.random.default_rng(0).normal(size=par.size)
+    with_rule = varpro_least_squares(X, Y, start, par, coarse=coarse, stop_below=1e-10)
+    without = varpro_least_squares(X, Y, start, par, coarse=coarse)
+    np.testing.assert_array_equal(with_rule[0], without[0])
+    assert with_rule[2]["n_iter"] == without[2]["n_iter"] > 0
+
+
+def test_staged_polish_does_not_polish_an_exact_start():
+    X, Y, attention, _ = planted(400, 4, 5, 2, 5, seed=14)
+    _, _, info = staged_polish(
+        X, Y, attention, n_warmup_samples=100, solver="matrix-free", random_state=0
+    )
+    assert info["warmup"]["stop_reason"] == "start"
+    assert info["final_stage"] == "skipped: realisable"
+    assert info["n_iter"] == 0 and info["relative_residual"] < 1e-12
+
+
 def factored_planted(n, k, d, m, r, d_out, seed=0, intercept=False):
     """Planted low-rank heads with W_i = V_i O_i on tokens [x, 1] (with an
     intercept that no rank-r W_i holds) or on Boolean x."""

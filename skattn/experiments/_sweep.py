@@ -73,7 +73,12 @@ STOPPING_TOL = {
     "MultiHeadAttentionRegressor": ("polish_tol", None),
 }
 # The solvers' stop reasons in the words of the column stop_reason.
-_STOP_REASONS = {"step": "tol", "gradient": "tol", "no_decrease": "no_progress"}
+_STOP_REASONS = {
+    "step": "tol",
+    "gradient": "tol",
+    "start": "tol",
+    "no_decrease": "no_progress",
+}
 _SCHEDULER_TIMEOUT = 10  # seconds a scheduler has to answer
 
 

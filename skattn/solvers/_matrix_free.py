@@ -439,6 +439,7 @@ def varpro_least_squares(
     coarse_dtype=np.float32,
     intercept=False,
     fixed_columns=None,
+    stop_below=None,
     verbose=0,
 ):
     """Minimise the reduced loss matrix-free: scipy's ``least_squares``, TRF + LSMR.
@@ -473,6 +474,12 @@ def varpro_least_squares(
     fixed_columns : ndarray of shape (n, k, f) or None
         Full ``W_i`` only: more eliminated design columns that do not depend on
         the parameters (see :class:`VarproProblem`).
+    stop_below : float or None
+        Return the start as it is when its relative residual (against the
+        targets' norm, in double precision) is at most this: a start that fits
+        to rounding already (``stop_reason`` ``"start"``).  Without it the
+        solver spends a full step (up to ``max_products`` products) to find
+        that the step is negligible.
     verbose : int, default=0
         Passed to ``least_squares``: 2 prints one line per iteration.
 
@@ -530,7 +537,15 @@ def varpro_least_squares(
     omega = _normalized_weights(len(X), sample_weight)
     target = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", Y, Y)))
     status = None
-    if coarse and math.sqrt(2.0 * loss_start) > COARSE_UNTIL * target:
+    if stop_below is not None:
+        exact = problem.residual(x) if loose is not problem else start
+        if math.sqrt(float(exact @ exact)) <= stop_below * target:
+            status, max_iter = _START, 0  # no stage runs
+    if (
+        status is None
+        and coarse
+        and math.sqrt(2.0 * loss_start) > COARSE_UNTIL * target
+    ):
         # far from a minimum: loose steps until the residual is COARSE_UNTIL of Y
         def close_enough(intermediate_result):
             if math.sqrt(2.0 * intermediate_result.cost) <= COARSE_UNTIL * target:
@@ -567,7 +582,7 @@ def varpro_least_squares(
         "loss_start": loss_start,
         "loss": 0.5 * float(final @ final),
         "converged": status > 0,
-        "stop_reason": _STATUS.get(status, str(result.message)),
+        "stop_reason": _STATUS[status] if status in _STATUS else str(result.message),
     }
     return x, problem.projection, info
 
@@ -613,7 +628,10 @@ def _stage(problem, params, tr_options, max_nfev, callback=None, **options):
     return apply(result.x), result
 
 
+# least_squares' status -> stop_reason; _START: the start fitted already
+_START = 5
 _STATUS = {
+    _START: "start",
     0: "max_iter",
     1: "gradient",
     2: "no_decrease",
