@@ -44,9 +44,10 @@ def identifiable_attention_error(par, params, truth, intercept=True):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
-def fail_problems(monkeypatch, fails):
+def fail_problems(monkeypatch, fails, residual=1.0, end=None):
     """Make the problems of the heads for which ``fails(head)`` is true report a
-    relative residual of 1 (not converged); they are solved as usual."""
+    relative residual of ``residual`` (not converged; 1: far, 1e-5: near); they
+    are solved as usual, and with ``end(q, k, v)`` their ends replaced."""
     import skattn.solvers._decoupled as decoupled
 
     solve = decoupled._solve_head
@@ -54,7 +55,9 @@ def fail_problems(monkeypatch, fails):
     def solve_or_fail(X, shares, head, *args):
         q, kk, values, info = solve(X, shares, head, *args)
         if fails(head):
-            info["relative_residual"] = 1.0
+            info["relative_residual"] = residual
+            if end is not None:
+                q, kk, values = end(q, kk, values)
         return q, kk, values, info
 
     monkeypatch.setattr(decoupled, "_solve_head", solve_or_fail)
@@ -270,4 +273,100 @@ def test_a_head_left_unsolved_is_searched_afresh_and_refined(monkeypatch):
     assert decoupled_info["replacements"] == [{"head": 1, "converged": True}]
     assert decoupled_info["heads"][1]["converged"]
     assert decoupled_info["residual"] < 1e-10
+    assert info["relative_residual"] < 1e-10
+
+
+def test_near_unconverged_heads_are_restarted_from_their_ends():
+    # three iterations leave every head near (about 1e-4), unconverged; a second
+    # round from their ends, the decoupling map recomputed, solves them
+    X, Y, truth, _ = planted(400, 6, 6, 3, 2, 6, seed=4)
+    par = FactoredHeads(3, 7, 2)
+    start = truth + 0.05 * np.random.default_rng(5).normal(size=truth.size)
+    direction = _intercept_direction(X)
+    once, info_once = decoupled_refine(
+        X, Y, start, par, intercept_direction=direction, max_iter=3, restarts=0
+    )
+    assert all(1e-10 < h["relative_residual"] <= 1e-3 for h in info_once["heads"])
+    assert [h["rounds"] for h in info_once["heads"]] == [1, 1, 1]
+    # the near ends are taken: the layer fits better than at the start
+    assert info_once["kept"] and info_once["residual"] < 1e-3
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=direction, max_iter=3, restarts=3
+    )
+    assert [h["rounds"] for h in info["heads"]] == [2, 2, 2]
+    assert all(h["converged"] and h["n_iter"] > 3 for h in info["heads"])
+    assert info["residual"] < 1e-10
+    assert identifiable_attention_error(par, refined, truth) < 1e-8
+
+
+def test_far_heads_are_not_restarted_and_their_ends_not_taken():
+    X, Y, truth, _ = planted(400, 6, 6, 3, 2, 6, seed=4)
+    par = FactoredHeads(3, 7, 2)
+    start = truth + 0.1 * np.random.default_rng(5).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X), max_iter=2
+    )
+    assert all(h["relative_residual"] > 1e-3 for h in info["heads"])
+    assert [h["rounds"] for h in info["heads"]] == [1, 1, 1]
+    assert not info["kept"]
+    np.testing.assert_array_equal(refined, start)
+
+
+def test_a_head_that_stops_improving_is_not_restarted_again(monkeypatch):
+    # head 1 reports 1e-5 every round: restarted once (it was near), then its
+    # residual did not fall tenfold and it stops; the others converge in round 1
+    fail_problems(monkeypatch, lambda head: head == 1, residual=1e-5)
+    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
+    par = FactoredHeads(3, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
+    _, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X), restarts=3
+    )
+    assert [h["rounds"] for h in info["heads"]] == [1, 2, 1]
+    assert not info["heads"][1]["converged"] and info["heads"][0]["converged"]
+
+
+def test_a_near_end_that_fits_the_layer_worse_is_not_taken(monkeypatch):
+    # head 1's problem reports a near residual but ends at random factors: the
+    # layer without that end fits better, so head 1 keeps its start
+    rng = np.random.default_rng(14)
+    fail_problems(
+        monkeypatch,
+        lambda head: head == 1,
+        residual=1e-5,
+        end=lambda q, k, v: tuple(rng.normal(size=f.shape) for f in (q, k, v)),
+    )
+    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
+    par = FactoredHeads(3, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X)
+    )
+    Q, K, _ = par.factors(refined)
+    Q0, K0, _ = par.factors(start)
+    np.testing.assert_array_equal(Q[1], Q0[1])
+    np.testing.assert_array_equal(K[1], K0[1])
+    assert info["kept"] and info["heads"][0]["converged"]
+
+
+def test_a_near_head_is_continued_not_searched_afresh(monkeypatch):
+    # head 1's first problem ends near (1e-5): it is restarted from its end, not
+    # replaced by a new search
+    failures = {"left": 1}
+
+    def head_one_once(head):
+        if head == 1 and failures["left"]:
+            failures["left"] -= 1
+            return True
+        return False
+
+    fail_problems(monkeypatch, head_one_once, residual=1e-5)
+    X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
+    _, _, info = polish_from_random_starts(
+        X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
+    )
+    decoupled_info = info["start_search"]["decoupled"]
+    assert decoupled_info["replacements"] == []
+    assert decoupled_info["heads"][1]["converged"]
+    assert decoupled_info["heads"][1]["rounds"] == 2
     assert info["relative_residual"] < 1e-10

@@ -13,7 +13,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_limits
 
-from ._decoupled import can_decouple, decoupled_refine, decoupled_size
+from ._decoupled import _NEAR, can_decouple, decoupled_refine, decoupled_size
 from ._dense import _varpro_levenberg_marquardt
 from ._lbfgs import _full_lbfgs, _varpro_lbfgs
 from ._matrix_free import _intercept_direction, varpro_least_squares
@@ -787,15 +787,15 @@ def _search(
     return par.attention(params), par.factors(params)[2], info
 
 
-# Heads whose one-head problem did not converge are searched afresh (each alone,
-# on what the others leave) and refined again, at most this many.
+# Heads whose one-head problem ended far (above _NEAR) are searched afresh (each
+# alone, on what the others leave) and refined again, at most this many.
 _DECOUPLED_REPLACEMENTS = 2
 
 
 def _decouple(X, Y, params, par, direction, sample_weight, rng, verbose):
     """:func:`decoupled_refine` on :func:`decoupled_size` random sequences; then
-    each head it could not solve (a head the search left mixed with another, or
-    unfound) is searched alone on what the other heads leave unexplained
+    each head it could not bring near (a head the search left mixed with another,
+    or unfound) is searched alone on what the other heads leave unexplained
     (:func:`skattn.solvers._minibatch._replace_head`, as the search's replacement)
     and refined alone again.  Returns the parameters and the refinement's info,
     with ``replacements`` (per head: ``head``, ``converged``)."""
@@ -813,7 +813,13 @@ def _decouple(X, Y, params, par, direction, sample_weight, rng, verbose):
         intercept_direction=direction,
         verbose=verbose,
     )
-    pending = [i for i, row in enumerate(info["heads"]) if not row["converged"]]
+    # near heads were restarted from their ends already (every replacement of
+    # such a head measured on MiniLM ended worse than it began)
+    pending = [
+        i
+        for i, row in enumerate(info["heads"])
+        if not row["converged"] and row["relative_residual"] > _NEAR
+    ]
     info["replacements"] = []
     batch = min(n, _BATCH_SIZE)
     for head in pending[:_DECOUPLED_REPLACEMENTS]:
