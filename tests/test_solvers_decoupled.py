@@ -370,3 +370,27 @@ def test_a_near_head_is_continued_not_searched_afresh(monkeypatch):
     assert decoupled_info["heads"][1]["converged"]
     assert decoupled_info["heads"][1]["rounds"] == 2
     assert info["relative_residual"] < 1e-10
+
+
+def test_a_head_just_under_the_converged_rule_is_restarted_to_rounding(monkeypatch):
+    # head 1's first problem reports 5e-11: converged (taken) but above 1e-12,
+    # so it goes on for another round, which ends at rounding
+    failures = {"left": 1}
+
+    def head_one_once(head):
+        if head == 1 and failures["left"]:
+            failures["left"] -= 1
+            return True
+        return False
+
+    fail_problems(monkeypatch, head_one_once, residual=5e-11)
+    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
+    par = FactoredHeads(3, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X)
+    )
+    assert [h["rounds"] for h in info["heads"]] == [1, 2, 1]
+    assert all(h["converged"] for h in info["heads"])
+    assert info["heads"][1]["relative_residual"] <= 1e-12
+    assert info["residual"] < 1e-10

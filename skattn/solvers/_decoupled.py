@@ -54,8 +54,8 @@ from ._parametrization import LowRank
 _EQUATIONS_PER_UNKNOWN = 4
 # ... and never fewer sequences than this.
 _MIN_SEQUENCES = 200
-# A head's problem has converged at this relative residual; only then is the head
-# taken.  (Solving the heads that had not converged together, the other heads'
+# A head's problem has converged at this relative residual: the head is taken.
+# (Solving the heads that had not converged together, the other heads'
 # shares fixed, was tried: on 12 MiniLM heads two such heads ended at 0.030 and
 # 0.191, worse than alone, after 250-300 s.)
 _CONVERGED = 1e-10
@@ -68,6 +68,10 @@ _CONVERGED = 1e-10
 # worse in 4 of 4 trials: benchmarks/README.md.)
 _NEAR = 1e-3
 _PROGRESS = 10.0
+# ... and converged problems too, while above this: heads just under _CONVERGED
+# leave the layer short of rounding (on layer 2 heads at 2e-11-8e-11 left it at
+# 1.4e-9, and one iteration of the joint polish to below 1e-10 took 6 minutes).
+_EXACT = 1e-12
 
 
 def can_decouple(n_heads, head_rank, n_outputs):
@@ -205,7 +209,7 @@ def decoupled_refine(
     intercept_direction=None,
     heads=None,
     max_iter=20,
-    restarts=3,
+    restarts=5,
     tol=1e-10,
     n_jobs=None,
     verbose=0,
@@ -230,12 +234,13 @@ def decoupled_refine(
         The heads to refine (``None``: all); the others keep their parameters.
     max_iter : int, default=20
         Levenberg-Marquardt iterations of each problem per round.
-    restarts : int, default=3
+    restarts : int, default=5
         Rounds after the first.  A problem that ended unconverged but near
         (relative residual at most ``_NEAR``, 1e-3) has its end taken, and is
         solved again from there, with the decoupling map recomputed at the new
         point, while its residual falls at least ``_PROGRESS`` (10) fold per
-        round.
+        round; so is a converged one (at most ``_CONVERGED``, 1e-10) while
+        above ``_EXACT`` (1e-12).
     tol : float, default=1e-10
         Relative step tolerance of each head's problem.
     n_jobs : int or None
@@ -323,11 +328,10 @@ def decoupled_refine(
                 rounds=round_ + 1,
             )
             if row["converged"]:
-                Q[i], K[i], V[i] = q, kk, values
                 Qc[i], Kc[i], Vc[i] = q, kk, values
-            elif residual_i <= _NEAR:
+            if residual_i <= _NEAR:
                 Q[i], K[i], V[i] = q, kk, values
-                if residual_i * _PROGRESS <= previous:
+                if _EXACT < residual_i <= previous / _PROGRESS:
                     again.append(i)
             if verbose:
                 print(
