@@ -313,9 +313,16 @@ def test_far_heads_are_not_restarted_and_their_ends_not_taken():
 
 
 def test_a_head_that_stops_improving_is_not_restarted_again(monkeypatch):
-    # head 1 reports 1e-5 every round: restarted once (it was near), then its
-    # residual did not fall tenfold and it stops; the others converge in round 1
-    fail_problems(monkeypatch, lambda head: head == 1, residual=1e-5)
+    # head 1 reports 1e-5 every round (and ends slightly off, so the layer does
+    # not fit to rounding): restarted once (it was near), then its residual did
+    # not fall tenfold and it stops; the others converge in round 1
+    rng = np.random.default_rng(16)
+    fail_problems(
+        monkeypatch,
+        lambda head: head == 1,
+        residual=1e-5,
+        end=lambda q, k, v: (q + 1e-7 * rng.normal(size=q.shape), k, v),
+    )
     X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
     par = FactoredHeads(3, 6, 2)
     start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
@@ -350,8 +357,8 @@ def test_a_near_end_that_fits_the_layer_worse_is_not_taken(monkeypatch):
 
 
 def test_a_near_head_is_continued_not_searched_afresh(monkeypatch):
-    # head 1's first problem ends near (1e-5): it is restarted from its end, not
-    # replaced by a new search
+    # head 1's first problem ends near (1e-5, slightly off): it is restarted from
+    # its end, not replaced by a new search
     failures = {"left": 1}
 
     def head_one_once(head):
@@ -360,7 +367,13 @@ def test_a_near_head_is_continued_not_searched_afresh(monkeypatch):
             return True
         return False
 
-    fail_problems(monkeypatch, head_one_once, residual=1e-5)
+    rng = np.random.default_rng(17)
+    fail_problems(
+        monkeypatch,
+        head_one_once,
+        residual=1e-5,
+        end=lambda q, k, v: (q + 1e-5 * rng.normal(size=q.shape), k, v),
+    )
     X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
     _, _, info = polish_from_random_starts(
         X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
@@ -373,8 +386,39 @@ def test_a_near_head_is_continued_not_searched_afresh(monkeypatch):
 
 
 def test_a_head_just_under_the_converged_rule_is_restarted_to_rounding(monkeypatch):
-    # head 1's first problem reports 5e-11: converged (taken) but above 1e-12,
-    # so it goes on for another round, which ends at rounding
+    # head 1's first problem reports 5e-11 and ends slightly off: converged
+    # (taken) but above 1e-12, and the layer not fitted to 1e-10, so it goes on
+    # for another round, which ends at rounding
+    failures = {"left": 1}
+
+    def head_one_once(head):
+        if head == 1 and failures["left"]:
+            failures["left"] -= 1
+            return True
+        return False
+
+    rng = np.random.default_rng(15)
+    fail_problems(
+        monkeypatch,
+        head_one_once,
+        residual=5e-11,
+        end=lambda q, k, v: (q + 1e-7 * rng.normal(size=q.shape), k, v),
+    )
+    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
+    par = FactoredHeads(3, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X)
+    )
+    assert [h["rounds"] for h in info["heads"]] == [1, 2, 1]
+    assert all(h["converged"] for h in info["heads"])
+    assert info["heads"][1]["relative_residual"] <= 1e-12
+    assert info["residual"] < 1e-10
+
+
+def test_no_round_starts_once_the_layer_fits_to_rounding(monkeypatch):
+    # the same report, but head 1's end is exact: the layer fits to rounding
+    # after round one, so head 1 is not restarted
     failures = {"left": 1}
 
     def head_one_once(head):
@@ -387,10 +431,8 @@ def test_a_head_just_under_the_converged_rule_is_restarted_to_rounding(monkeypat
     X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
     par = FactoredHeads(3, 6, 2)
     start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
-    refined, info = decoupled_refine(
+    _, info = decoupled_refine(
         X, Y, start, par, intercept_direction=_intercept_direction(X)
     )
-    assert [h["rounds"] for h in info["heads"]] == [1, 2, 1]
-    assert all(h["converged"] for h in info["heads"])
-    assert info["heads"][1]["relative_residual"] <= 1e-12
+    assert [h["rounds"] for h in info["heads"]] == [1, 1, 1]
     assert info["residual"] < 1e-10

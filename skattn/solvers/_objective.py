@@ -26,6 +26,9 @@ from scipy import linalg
 
 from ..layer._math import attention_patterns, forward, squared_loss_gradient
 
+# A fit whose relative RMS residual is below this is taken as realisable (noise-free
+# data fitted to rounding): a further stage on more examples cannot improve it.
+REALISABLE_RESIDUAL = 1e-10
 # Budget (number of float64s) for one chunk's largest intermediate.
 _CHUNK_FLOATS = 2**21
 

@@ -24,7 +24,12 @@ from ._minibatch import (
     _replace_head,
     minibatch_search,
 )
-from ._objective import _loss, _normalized_weights, solve_projections
+from ._objective import (
+    REALISABLE_RESIDUAL,
+    _loss,
+    _normalized_weights,
+    solve_projections,
+)
 from ._parametrization import FactoredHeads, make_parametrization, random_attention
 
 # The dense Levenberg-Marquardt forms an (m d^2)^2 Gauss-Newton matrix (O(n k (m d)^2
@@ -297,9 +302,6 @@ def polish(
     return attention, projection, info
 
 
-# A fit whose relative RMS residual is below this is taken as realisable (noise-free
-# data fitted to rounding): a further stage on more examples cannot improve it.
-REALISABLE_RESIDUAL = 1e-10
 # First damping of a warm-started dense Levenberg-Marquardt stage.
 _WARM_DAMPING = 1e-6
 
