@@ -63,6 +63,53 @@ def fail_problems(monkeypatch, fails, residual=1.0, end=None):
     monkeypatch.setattr(decoupled, "_solve_head", solve_or_fail)
 
 
+def head_one_once():
+    """A ``fails`` for :func:`fail_problems`: head 1's first problem only."""
+    left = {"head 1": 1}
+
+    def fails(head):
+        if head == 1 and left["head 1"]:
+            left["head 1"] -= 1
+            return True
+        return False
+
+    return fails
+
+
+def nudged(scale, seed):
+    """An ``end`` for :func:`fail_problems`: ``Q`` moved by ``scale`` noise."""
+    rng = np.random.default_rng(seed)
+    return lambda q, k, v: (q + scale * rng.normal(size=q.shape), k, v)
+
+
+def three_heads(**options):
+    """:func:`decoupled_refine` of three planted heads from a start 0.03 off:
+    ``(par, start, refined, info)``."""
+    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
+    par = FactoredHeads(3, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X), **options
+    )
+    return par, start, refined, info
+
+
+def assert_head_one_kept_its_start(par, start, refined):
+    Q, K, _ = par.factors(refined)
+    Q0, K0, _ = par.factors(start)
+    np.testing.assert_array_equal(Q[1], Q0[1])
+    np.testing.assert_array_equal(K[1], K0[1])
+
+
+def decoupled_after_the_search():
+    """The decoupled record and the fit's residual of a minibatch search's fit."""
+    X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
+    _, _, info = polish_from_random_starts(
+        X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
+    )
+    return info["start_search"]["decoupled"], info["relative_residual"]
+
+
 def test_can_decouple_and_sizes():
     assert can_decouple(12, 32, 384) and can_decouple(3, 2, 7)
     assert not can_decouple(3, 3, 7) and not can_decouple(2, None, 100)
@@ -237,43 +284,24 @@ def test_random_starts_decouple_after_the_search():
 
 
 def test_an_unconverged_head_is_not_taken(monkeypatch):
-    # a problem that does not converge leaves its head as it was
+    # a problem that does not converge (far) leaves its head as it was
     fail_problems(monkeypatch, lambda head: head == 1)
-    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
-    par = FactoredHeads(3, 6, 2)
-    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
-    refined, info = decoupled_refine(
-        X, Y, start, par, intercept_direction=_intercept_direction(X)
-    )
-    Q, K, _ = par.factors(refined)
-    Q0, K0, _ = par.factors(start)
-    np.testing.assert_array_equal(Q[1], Q0[1])
-    np.testing.assert_array_equal(K[1], K0[1])
+    par, start, refined, info = three_heads()
+    assert_head_one_kept_its_start(par, start, refined)
     assert info["kept"] and info["residual"] < info["residual_start"]
     assert not info["heads"][1]["converged"] and info["heads"][0]["converged"]
 
 
 def test_a_head_left_unsolved_is_searched_afresh_and_refined(monkeypatch):
-    # head 1's problem "fails" in the first refinement: it is searched alone on
-    # what the other heads leave, refined alone again, and the fit is exact
-    failures = {"left": 1}
-
-    def head_one_once(head):
-        if head == 1 and failures["left"]:
-            failures["left"] -= 1
-            return True
-        return False
-
-    fail_problems(monkeypatch, head_one_once)
-    X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
-    _, _, info = polish_from_random_starts(
-        X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
-    )
-    decoupled_info = info["start_search"]["decoupled"]
+    # head 1's problem "fails" (far) in the first refinement: it is searched
+    # alone on what the other heads leave, refined alone again, and the fit is
+    # exact
+    fail_problems(monkeypatch, head_one_once())
+    decoupled_info, residual = decoupled_after_the_search()
     assert decoupled_info["replacements"] == [{"head": 1, "converged": True}]
     assert decoupled_info["heads"][1]["converged"]
     assert decoupled_info["residual"] < 1e-10
-    assert info["relative_residual"] < 1e-10
+    assert residual < 1e-10
 
 
 def test_near_unconverged_heads_are_restarted_from_their_ends():
@@ -316,19 +344,10 @@ def test_a_head_that_stops_improving_is_not_restarted_again(monkeypatch):
     # head 1 reports 1e-5 every round (and ends slightly off, so the layer does
     # not fit to rounding): restarted once (it was near), then its residual did
     # not fall tenfold and it stops; the others converge in round 1
-    rng = np.random.default_rng(16)
     fail_problems(
-        monkeypatch,
-        lambda head: head == 1,
-        residual=1e-5,
-        end=lambda q, k, v: (q + 1e-7 * rng.normal(size=q.shape), k, v),
+        monkeypatch, lambda head: head == 1, residual=1e-5, end=nudged(1e-7, 16)
     )
-    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
-    par = FactoredHeads(3, 6, 2)
-    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
-    _, info = decoupled_refine(
-        X, Y, start, par, intercept_direction=_intercept_direction(X), restarts=3
-    )
+    _, _, _, info = three_heads(restarts=3)
     assert [h["rounds"] for h in info["heads"]] == [1, 2, 1]
     assert not info["heads"][1]["converged"] and info["heads"][0]["converged"]
 
@@ -343,73 +362,28 @@ def test_a_near_end_that_fits_the_layer_worse_is_not_taken(monkeypatch):
         residual=1e-5,
         end=lambda q, k, v: tuple(rng.normal(size=f.shape) for f in (q, k, v)),
     )
-    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
-    par = FactoredHeads(3, 6, 2)
-    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
-    refined, info = decoupled_refine(
-        X, Y, start, par, intercept_direction=_intercept_direction(X)
-    )
-    Q, K, _ = par.factors(refined)
-    Q0, K0, _ = par.factors(start)
-    np.testing.assert_array_equal(Q[1], Q0[1])
-    np.testing.assert_array_equal(K[1], K0[1])
+    par, start, refined, info = three_heads()
+    assert_head_one_kept_its_start(par, start, refined)
     assert info["kept"] and info["heads"][0]["converged"]
 
 
 def test_a_near_head_is_continued_not_searched_afresh(monkeypatch):
     # head 1's first problem ends near (1e-5, slightly off): it is restarted from
     # its end, not replaced by a new search
-    failures = {"left": 1}
-
-    def head_one_once(head):
-        if head == 1 and failures["left"]:
-            failures["left"] -= 1
-            return True
-        return False
-
-    rng = np.random.default_rng(17)
-    fail_problems(
-        monkeypatch,
-        head_one_once,
-        residual=1e-5,
-        end=lambda q, k, v: (q + 1e-5 * rng.normal(size=q.shape), k, v),
-    )
-    X, Y, _, _ = planted(600, 6, 6, 3, 2, 6, seed=9)
-    _, _, info = polish_from_random_starts(
-        X, Y, 3, head_rank=2, intercept=True, start_search="minibatch", random_state=0
-    )
-    decoupled_info = info["start_search"]["decoupled"]
+    fail_problems(monkeypatch, head_one_once(), residual=1e-5, end=nudged(1e-5, 17))
+    decoupled_info, residual = decoupled_after_the_search()
     assert decoupled_info["replacements"] == []
     assert decoupled_info["heads"][1]["converged"]
     assert decoupled_info["heads"][1]["rounds"] == 2
-    assert info["relative_residual"] < 1e-10
+    assert residual < 1e-10
 
 
 def test_a_head_just_under_the_converged_rule_is_restarted_to_rounding(monkeypatch):
     # head 1's first problem reports 5e-11 and ends slightly off: converged
     # (taken) but above 1e-12, and the layer not fitted to 1e-10, so it goes on
     # for another round, which ends at rounding
-    failures = {"left": 1}
-
-    def head_one_once(head):
-        if head == 1 and failures["left"]:
-            failures["left"] -= 1
-            return True
-        return False
-
-    rng = np.random.default_rng(15)
-    fail_problems(
-        monkeypatch,
-        head_one_once,
-        residual=5e-11,
-        end=lambda q, k, v: (q + 1e-7 * rng.normal(size=q.shape), k, v),
-    )
-    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
-    par = FactoredHeads(3, 6, 2)
-    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
-    refined, info = decoupled_refine(
-        X, Y, start, par, intercept_direction=_intercept_direction(X)
-    )
+    fail_problems(monkeypatch, head_one_once(), residual=5e-11, end=nudged(1e-7, 15))
+    _, _, _, info = three_heads()
     assert [h["rounds"] for h in info["heads"]] == [1, 2, 1]
     assert all(h["converged"] for h in info["heads"])
     assert info["heads"][1]["relative_residual"] <= 1e-12
@@ -419,20 +393,7 @@ def test_a_head_just_under_the_converged_rule_is_restarted_to_rounding(monkeypat
 def test_no_round_starts_once_the_layer_fits_to_rounding(monkeypatch):
     # the same report, but head 1's end is exact: the layer fits to rounding
     # after round one, so head 1 is not restarted
-    failures = {"left": 1}
-
-    def head_one_once(head):
-        if head == 1 and failures["left"]:
-            failures["left"] -= 1
-            return True
-        return False
-
-    fail_problems(monkeypatch, head_one_once, residual=5e-11)
-    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
-    par = FactoredHeads(3, 6, 2)
-    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
-    _, info = decoupled_refine(
-        X, Y, start, par, intercept_direction=_intercept_direction(X)
-    )
+    fail_problems(monkeypatch, head_one_once(), residual=5e-11)
+    _, _, _, info = three_heads()
     assert [h["rounds"] for h in info["heads"]] == [1, 1, 1]
     assert info["residual"] < 1e-10
