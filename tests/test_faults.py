@@ -415,9 +415,11 @@ if __name__ == "__main__":
 
     _batches._dask_map_reduce = arming
     config = {"distributed.scheduler.allowed-failures": 2}
-    with dask.config.set(config), LocalCluster(
-        n_workers=2, threads_per_worker=1, dashboard_address=None
-    ) as cluster, Client(cluster):
+    with dask.config.set(config):
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, dashboard_address=None
+        )
+        client = Client(cluster)
         Xd = da.from_array(X, chunks=(500, 12)).map_blocks(die_when_armed)
         yd = da.from_array(y, chunks=(500, 24))
         try:
@@ -430,6 +432,15 @@ if __name__ == "__main__":
         except Exception as exc:
             notes = " ".join(getattr(exc, "__notes__", []))
             out = {"fitted": False, "error": f"{type(exc).__name__}: {exc} {notes}"}
+        # closing races a nanny still restarting a killed worker ("can only join a
+        # started process", distributed's own assertion, seen once on a loaded
+        # machine): recorded, but it says nothing about the fit
+        try:
+            client.close()
+            cluster.close()
+            out["teardown"] = None
+        except Exception as exc:
+            out["teardown"] = f"{type(exc).__name__}: {exc}"
     out.update(fired=os.path.exists(fired), scans=scans)
     print(json.dumps(out))
 """
