@@ -818,9 +818,7 @@ def _decouple(X, Y, params, par, direction, sample_weight, rng, verbose):
     # near heads were restarted from their ends already (every replacement of
     # such a head measured on MiniLM ended worse than it began)
     pending = [
-        i
-        for i, row in enumerate(info["heads"])
-        if not row["converged"] and row["relative_residual"] > _NEAR
+        i for i, row in enumerate(info["heads"]) if row["relative_residual"] > _NEAR
     ]
     info["replacements"] = []
     batch = min(n, _BATCH_SIZE)
