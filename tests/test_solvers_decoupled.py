@@ -202,6 +202,42 @@ def test_one_head_problem_with_fixed_columns_is_solved_to_rounding():
     assert np.sqrt(2 * info["loss"]) < 1e-10 * np.linalg.norm(shares[:, :, 1])
 
 
+def test_single_precision_products_reach_a_double_precision_optimum(monkeypatch):
+    # the one-head problems' products in float32, their residuals in float64: the
+    # same optimum, to double-precision rounding, as products in float64
+    matvec, used = VarproProblem.matvec, set()
+
+    def spy(self, params, direction):
+        used.add(self.dtype)
+        return matvec(self, params, direction)
+
+    monkeypatch.setattr(VarproProblem, "matvec", spy)
+    X, Y, truth, factors = planted(300, 5, 6, 3, 2, 6, seed=6)
+    D, _ = decoupling_map(factors)
+    shares = (Y.reshape(-1, 6) @ D).reshape(300, 5, 3, 2)
+    Q, K, _ = FactoredHeads(3, 7, 2).factors(truth)
+    start = np.concatenate([Q[0].ravel(), K[0].ravel()])
+    start += 0.05 * np.random.default_rng(7).normal(size=start.size)
+    target = np.linalg.norm(shares[:, :, 0]) / np.sqrt(300)
+    ends = {}
+    for dtype in (np.float32, np.float64):
+        params, _, info = varpro_least_squares(
+            X,
+            shares[:, :, 0],
+            start,
+            LowRank(1, 7, 2),
+            coarse=False,
+            jacobian_dtype=dtype,
+            fixed_columns=shares[:, :, 1:].reshape(300, 5, 4),
+        )
+        assert info["converged"] and info["n_products"] > 0
+        assert used == {np.dtype(dtype)}
+        used.clear()
+        assert np.sqrt(2 * info["loss"]) < 1e-12 * target
+        ends[dtype] = LowRank(1, 7, 2).attention(params)[0, :, :-1]
+    np.testing.assert_allclose(ends[np.float32], ends[np.float64], atol=1e-9)
+
+
 @pytest.mark.parametrize(
     "d_out, intercept, weighted", [(6, True, False), (9, True, True), (6, False, False)]
 )

@@ -149,11 +149,14 @@ def _output_factors(X, Y, params, parametrization, sample_weight, intercept):
     return coef[: m * r].reshape(m, r, -1), float(residual)
 
 
-def _solve_head(X, shares, i, Q, K, sample_weight, max_iter, tol):
+def _solve_head(
+    X, shares, i, Q, K, sample_weight, max_iter, tol, jacobian_dtype=np.float32
+):
     """Head i's problem: targets ``Y D_i``, the other heads' shares ``Y D_{-i}`` as
     fixed columns.  Returns its ``Q_i, K_i``, value factor ``V_i`` (each ``(d,
     r)``; ``V_i`` the coefficients of its features ``S_i X``) and the solver's
-    info."""
+    info.  ``jacobian_dtype``: the precision of the Jacobian products (see the
+    call; benchmarks/bench_decoupled_precision.py compares the two)."""
     clock = time.perf_counter()
     n, k, m, r = shares.shape
     target = np.ascontiguousarray(shares[:, :, i])
@@ -169,12 +172,18 @@ def _solve_head(X, shares, i, Q, K, sample_weight, max_iter, tol):
         sample_weight,
         max_iter=max_iter,
         tol=tol,
-        # every step in double precision to LSMR's default tolerance: loose (LSMR
-        # to 1e-2) or single-precision steps failed on MiniLM heads (a head's loose
-        # steps were rejected 17 times in a row at 1e-2 of its targets; twelve heads
-        # stalled near 7e-6 with single-precision exact steps: the fixed columns are
-        # large next to what is left of the targets)
+        # every step to LSMR's default tolerance, its residuals in double
+        # precision: loose (LSMR to 1e-2) or wholly single-precision steps failed
+        # on MiniLM heads (a head's loose steps were rejected 17 times in a row at
+        # 1e-2 of its targets; twelve heads stalled near 7e-6 when the residual too
+        # was single precision: the fixed columns are large next to what is left of
+        # the targets)
         coarse=False,
+        # ... but the Jacobian products, nearly all of the work, in single by
+        # default: on MiniLM layer 4 from real text they took the heads' problems
+        # to the same residuals in about as many products and half the time
+        # (benchmarks/README.md)
+        jacobian_dtype=jacobian_dtype,
         fixed_columns=fixed,
     )
     omega = _normalized_weights(n, sample_weight)

@@ -24,7 +24,10 @@ parametrization (:mod:`skattn.solvers._parametrization`): full Theta_i or low ra
 while the residual is large (``COARSE_UNTIL``), then steps solved to LSMR's default
 tolerance for the quadratic convergence at the end.  Each stage works in the
 variables of the parametrization's right preconditioner at its start (for low-rank
-heads the metric of scaled gradient descent; none for full Theta_i).
+heads the metric of scaled gradient descent; none for full Theta_i).  With
+``jacobian_dtype=numpy.float32`` the final stage's Jacobian products (nearly all of
+its work) run in single precision while its residuals and eliminated coefficients
+stay in double: the steps are then a little less accurate, the optimum is not.
 """
 
 import math
@@ -437,6 +440,7 @@ def varpro_least_squares(
     max_products=None,
     coarse=True,
     coarse_dtype=np.float32,
+    jacobian_dtype=np.float64,
     intercept=False,
     fixed_columns=None,
     stop_below=None,
@@ -466,6 +470,14 @@ def varpro_least_squares(
         Precision of the Jacobian products of the loose stage (half the cost of
         float64 BLAS); the eliminated coefficients are solved in float64 and the
         final stage runs in float64, so the result is a float64 optimum.
+    jacobian_dtype : dtype, default=numpy.float64
+        Precision of the final stage's Jacobian products (a twin problem in
+        that precision gives the linear solver its operator); its residuals and
+        eliminated coefficients, which decide the optimum, stay in float64.
+        ``float32`` halves the cost of the products that are nearly all of the
+        stage's work: a product's rounding error only makes each step slightly
+        less exact, where a residual in single precision would stall the stage
+        at single-precision rounding.
     intercept : bool, default=False
         With :class:`FactoredHeads` only: also eliminate a constant output shift
         (an intercept column in the design; the tokens must have a constant
@@ -565,9 +577,25 @@ def varpro_least_squares(
     # a single-precision stage may stop on rounding: the float64 stage always follows
     finish = status in (None, -2) or loose is not problem
     loose = None  # its kept states
+    products = None
     if n_evaluations < max_iter and finish:
+        if np.dtype(jacobian_dtype) != problem.dtype:
+            products = VarproProblem(
+                X,
+                Y,
+                sample_weight,
+                parametrization,
+                intercept,
+                dtype=jacobian_dtype,
+                fixed_columns=fixed_columns,
+            )
         x, result = _stage(
-            problem, x, {"maxiter": max_products}, max_iter - n_evaluations, **options
+            problem,
+            x,
+            {"maxiter": max_products},
+            max_iter - n_evaluations,
+            products=products,
+            **options,
         )
         n_iter += int(result.njev)
         n_evaluations += int(result.nfev)
@@ -578,7 +606,11 @@ def varpro_least_squares(
         "n_iter": n_iter,
         "n_coarse_iter": n_coarse,
         "n_evaluations": n_evaluations,
-        "n_products": int(problem.n_products + n_loose_products),
+        "n_products": int(
+            problem.n_products
+            + n_loose_products
+            + (0 if products is None else products.n_products)
+        ),
         "loss_start": loss_start,
         "loss": 0.5 * float(final @ final),
         "converged": status > 0,
@@ -587,13 +619,18 @@ def varpro_least_squares(
     return x, problem.projection, info
 
 
-def _stage(problem, params, tr_options, max_nfev, callback=None, **options):
+def _stage(
+    problem, params, tr_options, max_nfev, callback=None, products=None, **options
+):
     """One run of scipy's ``least_squares`` (TRF, LSMR) from ``params``.
 
     In the variables ``z`` of the parametrization's right preconditioner ``M``
     at ``params`` (``p = M z``; see ``LowRank.preconditioner``), or in ``p``
-    itself when it has none.  Returns the final ``p`` and scipy's result.
+    itself when it has none.  The Jacobian products come from ``products`` (the
+    same problem in another precision) when given, else from ``problem``, which
+    gives the residuals.  Returns the final ``p`` and scipy's result.
     """
+    products = problem if products is None else products
     if problem.factored:  # balance V_i against the eliminated O_i
         problem.residual(params)
         params = problem.par.regauge(params, problem.output_factors)
@@ -610,7 +647,7 @@ def _stage(problem, params, tr_options, max_nfev, callback=None, **options):
     def jacobian(z):
         # LSMR's left vectors stay orthogonal to the design (they are built from
         # the residual at W* and from J v): the cheaper adjoint is exact there
-        J = problem.jacobian(apply(z), orthogonal=True)
+        J = products.jacobian(apply(z), orthogonal=True)
         return J if precond is None else J @ M
 
     result = least_squares(

@@ -1,0 +1,115 @@
+"""Decoupled one-head problems: Jacobian products in float32 against float64.
+
+The decoupled refinement (:func:`skattn.solvers.decoupled_refine`) solves one
+problem per head after the minibatch search; on whole MiniLM layers it is most of
+the fit.  Its Jacobian products run in single precision while residuals and
+eliminated coefficients stay in double (``jacobian_dtype``).  This script measures
+that choice side by side on real heads:
+
+1. it runs ``bench_minilm_teacher.py`` (the default ``MultiHeadAttentionRegressor``)
+   with the arguments after ``--`` up to the decoupled refinement, and saves what
+   the refinement receives to ``--state`` (reused when the file exists);
+2. it builds the heads' problems there, as the refinement's first round does, and
+   solves each of ``--heads`` with float64 products, then with float32 products, on
+   one BLAS thread, one after the other;
+3. it prints per head the iterations, products, relative residual and seconds of
+   each, and the ratio of the seconds.
+
+Example (layer 4 of real text, the state of the search's end saved once)::
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_decoupled_precision.py \
+        --state /tmp/layer4.npz --heads 0 1 2 3 -- \
+        --text --layer 4 --n-heads 12 --n-samples 5000 --n-test 1000
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+import skattn.solvers._polish as polish_module
+from skattn.solvers import FactoredHeads
+from skattn.solvers._decoupled import _output_factors, _solve_head, decoupling_map
+
+
+class _Saved(Exception):
+    pass
+
+
+def save_state(path, teacher_args):
+    """Run the teacher benchmark up to the decoupled refinement; save its inputs."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_minilm_teacher
+
+    refine = polish_module.decoupled_refine
+
+    def grab(X, Y, params, par, **kwargs):
+        np.savez(
+            path,
+            X=X,
+            Y=Y,
+            params=params,
+            shape=[par.n_heads, par.n_features, par.rank],
+            intercept=kwargs.get("intercept_direction") is not None,
+        )
+        raise _Saved
+
+    polish_module.decoupled_refine = grab
+    try:
+        bench_minilm_teacher.main(teacher_args)
+    except _Saved:
+        pass
+    finally:
+        polish_module.decoupled_refine = refine
+    if not os.path.exists(path):
+        raise SystemExit("the fit did not reach the decoupled refinement")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--state", required=True, help=".npz of the search's end")
+    parser.add_argument("--heads", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--max-iter", type=int, default=20)
+    args = parser.parse_args(argv[:split])
+    if not os.path.exists(args.state):
+        save_state(args.state, argv[split + 1 :])
+    state = np.load(args.state)
+    X, Y, params = state["X"], state["Y"], state["params"]
+    m, d, r = (int(v) for v in state["shape"])
+    par = FactoredHeads(m, d, r)
+    n, k, o = Y.shape
+    print(f"# {args.state}: {n} sequences of {k} tokens, d={d}, {m} heads of rank {r}")
+    print(
+        "\n| head | float64: iterations, products, residual, s "
+        "| float32 products: iterations, products, residual, s | time ratio |"
+    )
+    print("|---|---|---|---|")
+    with threadpool_limits(limits=1, user_api="blas"):
+        factors, _ = _output_factors(X, Y, params, par, None, bool(state["intercept"]))
+        shares = (Y.reshape(n * k, o) @ decoupling_map(factors)[0]).reshape(n, k, m, r)
+        Q, K, _ = par.factors(params)
+        for head in args.heads:
+            cells, seconds = [], []
+            for dtype in (np.float64, np.float32):
+                clock = time.perf_counter()
+                info = _solve_head(
+                    X, shares, head, Q, K, None, args.max_iter, 1e-10, dtype
+                )[3]
+                seconds.append(time.perf_counter() - clock)
+                cells.append(
+                    f"{info['n_iter']}, {info['n_products']}, "
+                    f"{info['relative_residual']:.2g}, {seconds[-1]:.0f}"
+                )
+            print(
+                f"| {head} | {cells[0]} | {cells[1]} | {seconds[1] / seconds[0]:.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
