@@ -54,6 +54,36 @@ def test_batch_gradient_is_the_variable_projection_gradient(intercept):
     assert np.linalg.norm(gradient32 - gradient) <= 1e-3 * np.linalg.norm(gradient)
 
 
+def test_batch_halves_in_threads_give_the_same_bits():
+    # the batch is computed in two halves whose sums make the result: two
+    # threads give the same bits as one, and the search the same parameters
+    X, Y, truth = planted(300, 4, 6, 2, 2, 8, seed=5, intercept=True)
+    X, Y = X.astype(np.float32), Y.astype(np.float32)
+    par = FactoredHeads(2, X.shape[2], 2)
+    params = truth + 0.3 * np.random.default_rng(2).normal(size=par.size)
+    direction = _intercept_direction(X)
+    one, two = (
+        batch_loss_gradient(X, Y, params, par, direction, n_jobs=jobs)
+        for jobs in (1, 2)
+    )
+    assert one[0] == two[0] and one[2] == two[2]
+    np.testing.assert_array_equal(one[1], two[1])
+    searched = [
+        minibatch_search(
+            X,
+            Y,
+            params,
+            par,
+            batch_size=64,
+            max_steps=100,
+            n_jobs=jobs,
+            random_state=0,
+        )[0]
+        for jobs in (1, 2)
+    ]
+    np.testing.assert_array_equal(*searched)
+
+
 def test_minibatch_search_reaches_the_basin_of_a_planted_layer():
     X, Y, truth = planted(3000, 4, 8, 2, 2, 8, seed=2)
     par = FactoredHeads(2, 8, 2)

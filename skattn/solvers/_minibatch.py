@@ -17,10 +17,12 @@ Pure functions on token tensors (no validation; callers validate).
 """
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from scipy import linalg
 from sklearn.utils import check_random_state
+from threadpoolctl import threadpool_limits
 
 from ..layer._math import softmax
 from ._first_order import _ADAM_BETA1 as _BETA1
@@ -49,7 +51,9 @@ _REPLACEMENT_BATCHES = 16
 _REPLACE_BELOW = math.sqrt(2.0)
 
 
-def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None):
+def batch_loss_gradient(
+    X, Y, params, parametrization, intercept_direction=None, n_jobs=1
+):
     """The reduced loss of one batch and its gradient, the output factors eliminated.
 
     Parameters
@@ -63,6 +67,10 @@ def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None)
     intercept_direction : ndarray of shape (d,) or None
         A token-space vector ``g`` with ``X g = 1`` on every token: the design gets
         a column of ones (an intercept), eliminated with the ``O_i``.
+    n_jobs : int, default=1
+        Threads: the batch is computed in two halves (their sums, so the result
+        does not depend on ``n_jobs``), at once when ``n_jobs`` is 2, each with
+        one BLAS thread.
 
     Returns
     -------
@@ -88,25 +96,103 @@ def batch_loss_gradient(X, Y, params, parametrization, intercept_direction=None)
     True
     """
     b, k, _ = X.shape
-    dtype = X.dtype
-    low = np.asarray(params).astype(dtype, copy=False)
+    low = np.asarray(params).astype(X.dtype, copy=False)
+    intercept = intercept_direction is not None
+    # the batch in _PARTS parts, each a forward pass and its share of the Gram
+    # matrix, then each a backward pass against the batch's O: the parts run in
+    # threads when BLAS has several (12 MiniLM heads: a step is a few large GEMMs
+    # that one BLAS thread runs best), and the sums are the same either way
+    parts = [part for part in np.array_split(np.arange(b), _PARTS) if len(part)]
+    with _Workers(len(parts), n_jobs) as run:
+        states = run(
+            _part_forward,
+            [(X[i], Y[i], low, parametrization, intercept) for i in parts],
+        )
+        gram = sum(state["gram"] for state in states)
+        rhs = sum(state["rhs"] for state in states)
+        coef = _solve_gram(
+            gram,
+            rhs,
+            lambda: (
+                np.concatenate([s["design"] for s in states]),
+                np.concatenate([s["target"] for s in states]),
+            ),
+        ).astype(X.dtype)
+        backward = run(
+            _part_backward,
+            [
+                (X[i], low, parametrization, state, coef)
+                for i, state in zip(parts, states, strict=True)
+            ],
+        )
+    loss = 0.5 * sum(part[0] for part in backward) / b
+    gradient = sum(part[1].astype(np.float64) for part in backward)
+    zero = 0.5 * sum(state["zero"] for state in states) / b
+    return loss, gradient / b, zero
+
+
+# A batch's parts (see batch_loss_gradient): fixed, so that the result does not
+# depend on the number of threads.
+_PARTS = 2
+
+
+class _Workers:
+    """Run a function over argument tuples: in ``n_jobs`` threads, each limited to
+    one BLAS thread, or (``n_jobs=1``) in order."""
+
+    def __init__(self, n_parts, n_jobs):
+        self.n_jobs = max(1, min(n_parts, int(n_jobs)))
+
+    def __enter__(self):
+        if self.n_jobs > 1:
+            self._limits = threadpool_limits(limits=1, user_api="blas")
+            self._pool = ThreadPoolExecutor(self.n_jobs)
+        return self
+
+    def __call__(self, function, arguments):
+        if self.n_jobs == 1:
+            return [function(*args) for args in arguments]
+        return list(self._pool.map(lambda args: function(*args), arguments))
+
+    def __exit__(self, *exc):
+        if self.n_jobs > 1:
+            self._pool.shutdown()
+            self._limits.restore_original_limits()
+
+
+def _part_forward(X, Y, low, parametrization, intercept):
+    """A part's forward pass: its state and its share of the Gram system."""
+    b, k, _ = X.shape
     cache = parametrization.cache(X, low)
     patterns = softmax(parametrization.logits(X, low, cache), axis=-1)
     values = parametrization.values(X, low, cache)  # (b, m, k, r)
+    design = _design(patterns, values, intercept)
+    target = Y.reshape(b * k, Y.shape[2]).astype(X.dtype, copy=False)
+    return {
+        "cache": cache,
+        "patterns": patterns,
+        "values": values,
+        "design": design,
+        "target": target,
+        "gram": (design.T @ design).astype(np.float64),
+        "rhs": (design.T @ target).astype(np.float64),
+        "zero": float(np.vdot(target, target)),
+    }
+
+
+def _part_backward(X, low, parametrization, state, coef):
+    """A part's squared residual and loss gradient (unscaled) at the batch's O."""
+    b, k, _ = X.shape
+    values, patterns = state["values"], state["patterns"]
     m, r = values.shape[1], values.shape[3]
-    design = _design(patterns, values, intercept_direction is not None)
-    target = Y.reshape(b * k, Y.shape[2]).astype(dtype, copy=False)
-    coef = _least_squares(design, target)
-    residual = design @ coef - target
-    loss = 0.5 * float(np.vdot(residual, residual)) / b
+    residual = state["design"] @ coef - state["target"]
     # the envelope gradient: the loss's derivative in the design is residual O^T
     d_features = (residual @ coef[: m * r].T).reshape(b, k, m, r).transpose(0, 2, 1, 3)
     d_patterns = np.matmul(d_features, np.swapaxes(values, 2, 3))
     d_values = np.matmul(np.swapaxes(patterns, 2, 3), d_features)
     d_logits = patterns * (d_patterns - (patterns * d_patterns).sum(-1, keepdims=True))
-    gradient = parametrization.vjp(X, low, d_logits, d_values, cache)
-    zero = 0.5 * float(np.vdot(target, target)) / b
-    return loss, gradient.astype(np.float64) / b, zero
+    gradient = parametrization.vjp(X, low, d_logits, d_values, state["cache"])
+    return float(np.vdot(residual, residual)), gradient
 
 
 def _design(patterns, values, intercept):
@@ -124,23 +210,28 @@ def _design(patterns, values, intercept):
 def _least_squares(design, target):
     """``argmin_O ||design O - target||``: a float64 Cholesky solve of the (ridged)
     Gram matrix, in the design's dtype (least squares when that is not definite)."""
-    width = design.shape[1]
     gram = (design.T @ design).astype(np.float64)
+    rhs = (design.T @ target).astype(np.float64)
+    return _solve_gram(gram, rhs, lambda: (design, target)).astype(design.dtype)
+
+
+def _solve_gram(gram, rhs, system):
+    """``gram^{-1} rhs`` in float64 by Cholesky, ``gram`` ridged by _BATCH_RIDGE
+    of its mean diagonal; when that is not definite (two heads with the same
+    columns, in single precision), the minimum-norm least-squares solution of
+    ``system() = (design, target)`` instead."""
+    gram = gram.copy()
     gram[np.diag_indices_from(gram)] += _BATCH_RIDGE * max(
-        np.trace(gram) / width, np.finfo(float).tiny
+        np.trace(gram) / len(gram), np.finfo(float).tiny
     )
     try:
         factor = linalg.cho_factor(gram)
     except linalg.LinAlgError:
-        # a design the ridge does not keep definite in the design's precision
-        # (two heads with the same columns): the minimum-norm solution instead
-        solution = linalg.lstsq(
+        design, target = system()
+        return linalg.lstsq(
             design.astype(np.float64), target.astype(np.float64), cond=None
         )[0]
-        return solution.astype(design.dtype)
-    return linalg.cho_solve(factor, (design.T @ target).astype(np.float64)).astype(
-        design.dtype
-    )
+    return linalg.cho_solve(factor, rhs)
 
 
 def minibatch_search(
@@ -161,6 +252,7 @@ def minibatch_search(
     n_decays=3,
     n_replacements=2,
     dtype=np.float32,
+    n_jobs=1,
     random_state=None,
     verbose=0,
 ):
@@ -217,6 +309,8 @@ def minibatch_search(
         when every head explains more than what is left).
     dtype : dtype, default=numpy.float32
         Precision of the products.
+    n_jobs : int, default=1
+        Threads for each batch (see :func:`batch_loss_gradient`).
     random_state : int, RandomState instance or None
         The batches.
     verbose : int, default=0
@@ -269,7 +363,7 @@ def minibatch_search(
 
     def check(p):
         loss, _, zero = batch_loss_gradient(
-            X_eval, Y_eval, p, parametrization, intercept_direction
+            X_eval, Y_eval, p, parametrization, intercept_direction, n_jobs
         )
         return math.sqrt(loss / zero) if zero > 0 else 0.0
 
@@ -294,6 +388,7 @@ def minibatch_search(
                 params,
                 parametrization,
                 intercept_direction,
+                n_jobs,
             )
             step, t = step + 1, t + 1
             first = _BETA1 * first + (1 - _BETA1) * gradient
@@ -357,6 +452,7 @@ def minibatch_search(
             learning_rate=learning_rate,
             random_state=rng,
             dtype=dtype,
+            n_jobs=n_jobs,
         )
         start_residual = check(candidate)
         if verbose:
@@ -468,6 +564,7 @@ def _replace_head(
     learning_rate,
     random_state,
     dtype,
+    n_jobs=1,
 ):
     """``params`` with head ``head`` searched afresh on what the others leave.
 
@@ -504,6 +601,7 @@ def _replace_head(
         learning_rate=learning_rate,
         n_replacements=0,
         dtype=dtype,
+        n_jobs=n_jobs,
         random_state=rng,
     )
     Q, K, V = (factor.copy() for factor in parametrization.factors(params))

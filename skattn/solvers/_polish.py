@@ -13,7 +13,13 @@ import numpy as np
 from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_limits
 
-from ._decoupled import _NEAR, can_decouple, decoupled_refine, decoupled_size
+from ._decoupled import (
+    _NEAR,
+    _threads,
+    can_decouple,
+    decoupled_refine,
+    decoupled_size,
+)
 from ._dense import _varpro_levenberg_marquardt
 from ._lbfgs import _full_lbfgs, _varpro_lbfgs
 from ._matrix_free import _intercept_direction, varpro_least_squares
@@ -769,8 +775,10 @@ def _search(
     """
     m, d = attention.shape[:2]
     par = FactoredHeads(m, d, head_rank)
-    # one BLAS thread: a batch's products are too small to share (12 MiniLM heads:
-    # 1400 steps took 5-6 min on two threads, 3.3 min on one)
+    # one BLAS thread per half batch, the halves at once when BLAS has two threads
+    # or more (12 MiniLM heads: 1400 steps took 5-6 min with two BLAS threads on
+    # whole batches, 3.3 min on one)
+    n_jobs = _threads(None, 2)
     with threadpool_limits(limits=1, user_api="blas"):
         params, info = minibatch_search(
             X,
@@ -779,6 +787,7 @@ def _search(
             par,
             intercept_direction=direction,
             sample_weight=sample_weight,
+            n_jobs=n_jobs,
             random_state=rng,
             verbose=verbose,
         )
