@@ -13,7 +13,9 @@ that choice side by side on real heads:
    solves each of ``--heads`` with float64 products, then with float32 products, on
    one BLAS thread, one after the other;
 3. it prints per head the iterations, products, relative residual and seconds of
-   each, and the ratio of the seconds.
+   each, and the ratio of the seconds; with ``--threads``, also those of float32
+   products on two threads (a head left alone shares its products' chunks with
+   the idle core) and their ratio to one thread.
 
 Example (layer 4 of real text, the state of the search's end saved once)::
 
@@ -75,6 +77,7 @@ def main(argv=None):
     parser.add_argument("--state", required=True, help=".npz of the search's end")
     parser.add_argument("--heads", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--max-iter", type=int, default=20)
+    parser.add_argument("--threads", action="store_true", help="also two threads")
     args = parser.parse_args(argv[:split])
     if not os.path.exists(args.state):
         save_state(args.state, argv[split + 1 :])
@@ -84,31 +87,36 @@ def main(argv=None):
     par = FactoredHeads(m, d, r)
     n, k, o = Y.shape
     print(f"# {args.state}: {n} sequences of {k} tokens, d={d}, {m} heads of rank {r}")
+    runs = [(np.float64, 1), (np.float32, 1)] + [(np.float32, 2)] * args.threads
     print(
         "\n| head | float64: iterations, products, residual, s "
         "| float32 products: iterations, products, residual, s | time ratio |"
+        + " float32, two threads: the same | ratio to one thread |"
+        * args.threads
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|" + "---|---|" * args.threads)
     with threadpool_limits(limits=1, user_api="blas"):
         factors, _ = _output_factors(X, Y, params, par, None, bool(state["intercept"]))
         shares = (Y.reshape(n * k, o) @ decoupling_map(factors)[0]).reshape(n, k, m, r)
         Q, K, _ = par.factors(params)
         for head in args.heads:
             cells, seconds = [], []
-            for dtype in (np.float64, np.float32):
+            for dtype, n_jobs in runs:
                 clock = time.perf_counter()
                 info = _solve_head(
-                    X, shares, head, Q, K, None, args.max_iter, 1e-10, dtype
+                    X, shares, head, Q, K, None, args.max_iter, 1e-10, dtype, n_jobs
                 )[3]
                 seconds.append(time.perf_counter() - clock)
                 cells.append(
                     f"{info['n_iter']}, {info['n_products']}, "
                     f"{info['relative_residual']:.2g}, {seconds[-1]:.0f}"
                 )
-            print(
-                f"| {head} | {cells[0]} | {cells[1]} | {seconds[1] / seconds[0]:.2f} |",
-                flush=True,
+            row = (
+                f"| {head} | {cells[0]} | {cells[1]} | {seconds[1] / seconds[0]:.2f} |"
             )
+            if args.threads:
+                row += f" {cells[2]} | {seconds[2] / seconds[1]:.2f} |"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -52,8 +52,8 @@ def fail_problems(monkeypatch, fails, residual=1.0, end=None):
 
     solve = decoupled._solve_head
 
-    def solve_or_fail(X, shares, head, *args):
-        q, kk, values, info = solve(X, shares, head, *args)
+    def solve_or_fail(X, shares, head, *args, **kwargs):
+        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
         if fails(head):
             info["relative_residual"] = residual
             if end is not None:

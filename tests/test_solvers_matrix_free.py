@@ -157,6 +157,34 @@ def test_products_do_not_depend_on_chunking(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
 
 
+@pytest.mark.parametrize(
+    "par, fixed", [(FullRank(2, 4), False), (LowRank(1, 4, 2), True)]
+)
+def test_products_in_threads_give_the_same_bits(monkeypatch, par, fixed):
+    # the chunks of a product in threads, their sums in the chunks' order
+    X, Y, _, _ = planted(60, 3, 4, 2, 3, noise=0.1)
+    rng = np.random.default_rng(6)
+    weight = rng.uniform(0.5, 2.0, size=60)
+    columns = rng.normal(size=(60, 3, 2)) if fixed else None
+    params, v = rng.normal(size=par.size) / 2, rng.normal(size=par.size)
+    u = rng.normal(size=60 * 3 * 3)
+    monkeypatch.setattr(objective, "_CHUNK_FLOATS", 200)
+    results = []
+    for n_jobs in (1, 2):
+        problem = VarproProblem(X, Y, weight, par, fixed_columns=columns, n_jobs=n_jobs)
+        assert len(problem.slices) > 3 and problem._keep
+        results.append(
+            (
+                problem.residual(params),
+                problem.matvec(params, v),
+                problem.rmatvec(params, u),
+                problem.rmatvec(params, u, orthogonal=True),
+            )
+        )
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_balanced_factors_and_parametrizations():
     rng = np.random.default_rng(6)
     M = rng.normal(size=(3, 5, 2)) @ rng.normal(size=(3, 2, 4))

@@ -150,13 +150,23 @@ def _output_factors(X, Y, params, parametrization, sample_weight, intercept):
 
 
 def _solve_head(
-    X, shares, i, Q, K, sample_weight, max_iter, tol, jacobian_dtype=np.float32
+    X,
+    shares,
+    i,
+    Q,
+    K,
+    sample_weight,
+    max_iter,
+    tol,
+    jacobian_dtype=np.float32,
+    n_jobs=1,
 ):
     """Head i's problem: targets ``Y D_i``, the other heads' shares ``Y D_{-i}`` as
     fixed columns.  Returns its ``Q_i, K_i``, value factor ``V_i`` (each ``(d,
     r)``; ``V_i`` the coefficients of its features ``S_i X``) and the solver's
     info.  ``jacobian_dtype``: the precision of the Jacobian products (see the
-    call; benchmarks/bench_decoupled_precision.py compares the two)."""
+    call; benchmarks/bench_decoupled_precision.py compares the two); ``n_jobs``:
+    threads of its products."""
     clock = time.perf_counter()
     n, k, m, r = shares.shape
     target = np.ascontiguousarray(shares[:, :, i])
@@ -185,6 +195,7 @@ def _solve_head(
         # (benchmarks/README.md)
         jacobian_dtype=jacobian_dtype,
         fixed_columns=fixed,
+        n_jobs=n_jobs,
     )
     omega = _normalized_weights(n, sample_weight)
     norm = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", target, target)))
@@ -258,7 +269,9 @@ def decoupled_refine(
         Relative step tolerance of each head's problem.
     n_jobs : int or None
         Heads solved at once (joblib threads); each head always runs on one
-        BLAS thread.  ``None``: as many as BLAS has threads
+        BLAS thread, and when fewer heads are left than threads, the threads
+        left share each head's products (over chunks of its sequences, with
+        the same results).  ``None``: as many as BLAS has threads
         (``OMP_NUM_THREADS=1``: one head at a time): the heads' problems are
         independent, and their products too small for BLAS to use several
         cores well.
@@ -382,15 +395,21 @@ def decoupled_refine(
 
 
 def _solve_heads(X, shares, heads, Q, K, sample_weight, max_iter, tol, n_jobs):
-    """:func:`_solve_head` for each of ``heads``, ``n_jobs`` at a time."""
-    jobs = _threads(n_jobs, len(heads))
+    """:func:`_solve_head` for each of ``heads``, ``n_jobs`` at a time; fewer
+    heads than threads share the rest among their products' chunks."""
+    threads = _threads(n_jobs, math.inf)
+    jobs = min(threads, len(heads))
+    inner = threads // jobs
 
     def job(i):
-        return _solve_head(X, shares, i, Q, K, sample_weight, max_iter, tol)
+        return _solve_head(
+            X, shares, i, Q, K, sample_weight, max_iter, tol, n_jobs=inner
+        )
 
-    # one BLAS thread a head, also when one head is left: on MiniLM layer 4 a head
-    # alone on two BLAS threads took 28 ms a product, two heads at once on one
-    # thread each 14 ms (the products' GEMMs are too thin to share)
+    # one BLAS thread a head, also when one head is left (its chunks then in
+    # threads): on MiniLM layer 4 a head alone on two BLAS threads took 28 ms a
+    # product, two heads at once on one thread each 14 ms (the products' GEMMs are
+    # too thin to share)
     with threadpool_limits(limits=1, user_api="blas"):
         if jobs == 1:
             return [job(i) for i in heads]

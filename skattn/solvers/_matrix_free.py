@@ -31,6 +31,7 @@ stay in double: the steps are then a little less accurate, the optimum is not.
 """
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -89,6 +90,11 @@ class VarproProblem:
         coefficients are in :attr:`fixed_coefficients`.  The decoupled one-head
         problems (:mod:`skattn.solvers._decoupled`) put the other heads' outputs
         there.
+    n_jobs : int, default=1
+        Threads over the chunks of the examples in the Jacobian products (when
+        the chunks' states are kept); the chunks' sums are taken in their order,
+        so the results do not depend on it.  The caller limits BLAS to one
+        thread each (``threadpoolctl``).
 
     Attributes
     ----------
@@ -126,8 +132,11 @@ class VarproProblem:
         intercept=False,
         dtype=np.float64,
         fixed_columns=None,
+        n_jobs=1,
     ):
         n, k, d = X.shape
+        self.n_jobs = max(1, int(n_jobs))
+        self._pool = None
         self.par = parametrization
         self.m = parametrization.n_heads
         self.d_out = Y.shape[2]
@@ -259,6 +268,16 @@ class VarproProblem:
         y = self.Y[rows]
         return (y * self.root[rows, None, None]).reshape(-1, self.d_out)
 
+    def _map(self, function):
+        """``function(rows, state)`` over the chunks, an iterator over the results
+        in the chunks' order: in ``n_jobs`` threads when the states are kept."""
+        if self.n_jobs > 1 and self._cached is not None and len(self.slices) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.n_jobs)
+            chunks = zip(self.slices, self._cached, strict=True)
+            return self._pool.map(lambda chunk: function(*chunk), chunks)
+        return (function(rows, state) for rows, state in self._states())
+
     def _residual_for(self, flat):
         """``sqrt(w) (A W - Y)`` as rows ``(n, l)``: ``(n k, d_out)``."""
         out = np.empty((self.shape[0] // self.d_out, self.d_out), dtype=self.dtype)
@@ -271,11 +290,15 @@ class VarproProblem:
 
     def _design_transpose(self, rows_out):
         """``A^T u`` for ``u`` as rows ``(n k, d_out)``: ``(width, d_out)``."""
-        out = np.zeros((self.width, self.d_out))
         rows_out = rows_out.astype(self.dtype, copy=False)
         k = self.X.shape[1]
-        for rows, state in self._states():
-            out += state["design"].T @ rows_out[rows.start * k : rows.stop * k]
+        out = np.zeros((self.width, self.d_out))
+        for part in self._map(
+            lambda rows, state: (
+                state["design"].T @ rows_out[rows.start * k : rows.stop * k]
+            )
+        ):
+            out += part
         return out
 
     def _project_out(self, rows_out, inplace=False):
@@ -285,8 +308,12 @@ class VarproProblem:
         coef = coef.astype(self.dtype, copy=False)
         out = rows_out if inplace else rows_out.astype(self.dtype)
         k = self.X.shape[1]
-        for rows, state in self._states():
+
+        def subtract(rows, state):
             out[rows.start * k : rows.stop * k] -= state["design"] @ coef
+
+        for _ in self._map(subtract):
+            pass
         return out
 
     def _values(self, rows, state):
@@ -319,7 +346,8 @@ class VarproProblem:
         k = self.X.shape[1]
         direction = np.asarray(direction).astype(self.dtype, copy=False)
         out = np.empty((self.shape[0] // self.d_out, self.d_out), dtype=self.dtype)
-        for rows, state in self._states():
+
+        def chunk(rows, state):
             x = self.X[rows]
             if self.factored:
                 d_logits, d_values = self.par.jvp(
@@ -343,6 +371,9 @@ class VarproProblem:
                 ).reshape(c, k_, self.d_out)
             change *= self.root[rows, None, None]
             out[rows.start * k : rows.stop * k] = change.reshape(-1, self.d_out)
+
+        for _ in self._map(chunk):
+            pass
         return (
             self._project_out(out, inplace=True)
             .reshape(-1)
@@ -363,8 +394,8 @@ class VarproProblem:
         projected = vector.reshape(-1, self.d_out).astype(self.dtype, copy=False)
         if not orthogonal:
             projected = self._project_out(projected)
-        grad = np.zeros(self.par.size)
-        for rows, state in self._states():
+
+        def chunk(rows, state):
             x = self.X[rows]
             scaled = (
                 projected[rows.start * k : rows.stop * k].reshape(-1, 1, k, self.d_out)
@@ -384,8 +415,7 @@ class VarproProblem:
             )
             d_logits = _softmax_jvp(state["patterns"], d_patterns)
             if not self.factored:
-                grad += self.par.logits_vjp(x, self._low, d_logits, state["cache"])
-                continue
+                return self.par.logits_vjp(x, self._low, d_logits, state["cache"])
             # the values' cotangent S_i^T (u O_i^T), the heads' O_i in one GEMM
             r = self.par.rank
             u_o = (
@@ -397,7 +427,11 @@ class VarproProblem:
                 .transpose(0, 2, 1, 3)
             )
             d_values = np.matmul(np.swapaxes(state["patterns"], 2, 3), u_o)
-            grad += self.par.vjp(x, self._low, d_logits, d_values, state["cache"])
+            return self.par.vjp(x, self._low, d_logits, d_values, state["cache"])
+
+        grad = np.zeros(self.par.size)
+        for part in self._map(chunk):
+            grad += part
         return grad
 
     def jacobian(self, params, *, orthogonal=False):
@@ -444,6 +478,7 @@ def varpro_least_squares(
     intercept=False,
     fixed_columns=None,
     stop_below=None,
+    n_jobs=1,
     verbose=0,
 ):
     """Minimise the reduced loss matrix-free: scipy's ``least_squares``, TRF + LSMR.
@@ -492,6 +527,8 @@ def varpro_least_squares(
         to rounding already (``stop_reason`` ``"start"``).  Without it the
         solver spends a full step (up to ``max_products`` products) to find
         that the step is negligible.
+    n_jobs : int, default=1
+        Threads of the Jacobian products (see :class:`VarproProblem`).
     verbose : int, default=0
         Passed to ``least_squares``: 2 prints one line per iteration.
 
@@ -520,7 +557,13 @@ def varpro_least_squares(
     (True, True)
     """
     problem = VarproProblem(
-        X, Y, sample_weight, parametrization, intercept, fixed_columns=fixed_columns
+        X,
+        Y,
+        sample_weight,
+        parametrization,
+        intercept,
+        fixed_columns=fixed_columns,
+        n_jobs=n_jobs,
     )
     loose = problem
     if coarse and np.dtype(coarse_dtype) != problem.dtype:
@@ -532,6 +575,7 @@ def varpro_least_squares(
             intercept,
             dtype=coarse_dtype,
             fixed_columns=fixed_columns,
+            n_jobs=n_jobs,
         )
     x = np.asarray(params, dtype=float)
     start = loose.residual(x)
@@ -588,6 +632,7 @@ def varpro_least_squares(
                 intercept,
                 dtype=jacobian_dtype,
                 fixed_columns=fixed_columns,
+                n_jobs=n_jobs,
             )
         x, result = _stage(
             problem,
