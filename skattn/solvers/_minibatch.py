@@ -100,8 +100,9 @@ def batch_loss_gradient(
     intercept = intercept_direction is not None
     # the batch in _PARTS parts, each a forward pass and its share of the Gram
     # matrix, then each a backward pass against the batch's O: the parts run in
-    # threads when BLAS has several (12 MiniLM heads: a step is a few large GEMMs
-    # that one BLAS thread runs best), and the sums are the same either way
+    # n_jobs threads of one BLAS thread each (12 MiniLM heads: 0.11 s a step on
+    # two such threads, 0.16 s on one; whole batches on two BLAS threads were
+    # slower than on one), and the sums are the same either way
     parts = [part for part in np.array_split(np.arange(b), _PARTS) if len(part)]
     with _Workers(len(parts), n_jobs) as run:
         states = run(
