@@ -30,6 +30,7 @@ its work) run in single precision while its residuals and eliminated coefficient
 stay in double: the steps are then a little less accurate, the optimum is not.
 """
 
+import functools
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -556,7 +557,9 @@ def varpro_least_squares(
     >>> bool(np.allclose(p, th.reshape(-1), atol=1e-8)), info["converged"]
     (True, True)
     """
-    problem = VarproProblem(
+    # the problem in double precision, and its twins in other precisions
+    make = functools.partial(
+        VarproProblem,
         X,
         Y,
         sample_weight,
@@ -565,18 +568,10 @@ def varpro_least_squares(
         fixed_columns=fixed_columns,
         n_jobs=n_jobs,
     )
+    problem = make()
     loose = problem
     if coarse and np.dtype(coarse_dtype) != problem.dtype:
-        loose = VarproProblem(
-            X,
-            Y,
-            sample_weight,
-            parametrization,
-            intercept,
-            dtype=coarse_dtype,
-            fixed_columns=fixed_columns,
-            n_jobs=n_jobs,
-        )
+        loose = make(dtype=coarse_dtype)
     x = np.asarray(params, dtype=float)
     start = loose.residual(x)
     loss_start = 0.5 * float(start @ start)
@@ -624,16 +619,7 @@ def varpro_least_squares(
     products = None
     if n_evaluations < max_iter and finish:
         if np.dtype(jacobian_dtype) != problem.dtype:
-            products = VarproProblem(
-                X,
-                Y,
-                sample_weight,
-                parametrization,
-                intercept,
-                dtype=jacobian_dtype,
-                fixed_columns=fixed_columns,
-                n_jobs=n_jobs,
-            )
+            products = make(dtype=jacobian_dtype)
         x, result = _stage(
             problem,
             x,
