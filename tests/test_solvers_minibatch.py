@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from skattn.layer._math import forward
+from skattn.layer._math import forward, softmax
 from skattn.solvers import FactoredHeads, VarproProblem
 from skattn.solvers._matrix_free import _intercept_direction
 from skattn.solvers._minibatch import (
@@ -52,6 +52,37 @@ def test_batch_gradient_is_the_variable_projection_gradient(intercept):
     )
     assert gradient32.dtype == np.float64
     assert np.linalg.norm(gradient32 - gradient) <= 1e-3 * np.linalg.norm(gradient)
+
+
+def test_fixed_columns_are_eliminated_with_the_output_factors():
+    """Fixed columns join the batch's design: the loss is the least-squares
+    residual of ``[S_i X V_i, F]`` and the gradient its derivative (central
+    differences); columns that are the outputs leave nothing to fit."""
+    X, Y, truth = planted(40, 3, 5, 2, 2, 4, seed=3)
+    par = FactoredHeads(2, 5, 2)
+    rng = np.random.default_rng(4)
+    params = truth + 0.3 * rng.normal(size=par.size)
+    F = rng.normal(size=(40, 3, 3))
+    loss, gradient, zero = batch_loss_gradient(X, Y, params, par, fixed=F)
+    Q, K, V = par.factors(params)
+    patterns = softmax(
+        np.einsum("nqd,mde,nke->nmqk", X, Q @ np.swapaxes(K, 1, 2), X), axis=-1
+    )
+    columns = np.einsum("nmqk,nkd,mdr->nqmr", patterns, X, V).reshape(120, 4)
+    design = np.concatenate([columns, F.reshape(120, 3)], axis=1)
+    target = Y.reshape(120, 4)
+    coef = np.linalg.lstsq(design, target, rcond=None)[0]
+    explicit = 0.5 * np.sum((design @ coef - target) ** 2) / 40
+    np.testing.assert_allclose(loss, explicit, rtol=1e-7)
+    step = rng.normal(size=par.size)
+    h = 1e-6
+    slope = (
+        batch_loss_gradient(X, Y, params + h * step, par, fixed=F)[0]
+        - batch_loss_gradient(X, Y, params - h * step, par, fixed=F)[0]
+    ) / (2 * h)
+    np.testing.assert_allclose(gradient @ step, slope, rtol=1e-5)
+    # (up to the Gram matrix's tiny ridge)
+    assert batch_loss_gradient(X, Y, params, par, fixed=Y)[0] < 1e-16 * zero
 
 
 def test_batch_halves_in_threads_give_the_same_bits():

@@ -52,7 +52,7 @@ _REPLACE_BELOW = math.sqrt(2.0)
 
 
 def batch_loss_gradient(
-    X, Y, params, parametrization, intercept_direction=None, n_jobs=1
+    X, Y, params, parametrization, intercept_direction=None, n_jobs=1, fixed=None
 ):
     """The reduced loss of one batch and its gradient, the output factors eliminated.
 
@@ -107,7 +107,10 @@ def batch_loss_gradient(
     with _Workers(len(parts), n_jobs) as run:
         states = run(
             _part_forward,
-            [(X[i], Y[i], low, parametrization, intercept) for i in parts],
+            [
+                (X[i], Y[i], low, parametrization, intercept, _rows(fixed, i))
+                for i in parts
+            ],
         )
         gram = sum(state["gram"] for state in states)
         rhs = sum(state["rhs"] for state in states)
@@ -161,13 +164,22 @@ class _Workers:
             self._limits.restore_original_limits()
 
 
-def _part_forward(X, Y, low, parametrization, intercept):
+def _rows(fixed, rows):
+    """The fixed columns of sequences ``rows``, as token rows, or None."""
+    if fixed is None:
+        return None
+    return fixed[rows].reshape(len(rows) * fixed.shape[1], fixed.shape[2])
+
+
+def _part_forward(X, Y, low, parametrization, intercept, fixed=None):
     """A part's forward pass: its state and its share of the Gram system."""
     b, k, _ = X.shape
     cache = parametrization.cache(X, low)
     patterns = softmax(parametrization.logits(X, low, cache), axis=-1)
     values = parametrization.values(X, low, cache)  # (b, m, k, r)
     design = _design(patterns, values, intercept)
+    if fixed is not None:
+        design = np.concatenate([design, fixed.astype(design.dtype)], axis=1)
     target = Y.reshape(b * k, Y.shape[2]).astype(X.dtype, copy=False)
     return {
         "cache": cache,
@@ -254,6 +266,7 @@ def minibatch_search(
     n_replacements=2,
     dtype=np.float32,
     n_jobs=1,
+    fixed_columns=None,
     random_state=None,
     verbose=0,
 ):
@@ -361,10 +374,12 @@ def minibatch_search(
     evaluation = draw()
     X_eval = X[evaluation].astype(dtype, copy=False)
     Y_eval = Y[evaluation].astype(dtype, copy=False)
+    fixed = None if fixed_columns is None else np.asarray(fixed_columns)
+    F_eval = None if fixed is None else fixed[evaluation].astype(dtype, copy=False)
 
     def check(p):
         loss, _, zero = batch_loss_gradient(
-            X_eval, Y_eval, p, parametrization, intercept_direction, n_jobs
+            X_eval, Y_eval, p, parametrization, intercept_direction, n_jobs, F_eval
         )
         return math.sqrt(loss / zero) if zero > 0 else 0.0
 
@@ -390,6 +405,7 @@ def minibatch_search(
                 parametrization,
                 intercept_direction,
                 n_jobs,
+                None if fixed is None else fixed[rows].astype(dtype, copy=False),
             )
             step, t = step + 1, t + 1
             first = _BETA1 * first + (1 - _BETA1) * gradient
