@@ -12,7 +12,7 @@ from skattn.solvers import (
     decoupled_refine,
     varpro_least_squares,
 )
-from skattn.solvers._decoupled import decoupled_size, decoupling_map
+from skattn.solvers._decoupled import decoupled_size, decoupling_map, search_head
 from skattn.solvers._matrix_free import _intercept_direction
 from skattn.solvers._polish import polish_from_random_starts
 
@@ -338,6 +338,38 @@ def test_a_head_left_unsolved_is_searched_afresh_and_refined(monkeypatch):
     assert decoupled_info["heads"][1]["converged"]
     assert decoupled_info["residual"] < 1e-10
     assert residual < 1e-10
+
+
+def test_a_lost_head_is_found_on_its_own_problem_whatever_the_others_errors():
+    # head 1 lost (random), head 0 off: a search on what the other heads leave
+    # would fit head 0's error too; head 1's own problem is realisable by it alone,
+    # so the search there and one refinement find it while head 0 stays off
+    X, Y, truth, _ = planted(1500, 6, 6, 3, 2, 6, seed=4)
+    par = FactoredHeads(3, 7, 2)
+    rng = np.random.default_rng(6)
+    Q, K, V = (f.copy() for f in par.factors(truth))
+    for factor in (Q, K, V):
+        factor[1] = rng.normal(size=factor[1].shape) / 7**0.5
+        factor[0] += 0.05 * rng.normal(size=factor[0].shape)
+    start = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+    direction = _intercept_direction(X)
+    found, info = search_head(
+        X, Y, start, par, 1, intercept_direction=direction, random_state=0
+    )
+    assert info["residual"] < info["residuals"][0] / 10
+    # only head 1 moved
+    for before, after in zip(par.factors(start), par.factors(found), strict=True):
+        np.testing.assert_array_equal(before[[0, 2]], after[[0, 2]])
+    refined, again = decoupled_refine(
+        X[:400], Y[:400], found, par, intercept_direction=direction, heads=[1]
+    )
+    assert again["heads"][1]["converged"]
+    assert again["heads"][0] is None  # head 0 not refined, still off
+    Qt, Kt, _ = par.factors(truth)
+    Qr, Kr, _ = par.factors(refined)
+    logits = [Qr[1] @ Kr[1].T, Qt[1] @ Kt[1].T]
+    error = np.linalg.norm(logits[0][:, :-1] - logits[1][:, :-1])
+    assert error < 1e-6 * np.linalg.norm(logits[1][:, :-1])
 
 
 def test_near_unconverged_heads_are_restarted_from_their_ends():

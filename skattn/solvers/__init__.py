@@ -19,12 +19,13 @@ One module per concern:
   (:func:`head_contributions`) when it stalls;
 * :mod:`._decoupled`: :func:`decoupled_refine`, every head refined on its own
   one-head problem through the inverse of the stacked output factors (low-rank
-  heads with ``n_heads * head_rank <= d_out``, the shape of real transformers);
+  heads with ``n_heads * head_rank <= d_out``, the shape of real transformers),
+  and :func:`search_head`, a head searched afresh on that problem;
 * :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size;
   the random starts and :func:`whitening_map`, their preconditioner.
 """
 
-from ._decoupled import can_decouple, decoupled_refine
+from ._decoupled import can_decouple, decoupled_refine, search_head
 from ._matrix_free import VarproProblem, varpro_least_squares
 from ._minibatch import head_contributions, minibatch_search
 from ._objective import (
@@ -57,6 +58,7 @@ __all__ = [
     "polish",
     "projection_normal_equations",
     "reduced_loss_gradient",
+    "search_head",
     "solve_projections",
     "varpro_least_squares",
     "whitening_map",

@@ -41,13 +41,14 @@ import time
 
 import numpy as np
 from joblib import Parallel, delayed
+from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from ..layer._math import softmax
 from ._matrix_free import varpro_least_squares
-from ._minibatch import _design
+from ._minibatch import _design, minibatch_search
 from ._objective import REALISABLE_RESIDUAL, _normalized_weights
-from ._parametrization import LowRank
+from ._parametrization import LowRank, random_attention
 
 # The one-head problems' rows: this many equations per unknown at least (each row
 # of r targets against Q_i, K_i, the head's W and the fixed columns' coefficients).
@@ -399,6 +400,107 @@ def decoupled_refine(
         "kept": bool(kept),
     }
     return (refined if kept else start), info
+
+
+def search_head(
+    X,
+    Y,
+    params,
+    parametrization,
+    head,
+    *,
+    sample_weight=None,
+    intercept_direction=None,
+    n_jobs=1,
+    random_state=None,
+):
+    """``params`` with head ``head`` searched afresh on its own one-head problem.
+
+    The one-head problem of :func:`decoupled_refine` (targets ``Y D_i``, the other
+    heads' shares ``Y D_{-i}`` as fixed columns, ``D`` the decoupling map at
+    ``params``) is searched from a random start by
+    :func:`~skattn.solvers._minibatch.minibatch_search`, the fixed columns (and
+    the intercept) eliminated with the head's output factors on every batch.
+    Unlike a search on what the other heads leave unexplained, whose target
+    holds the other heads' errors, this problem is realisable by the head
+    alone, whatever the other heads' errors.  The result is a start for
+    :func:`decoupled_refine` (``heads=[head]``).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    params : ndarray of shape (3 m d r,)
+        :class:`FactoredHeads` parameters.
+    parametrization : FactoredHeads
+        With ``m r <= d_out`` (:func:`can_decouple`).
+    head : int
+    sample_weight : ndarray of shape (n,) or None
+    intercept_direction : ndarray of shape (d,) or None
+        As in :func:`decoupled_refine`.
+    n_jobs : int, default=1
+        Threads of the search's batches.
+    random_state : int, RandomState instance or None
+        The start and the batches.
+
+    Returns
+    -------
+    params : ndarray of shape (3 m d r,)
+        ``params`` with head ``head``'s ``Q, K, V`` replaced.
+    info : dict
+        The search's info (:func:`~skattn.solvers._minibatch.minibatch_search`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> par = FactoredHeads(2, 6, 2)
+    >>> truth = rng.normal(size=par.size) / 2
+    >>> Q, K, V = par.factors(truth)
+    >>> X = rng.normal(size=(1000, 4, 6))
+    >>> Y = forward(X, par.attention(truth), V @ rng.normal(size=(2, 2, 4)))
+    >>> other = par.factors(rng.normal(size=par.size) / 2)  # head 1 lost
+    >>> lost = np.concatenate([np.stack([f[0], g[1]]).ravel()
+    ...                        for f, g in zip(par.factors(truth), other)])
+    >>> found, info = search_head(X, Y, lost, par, 1, random_state=0)
+    >>> bool(info["residual"] < info["residuals"][0] / 2)
+    True
+    """
+    rng = check_random_state(random_state)
+    m, d, r = parametrization.n_heads, parametrization.n_features, parametrization.rank
+    n, k, o = Y.shape
+    intercept = intercept_direction is not None
+    output_factors = _output_factors(
+        X, Y, params, parametrization, sample_weight, intercept
+    )[0]
+    D = decoupling_map(output_factors)[0]
+    shares = (Y.reshape(n * k, o) @ D).astype(np.float32).reshape(n, k, m, r)
+    target = np.ascontiguousarray(shares[:, :, head])
+    fixed = None
+    if m > 1:
+        fixed = np.delete(shares, head, axis=2).reshape(n, k, (m - 1) * r)
+    single = type(parametrization)(1, d, r)
+    start = single.from_attention(
+        random_attention(1, d, rng), rng.normal(scale=1.0 / d, size=(1, d, r))
+    )
+    found, info = minibatch_search(
+        X,
+        target,
+        start,
+        single,
+        intercept_direction=intercept_direction,
+        sample_weight=sample_weight,
+        n_replacements=0,
+        fixed_columns=fixed,
+        n_jobs=n_jobs,
+        random_state=rng,
+    )
+    factors = [factor.copy() for factor in parametrization.factors(params)]
+    for factor, new in zip(factors, single.factors(found), strict=True):
+        factor[head] = new[0]
+    return np.concatenate([factor.ravel() for factor in factors]), info
 
 
 def _solve_heads(X, shares, heads, Q, K, sample_weight, max_iter, tol, n_jobs):
