@@ -71,6 +71,9 @@ def batch_loss_gradient(
         Threads: the batch is computed in two halves (their sums, so the result
         does not depend on ``n_jobs``), at once when ``n_jobs`` is 2, each with
         one BLAS thread.
+    fixed : ndarray of shape (b, k, c) or None
+        Columns of the design that are not searched (no gradient): eliminated
+        with the output factors, like the intercept.
 
     Returns
     -------
@@ -325,6 +328,10 @@ def minibatch_search(
         Precision of the products.
     n_jobs : int, default=1
         Threads for each batch (see :func:`batch_loss_gradient`).
+    fixed_columns : ndarray of shape (n, k, c) or None
+        Per-token columns eliminated with the output factors on every batch (see
+        :func:`batch_loss_gradient`); e.g. the other heads' shares of a one-head
+        problem (:func:`skattn.solvers.search_head`).
     random_state : int, RandomState instance or None
         The batches.
     verbose : int, default=0
