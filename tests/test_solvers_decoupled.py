@@ -63,9 +63,9 @@ def fail_problems(monkeypatch, fails, residual=1.0, end=None):
     monkeypatch.setattr(decoupled, "_solve_head", solve_or_fail)
 
 
-def head_one_once():
-    """A ``fails`` for :func:`fail_problems`: head 1's first problem only."""
-    left = {"head 1": 1}
+def head_one_once(times=1):
+    """A ``fails`` for :func:`fail_problems`: head 1's first ``times`` problems."""
+    left = {"head 1": times}
 
     def fails(head):
         if head == 1 and left["head 1"]:
@@ -330,11 +330,12 @@ def test_an_unconverged_head_is_not_taken(monkeypatch):
 
 def test_a_head_left_unsolved_is_searched_afresh_and_refined(monkeypatch):
     # head 1's problem "fails" (far) in the first refinement: it is searched
-    # alone on what the other heads leave, refined alone again, and the fit is
-    # exact
+    # afresh on its own problem, refined alone again, and the fit is exact
     fail_problems(monkeypatch, head_one_once())
     decoupled_info, residual = decoupled_after_the_search()
-    assert decoupled_info["replacements"] == [{"head": 1, "converged": True}]
+    assert decoupled_info["replacements"] == [
+        {"head": 1, "searched_on": "own problem", "converged": True}
+    ]
     assert decoupled_info["heads"][1]["converged"]
     assert decoupled_info["residual"] < 1e-10
     assert residual < 1e-10
@@ -370,6 +371,20 @@ def test_a_lost_head_is_found_on_its_own_problem_whatever_the_others_errors():
     logits = [Qr[1] @ Kr[1].T, Qt[1] @ Kt[1].T]
     error = np.linalg.norm(logits[0][:, :-1] - logits[1][:, :-1])
     assert error < 1e-6 * np.linalg.norm(logits[1][:, :-1])
+
+
+def test_a_head_still_far_is_then_searched_on_what_the_others_leave(monkeypatch):
+    # head 1's first problem and its refinement after the search on its own
+    # problem "fail" (far): the second pass searches it on what the other heads
+    # leave, and that one converges
+    fail_problems(monkeypatch, head_one_once(times=2))
+    decoupled_info, residual = decoupled_after_the_search()
+    assert decoupled_info["replacements"] == [
+        {"head": 1, "searched_on": "own problem", "converged": False},
+        {"head": 1, "searched_on": "what the others leave", "converged": True},
+    ]
+    assert decoupled_info["heads"][1]["converged"]
+    assert residual < 1e-10
 
 
 def test_near_unconverged_heads_are_restarted_from_their_ends():
