@@ -46,9 +46,9 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from ..layer._math import softmax
 from ._matrix_free import varpro_least_squares
-from ._minibatch import _design, minibatch_search
+from ._minibatch import _design, _search_alone
 from ._objective import REALISABLE_RESIDUAL, _normalized_weights
-from ._parametrization import LowRank, random_attention
+from ._parametrization import LowRank
 
 # The one-head problems' rows: this many equations per unknown at least (each row
 # of r targets against Q_i, K_i, the head's W and the fixed columns' coefficients).
@@ -469,7 +469,7 @@ def search_head(
     True
     """
     rng = check_random_state(random_state)
-    m, d, r = parametrization.n_heads, parametrization.n_features, parametrization.rank
+    m, r = parametrization.n_heads, parametrization.rank
     n, k, o = Y.shape
     intercept = intercept_direction is not None
     output_factors = _output_factors(
@@ -481,26 +481,18 @@ def search_head(
     fixed = None
     if m > 1:
         fixed = np.delete(shares, head, axis=2).reshape(n, k, (m - 1) * r)
-    single = type(parametrization)(1, d, r)
-    start = single.from_attention(
-        random_attention(1, d, rng), rng.normal(scale=1.0 / d, size=(1, d, r))
-    )
-    found, info = minibatch_search(
+    return _search_alone(
         X,
         target,
-        start,
-        single,
+        params,
+        parametrization,
+        head,
+        rng,
         intercept_direction=intercept_direction,
         sample_weight=sample_weight,
-        n_replacements=0,
         fixed_columns=fixed,
         n_jobs=n_jobs,
-        random_state=rng,
     )
-    factors = [factor.copy() for factor in parametrization.factors(params)]
-    for factor, new in zip(factors, single.factors(found), strict=True):
-        factor[head] = new[0]
-    return np.concatenate([factor.ravel() for factor in factors]), info
 
 
 def _solve_heads(X, shares, heads, Q, K, sample_weight, max_iter, tol, n_jobs):

@@ -598,7 +598,7 @@ def _replace_head(
     ``head``'s place.
     """
     rng = random_state
-    m, d, r = parametrization.n_heads, parametrization.n_features, parametrization.rank
+    m = parametrization.n_heads
     Xr = X[rows].astype(dtype, copy=False)
     Yr = Y[rows].astype(dtype, copy=False)
     b, k, _ = Xr.shape
@@ -612,23 +612,34 @@ def _replace_head(
     )
     target = Yr.reshape(b * k, -1)
     rest = (target - design @ _least_squares(design, target)).reshape(Yr.shape)
+    return _search_alone(
+        Xr,
+        rest,
+        params,
+        parametrization,
+        head,
+        rng,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        dtype=dtype,
+        n_jobs=n_jobs,
+    )[0]
+
+
+def _search_alone(X, Y, params, parametrization, head, random_state, **options):
+    """``params`` with head ``head`` replaced by one head searched from a random
+    start on ``(X, Y)`` (:func:`minibatch_search` with ``options``, no
+    replacements): ``(params, info)``, ``info`` the search's."""
+    rng = random_state
+    d, r = parametrization.n_features, parametrization.rank
     single = type(parametrization)(1, d, r)
     start = single.from_attention(
         random_attention(1, d, rng), rng.normal(scale=1.0 / d, size=(1, d, r))
     )
-    found, _ = minibatch_search(
-        Xr,
-        rest,
-        start,
-        single,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        n_replacements=0,
-        dtype=dtype,
-        n_jobs=n_jobs,
-        random_state=rng,
+    found, info = minibatch_search(
+        X, Y, start, single, n_replacements=0, random_state=rng, **options
     )
-    Q, K, V = (factor.copy() for factor in parametrization.factors(params))
-    for factor, new in zip((Q, K, V), single.factors(found), strict=True):
+    factors = [factor.copy() for factor in parametrization.factors(params)]
+    for factor, new in zip(factors, single.factors(found), strict=True):
         factor[head] = new[0]
-    return np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+    return np.concatenate([factor.ravel() for factor in factors]), info
