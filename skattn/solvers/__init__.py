@@ -21,6 +21,8 @@ One module per concern:
   one-head problem through the inverse of the stacked output factors (low-rank
   heads with ``n_heads * head_rank <= d_out``, the shape of real transformers),
   and :func:`search_head`, a head searched afresh on that problem;
+* :mod:`._patterns`: :func:`invert_patterns`, a head's attention patterns read
+  off its share of the outputs (least squares on the probability simplex);
 * :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size;
   the random starts and :func:`whitening_map`, their preconditioner.
 """
@@ -40,6 +42,7 @@ from ._parametrization import (
     balanced_factors,
     make_parametrization,
 )
+from ._patterns import invert_patterns
 from ._polish import choose_factor_values, choose_solver, polish, whitening_map
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "choose_solver",
     "decoupled_refine",
     "head_contributions",
+    "invert_patterns",
     "make_parametrization",
     "minibatch_search",
     "polish",
