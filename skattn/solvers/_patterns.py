@@ -18,16 +18,15 @@ head whose largest weight is 0.99993 at the median) is found by the search with
 every row's largest weight in the right place but the small weights wrong by 4-8
 nats (too sharp); Levenberg-Marquardt cannot move it, because the Jacobian of a
 weight is proportional to the weight.  The patterns that :func:`invert_patterns`
-reads off the outputs have the small weights' logarithms right to 0.002, 0.015
-and 0.06 nats (weights above 1e-3, in 1e-4 to 1e-3, in 1e-5 to 1e-4) from a start
-that knows only where the largest weight is (benchmarks/README.md).
+reads off the outputs (3000 windows) have the small weights' logarithms right to
+0.002, 0.02 and 0.08 nats (weights above 1e-3, in 1e-4 to 1e-3, in 1e-5 to 1e-4)
+from a start that knows only where the largest weight is (benchmarks/README.md).
 
 Pure functions on token tensors (no validation; callers validate).
 """
 
 import numpy as np
 
-from ..layer._math import softmax
 from ._decoupled import _output_factors, decoupling_map
 
 # Start: the value map fitted with one-hot patterns on the rows it explains best,
@@ -208,7 +207,7 @@ def invert_patterns(
     norm = max(float(np.linalg.norm(target)), np.finfo(float).tiny)
     logits = parametrization.logits(X, params)[:, head]
     patterns = np.zeros_like(logits)
-    np.put_along_axis(patterns, softmax(logits, axis=-1).argmax(-1)[..., None], 1, -1)
+    np.put_along_axis(patterns, logits.argmax(-1)[..., None], 1.0, -1)
     rows = np.ones((n, k), dtype=bool)
     for _ in range(_TRIM_ROUNDS):
         coef, row_residuals = _value_fit(X, target, fixed, patterns, rows)
