@@ -469,18 +469,16 @@ def search_head(
     True
     """
     rng = check_random_state(random_state)
-    m, r = parametrization.n_heads, parametrization.rank
-    n, k, o = Y.shape
-    intercept = intercept_direction is not None
-    output_factors = _output_factors(
-        X, Y, params, parametrization, sample_weight, intercept
-    )[0]
-    D = decoupling_map(output_factors)[0]
-    shares = (Y.reshape(n * k, o) @ D).astype(np.float32).reshape(n, k, m, r)
-    target = np.ascontiguousarray(shares[:, :, head])
-    fixed = None
-    if m > 1:
-        fixed = np.delete(shares, head, axis=2).reshape(n, k, (m - 1) * r)
+    target, fixed = _one_head_problem(
+        X,
+        Y,
+        params,
+        parametrization,
+        head,
+        sample_weight,
+        intercept_direction is not None,
+        dtype=np.float32,
+    )
     return _search_alone(
         X,
         target,
@@ -493,6 +491,25 @@ def search_head(
         fixed_columns=fixed,
         n_jobs=n_jobs,
     )
+
+
+def _one_head_problem(
+    X, Y, params, parametrization, head, sample_weight, intercept, dtype=float
+):
+    """Head ``head``'s one-head problem at ``params``: its targets ``Y D_i`` and
+    the other heads' shares ``Y D_{-i}`` (None for one head), in ``dtype``."""
+    m, r = parametrization.n_heads, parametrization.rank
+    n, k, o = Y.shape
+    output_factors = _output_factors(
+        X, Y, params, parametrization, sample_weight, intercept
+    )[0]
+    D = decoupling_map(output_factors)[0]
+    shares = (Y.reshape(n * k, o) @ D).astype(dtype, copy=False).reshape(n, k, m, r)
+    target = np.ascontiguousarray(shares[:, :, head])
+    fixed = None
+    if m > 1:
+        fixed = np.delete(shares, head, axis=2).reshape(n, k, (m - 1) * r)
+    return target, fixed
 
 
 def _solve_heads(X, shares, heads, Q, K, sample_weight, max_iter, tol, n_jobs):

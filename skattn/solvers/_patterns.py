@@ -27,7 +27,7 @@ Pure functions on token tensors (no validation; callers validate).
 
 import numpy as np
 
-from ._decoupled import _output_factors, decoupling_map
+from ._decoupled import _one_head_problem
 
 # Start: the value map fitted with one-hot patterns on the rows it explains best,
 # this fraction of them, refitted this many times (a quarter left too few distinct
@@ -192,18 +192,16 @@ def invert_patterns(
     >>> bool(np.abs(found - real).max() < 1e-6)
     True
     """
-    m, r = parametrization.n_heads, parametrization.rank
-    n, k, o = Y.shape
-    intercept = intercept_direction is not None
-    output_factors = _output_factors(
-        X, Y, params, parametrization, sample_weight, intercept
-    )[0]
-    D = decoupling_map(output_factors)[0]
-    shares = (Y.reshape(n * k, o) @ D).reshape(n, k, m, r)
-    target = np.ascontiguousarray(shares[:, :, head])
-    fixed = None
-    if m > 1:
-        fixed = np.delete(shares, head, axis=2).reshape(n, k, (m - 1) * r)
+    n, k = Y.shape[:2]
+    target, fixed = _one_head_problem(
+        X,
+        Y,
+        params,
+        parametrization,
+        head,
+        sample_weight,
+        intercept_direction is not None,
+    )
     norm = max(float(np.linalg.norm(target)), np.finfo(float).tiny)
     logits = parametrization.logits(X, params)[:, head]
     patterns = np.zeros_like(logits)
