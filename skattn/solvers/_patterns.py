@@ -210,14 +210,14 @@ def invert_patterns(
     for _ in range(_TRIM_ROUNDS):
         coef, row_residuals = _value_fit(X, target, fixed, patterns, rows)
         rows = row_residuals <= np.quantile(row_residuals, _TRIM_FRACTION)
+    d = X.shape[2]
     residuals = []
     for round_ in range(int(n_rounds) + 1):
         if round_ > 0:
             coef, row_residuals = _value_fit(X, target, fixed, patterns)
         residuals.append(float(np.linalg.norm(row_residuals) / norm))
-        d = X.shape[2]
-        values = X @ coef[:d]
+        if round_ == n_rounds:
+            break
         explained = target if fixed is None else target - fixed @ coef[d:]
-        if round_ < n_rounds:
-            patterns = simplex_least_squares(explained, values, patterns, max_iter)
+        patterns = simplex_least_squares(explained, X @ coef[:d], patterns, max_iter)
     return patterns, {"residuals": residuals}
