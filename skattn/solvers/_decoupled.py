@@ -52,12 +52,7 @@ from ._parametrization import LowRank
 
 # The one-head problems' rows: this many equations per unknown at least (each row
 # of r targets against Q_i, K_i, the head's W and the fixed columns' coefficients).
-# Eight rather than four: on MiniLM layer 2 of real text (752 sequences against
-# 376) the two slowest heads converged to 1e-12 in one or two rounds instead of
-# four or five, in 15-35 % fewer products times sequences, an easy head in about
-# the same work, and the heads fitted other sequences 10-20 times their own
-# residual instead of 50-100 times (benchmarks/README.md).
-_EQUATIONS_PER_UNKNOWN = 8
+_EQUATIONS_PER_UNKNOWN = 4
 # ... and never fewer sequences than this.
 _MIN_SEQUENCES = 200
 # A head's problem has converged at this relative residual: the head is taken.
@@ -110,7 +105,7 @@ def decoupled_size(n_heads, n_tokens, n_features, head_rank, n_outputs):
     Examples
     --------
     >>> decoupled_size(12, 16, 385, 32, 384)
-    754
+    377
     """
     unknowns = 3 * n_features + n_outputs - head_rank
     return max(_MIN_SEQUENCES, math.ceil(_EQUATIONS_PER_UNKNOWN * unknowns / n_tokens))
