@@ -41,31 +41,44 @@ class _Saved(Exception):
     pass
 
 
-def save_state(path, teacher_args):
-    """Run the teacher benchmark up to the decoupled refinement; save its inputs."""
+def save_state(path, teacher_args, whole=False):
+    """Run the teacher benchmark up to the decoupled refinement; save its inputs.
+
+    ``whole``: save the search's end with the whole training set (what
+    ``_decouple`` receives) instead of the refinement's own sequences.
+    """
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_minilm_teacher
 
-    refine = polish_module.decoupled_refine
-
-    def grab(X, Y, params, par, **kwargs):
+    def save(X, Y, params, par, intercept):
         np.savez(
             path,
             X=X,
             Y=Y,
             params=params,
             shape=[par.n_heads, par.n_features, par.rank],
-            intercept=kwargs.get("intercept_direction") is not None,
+            intercept=intercept,
         )
         raise _Saved
 
-    polish_module.decoupled_refine = grab
+    def grab_refine(X, Y, params, par, **kwargs):
+        save(X, Y, params, par, kwargs.get("intercept_direction") is not None)
+
+    def grab_decouple(X, Y, params, par, direction, *args):
+        save(X, Y, params, par, direction is not None)
+
+    if whole:
+        name, grab = "_decouple", grab_decouple
+    else:
+        name, grab = "decoupled_refine", grab_refine
+    original = getattr(polish_module, name)
+    setattr(polish_module, name, grab)
     try:
         bench_minilm_teacher.main(teacher_args)
     except _Saved:
         pass
     finally:
-        polish_module.decoupled_refine = refine
+        setattr(polish_module, name, original)
     if not os.path.exists(path):
         raise SystemExit("the fit did not reach the decoupled refinement")
 

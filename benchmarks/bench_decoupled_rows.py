@@ -36,7 +36,6 @@ import sys
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-import skattn.solvers._polish as polish_module
 from skattn.layer._math import softmax
 from skattn.solvers import FactoredHeads
 from skattn.solvers._decoupled import (
@@ -45,40 +44,6 @@ from skattn.solvers._decoupled import (
     _solve_head,
     decoupling_map,
 )
-
-
-class _Saved(Exception):
-    pass
-
-
-def save_state(path, teacher_args):
-    """Run the teacher benchmark up to the decoupled refinement; save the search's
-    end and the whole training set."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_minilm_teacher
-
-    decouple = polish_module._decouple
-
-    def grab(X, Y, params, par, direction, sample_weight, rng, verbose):
-        np.savez(
-            path,
-            X=X,
-            Y=Y,
-            params=params,
-            shape=[par.n_heads, par.n_features, par.rank],
-            intercept=direction is not None,
-        )
-        raise _Saved
-
-    polish_module._decouple = grab
-    try:
-        bench_minilm_teacher.main(teacher_args)
-    except _Saved:
-        pass
-    finally:
-        polish_module._decouple = decouple
-    if not os.path.exists(path):
-        raise SystemExit("the fit did not reach the decoupled refinement")
 
 
 def held_out_residual(X, Y, params, par, head, fit, test, intercept):
@@ -135,7 +100,10 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv[:split])
     if not os.path.exists(args.state):
-        save_state(args.state, argv[split + 1 :])
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_decoupled_precision import save_state
+
+        save_state(args.state, argv[split + 1 :], whole=True)
     state = np.load(args.state)
     X, Y, params = state["X"], state["Y"], state["params"]
     intercept = bool(state["intercept"])
