@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits
 
 import skattn.solvers._polish as polish_module
 from skattn.solvers import FactoredHeads
-from skattn.solvers._decoupled import _output_factors, _solve_head, decoupling_map
+from skattn.solvers._decoupled import _shares, _solve_head
 
 
 class _Saved(Exception):
@@ -98,7 +98,7 @@ def main(argv=None):
     X, Y, params = state["X"], state["Y"], state["params"]
     m, d, r = (int(v) for v in state["shape"])
     par = FactoredHeads(m, d, r)
-    n, k, o = Y.shape
+    n, k = Y.shape[:2]
     print(f"# {args.state}: {n} sequences of {k} tokens, d={d}, {m} heads of rank {r}")
     runs = [(np.float64, 1), (np.float32, 1)] + [(np.float32, 2)] * args.threads
     print(
@@ -109,8 +109,7 @@ def main(argv=None):
     )
     print("|---|---|---|---|" + "---|---|" * args.threads)
     with threadpool_limits(limits=1, user_api="blas"):
-        factors, _ = _output_factors(X, Y, params, par, None, bool(state["intercept"]))
-        shares = (Y.reshape(n * k, o) @ decoupling_map(factors)[0]).reshape(n, k, m, r)
+        shares = _shares(X, Y, params, par, None, bool(state["intercept"]))
         Q, K, _ = par.factors(params)
         for head in args.heads:
             cells, seconds = [], []

@@ -38,12 +38,7 @@ from threadpoolctl import threadpool_limits
 
 from skattn.layer._math import softmax
 from skattn.solvers import FactoredHeads
-from skattn.solvers._decoupled import (
-    _one_head_problem,
-    _output_factors,
-    _solve_head,
-    decoupling_map,
-)
+from skattn.solvers._decoupled import _one_head_problem, _shares, _solve_head
 
 
 def held_out_residual(X, Y, params, par, head, fit, test, intercept):
@@ -68,13 +63,10 @@ def solve(X, Y, params, par, head, rows, intercept, args):
     """The head's problem on ``rows`` in rounds; its parameters and totals."""
     Q, K, V = (f.copy() for f in par.factors(params))
     Xd, Yd = X[rows], Y[rows]
-    n, k, o = Yd.shape
-    m, r = par.n_heads, par.rank
     total = {"rounds": 0, "products": 0, "seconds": 0.0, "residual": np.inf}
     for _ in range(args.rounds):
         flat = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
-        factors = _output_factors(Xd, Yd, flat, par, None, intercept)[0]
-        shares = (Yd.reshape(n * k, o) @ decoupling_map(factors)[0]).reshape(n, k, m, r)
+        shares = _shares(Xd, Yd, flat, par, None, intercept)
         q, kk, v, info = _solve_head(Xd, shares, head, Q, K, None, args.max_iter, 1e-10)
         Q[head], K[head], V[head] = q, kk, v
         total["rounds"] += 1

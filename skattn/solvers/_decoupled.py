@@ -493,18 +493,26 @@ def search_head(
     )
 
 
-def _one_head_problem(
-    X, Y, params, parametrization, head, sample_weight, intercept, dtype=float
-):
-    """Head ``head``'s one-head problem at ``params``: its targets ``Y D_i`` and
-    the other heads' shares ``Y D_{-i}`` (None for one head), in ``dtype``."""
+def _shares(X, Y, params, parametrization, sample_weight, intercept, dtype=float):
+    """Every head's share ``Y D`` of the outputs at ``params``, ``(n, k, m, r)``,
+    in ``dtype`` (``D`` the decoupling map of the least-squares output factors)."""
     m, r = parametrization.n_heads, parametrization.rank
     n, k, o = Y.shape
     output_factors = _output_factors(
         X, Y, params, parametrization, sample_weight, intercept
     )[0]
     D = decoupling_map(output_factors)[0]
-    shares = (Y.reshape(n * k, o) @ D).astype(dtype, copy=False).reshape(n, k, m, r)
+    return (Y.reshape(n * k, o) @ D).astype(dtype, copy=False).reshape(n, k, m, r)
+
+
+def _one_head_problem(
+    X, Y, params, parametrization, head, sample_weight, intercept, dtype=float
+):
+    """Head ``head``'s one-head problem at ``params``: its targets ``Y D_i`` and
+    the other heads' shares ``Y D_{-i}`` (None for one head), in ``dtype``."""
+    m, r = parametrization.n_heads, parametrization.rank
+    n, k = Y.shape[:2]
+    shares = _shares(X, Y, params, parametrization, sample_weight, intercept, dtype)
     target = np.ascontiguousarray(shares[:, :, head])
     fixed = None
     if m > 1:
