@@ -649,6 +649,19 @@ class _PhasedRun:
             return  # at the rounding floor: nothing left to converge to
         stages = info.get("stages") or [info]
         reason = stages[-1].get("stop_reason", stages[-1].get("message", "?"))
+        if reason == "heads unconverged":
+            warnings.warn(
+                f"Heads {info.get('unconverged_heads')} did not converge on their "
+                "one-head problems (the decoupled refinement after the minibatch "
+                "search), and the joint polish, which crawls from such a point, was "
+                f"skipped: the fit is approximate (relative residual "
+                f"{info.get('relative_residual', float('nan')):.3g} on the polish "
+                "set). Nearly one-hot heads and heads the search left mixed end so; "
+                "another random_state or more n_restarts may find them.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+            return
         fix = (
             "raise polish_max_iter"
             if reason == "max_iter"
