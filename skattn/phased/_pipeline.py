@@ -656,8 +656,8 @@ class _PhasedRun:
                 "search), and the joint polish, which crawls from such a point, was "
                 f"skipped: the fit is approximate (relative residual "
                 f"{info.get('relative_residual', float('nan')):.3g} on the polish "
-                "set). Nearly one-hot heads and heads the search left mixed end so; "
-                "another random_state or more n_restarts may find them.",
+                "set). Heads with sharp attention (a row's largest weight near one) "
+                "end so: the outputs pin their logits weakly (benchmarks/README.md).",
                 ConvergenceWarning,
                 stacklevel=4,
             )
