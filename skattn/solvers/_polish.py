@@ -770,14 +770,15 @@ def _unconverged_heads(search_info):
     crawled where the heads' own problems had stopped, on MiniLM layer 0 of real
     text from 0.056 to 0.0485 in 56 iterations, until the run's 50-minute limit,
     with six heads unconverged (benchmarks/README.md).  The fit
-    then ends with a ``ConvergenceWarning`` naming the heads."""
+    then ends with a ``ConvergenceWarning`` naming the heads.  (When the
+    refinement was not kept, every refined head stayed at the search's end.)"""
     decoupled = (search_info or {}).get("decoupled")
     if not decoupled:
         return []
     return [
         i
         for i, row in enumerate(decoupled["heads"])
-        if row is not None and not row["converged"]
+        if row is not None and not (row["converged"] and decoupled["kept"])
     ]
 
 
