@@ -646,6 +646,10 @@ def polish_from_random_starts(
         ``whitening`` (``applied``, ``condition``, ``rank``) and
         ``start_search`` (the minibatch search's info of the best start, or
         None; with the decoupled refinement's info under ``"decoupled"``).
+        When that refinement left heads unconverged, the polish returns its
+        start (:func:`_unconverged_heads`): ``converged`` is False,
+        ``stop_reason`` ``"heads unconverged"``, and ``unconverged_heads``
+        lists them.
 
     Examples
     --------
