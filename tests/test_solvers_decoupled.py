@@ -529,3 +529,33 @@ def test_the_estimator_warns_which_heads_stayed_unconverged(monkeypatch):
     with pytest.warns(ConvergenceWarning, match=r"Heads \[1\] did not converge"):
         model.fit(X.reshape(600, -1), Y.reshape(600, -1))
     assert model.score(X.reshape(600, -1), Y.reshape(600, -1)) > 0.99
+
+
+def test_a_head_stuck_near_is_solved_again_on_more_sequences(monkeypatch):
+    # head 1's problem ends near and stops improving on the refinement's own
+    # sequences (as sharp heads do): it is refined again on three times the
+    # sequences, where it converges, and the fit is exact
+    import skattn.solvers._decoupled as decoupled
+
+    solve = decoupled._solve_head
+    small = []
+
+    def stuck_on_few(X, shares, head, *args, **kwargs):
+        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
+        if not small:  # the first problem is on the refinement's own sequences
+            small.append(len(X))
+        if head == 1 and len(X) == small[0]:
+            info["relative_residual"] = 1e-5
+            q = nudged(1e-6, 19)(q, kk, values)[0]
+        return q, kk, values, info
+
+    monkeypatch.setattr(decoupled, "_solve_head", stuck_on_few)
+    decoupled_info, residual = decoupled_after_the_search()
+    assert decoupled_info["stuck"] == {
+        "heads": [1],
+        "n_sequences": 3 * small[0],
+        "converged": [1],
+    }
+    assert decoupled_info["heads"][1]["converged"]
+    assert decoupled_info["replacements"] == []
+    assert residual < 1e-10
