@@ -836,7 +836,8 @@ def _search(
 # Heads whose problems ended near but stopped improving are solved again on this
 # many times the sequences: a sharp head's problem is badly conditioned on few (on
 # MiniLM layer 1 of real text, head 0 stopped at 5.5e-5 on 376 sequences and
-# converged to 6.6e-13 on 1128, held out 1.3e-11; benchmarks/README.md).
+# converged to 6.6e-13 on 1128, held out 1.3e-11; the sharpest head, 2.0e-4 on
+# 376, came to 9.8e-6 on 1128 without converging; benchmarks/README.md).
 _STUCK_SEQUENCES = 3
 
 
