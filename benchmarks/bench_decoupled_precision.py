@@ -83,6 +83,17 @@ def save_state(path, teacher_args, whole=False):
         raise SystemExit("the fit did not reach the decoupled refinement")
 
 
+def load_state(path, teacher_args, whole=False):
+    """The state at ``path``, saved first by :func:`save_state` when missing:
+    ``(X, Y, params, parametrization, intercept)``."""
+    if not os.path.exists(path):
+        save_state(path, teacher_args, whole=whole)
+    state = np.load(path)
+    m, d, r = (int(v) for v in state["shape"])
+    par = FactoredHeads(m, d, r)
+    return state["X"], state["Y"], state["params"], par, bool(state["intercept"])
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
@@ -92,12 +103,8 @@ def main(argv=None):
     parser.add_argument("--max-iter", type=int, default=20)
     parser.add_argument("--threads", action="store_true", help="also two threads")
     args = parser.parse_args(argv[:split])
-    if not os.path.exists(args.state):
-        save_state(args.state, argv[split + 1 :])
-    state = np.load(args.state)
-    X, Y, params = state["X"], state["Y"], state["params"]
-    m, d, r = (int(v) for v in state["shape"])
-    par = FactoredHeads(m, d, r)
+    X, Y, params, par, intercept = load_state(args.state, argv[split + 1 :])
+    m, d, r = par.n_heads, par.n_features, par.rank
     n, k = Y.shape[:2]
     print(f"# {args.state}: {n} sequences of {k} tokens, d={d}, {m} heads of rank {r}")
     runs = [(np.float64, 1), (np.float32, 1)] + [(np.float32, 2)] * args.threads
@@ -109,7 +116,7 @@ def main(argv=None):
     )
     print("|---|---|---|---|" + "---|---|" * args.threads)
     with threadpool_limits(limits=1, user_api="blas"):
-        shares = _shares(X, Y, params, par, None, bool(state["intercept"]))
+        shares = _shares(X, Y, params, par, None, intercept)
         Q, K, _ = par.factors(params)
         for head in args.heads:
             cells, seconds = [], []

@@ -37,7 +37,6 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from skattn.layer._math import softmax
-from skattn.solvers import FactoredHeads
 from skattn.solvers._decoupled import _one_head_problem, _shares, _solve_head
 
 
@@ -91,16 +90,11 @@ def main(argv=None):
     parser.add_argument("--n-held-out", type=int, default=500)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv[:split])
-    if not os.path.exists(args.state):
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from bench_decoupled_precision import save_state
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_decoupled_precision import load_state
 
-        save_state(args.state, argv[split + 1 :], whole=True)
-    state = np.load(args.state)
-    X, Y, params = state["X"], state["Y"], state["params"]
-    intercept = bool(state["intercept"])
-    m, d, r = (int(v) for v in state["shape"])
-    par = FactoredHeads(m, d, r)
+    X, Y, params, par, intercept = load_state(args.state, argv[split + 1 :], whole=True)
+    m, d, r = par.n_heads, par.n_features, par.rank
     n, k = X.shape[:2]
     if max(args.sizes) + args.n_held_out > n:
         raise SystemExit(
