@@ -551,11 +551,38 @@ def test_a_head_stuck_near_is_solved_again_on_more_sequences(monkeypatch):
 
     monkeypatch.setattr(decoupled, "_solve_head", stuck_on_few)
     decoupled_info, residual = decoupled_after_the_search()
-    assert decoupled_info["stuck"] == {
-        "heads": [1],
-        "n_sequences": 3 * small[0],
-        "converged": [1],
-    }
+    assert decoupled_info["stuck"] == [
+        {"heads": [1], "n_sequences": 3 * small[0], "converged": [1]}
+    ]
     assert decoupled_info["heads"][1]["converged"]
     assert decoupled_info["replacements"] == []
+    assert residual < 1e-10
+
+
+def test_a_head_still_stuck_on_more_sequences_gets_more_again(monkeypatch):
+    # as the sharpest MiniLM heads: stuck on the refinement's sequences and on
+    # three times them, converged on nine times them (the training set has 600)
+    import skattn.solvers._decoupled as decoupled
+
+    monkeypatch.setattr(decoupled, "_MIN_SEQUENCES", 50)
+    solve = decoupled._solve_head
+    small = []
+
+    def stuck_below_nine_times(X, shares, head, *args, **kwargs):
+        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
+        if not small:
+            small.append(len(X))
+        if head == 1 and len(X) < 9 * small[0]:
+            info["relative_residual"] = 1e-5
+            q = nudged(1e-6, 19)(q, kk, values)[0]
+        return q, kk, values, info
+
+    monkeypatch.setattr(decoupled, "_solve_head", stuck_below_nine_times)
+    decoupled_info, residual = decoupled_after_the_search()
+    assert small == [50]
+    assert decoupled_info["stuck"] == [
+        {"heads": [1], "n_sequences": 150, "converged": []},
+        {"heads": [1], "n_sequences": 450, "converged": [1]},
+    ]
+    assert decoupled_info["heads"][1]["converged"]
     assert residual < 1e-10
