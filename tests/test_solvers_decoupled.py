@@ -531,25 +531,32 @@ def test_the_estimator_warns_which_heads_stayed_unconverged(monkeypatch):
     assert model.score(X.reshape(600, -1), Y.reshape(600, -1)) > 0.99
 
 
-def test_a_head_stuck_near_is_solved_again_on_more_sequences(monkeypatch):
-    # head 1's problem ends near and stops improving on the refinement's own
-    # sequences (as sharp heads do): it is refined again on three times the
-    # sequences, where it converges, and the fit is exact
+def stall_head_one_below(monkeypatch, times):
+    """Head 1's problem ends near (1e-5) and stops improving on fewer than
+    ``times`` times the refinement's own sequences (as sharp heads do); returns
+    the list that receives that number of sequences."""
     import skattn.solvers._decoupled as decoupled
 
     solve = decoupled._solve_head
     small = []
 
-    def stuck_on_few(X, shares, head, *args, **kwargs):
+    def stalled(X, shares, head, *args, **kwargs):
         q, kk, values, info = solve(X, shares, head, *args, **kwargs)
         if not small:  # the first problem is on the refinement's own sequences
             small.append(len(X))
-        if head == 1 and len(X) == small[0]:
+        if head == 1 and len(X) < times * small[0]:
             info["relative_residual"] = 1e-5
             q = nudged(1e-6, 19)(q, kk, values)[0]
         return q, kk, values, info
 
-    monkeypatch.setattr(decoupled, "_solve_head", stuck_on_few)
+    monkeypatch.setattr(decoupled, "_solve_head", stalled)
+    return small
+
+
+def test_a_head_stuck_near_is_solved_again_on_more_sequences(monkeypatch):
+    # stuck on the refinement's own sequences: refined again on three times
+    # them, where it converges, and the fit is exact
+    small = stall_head_one_below(monkeypatch, 2)
     decoupled_info, residual = decoupled_after_the_search()
     assert decoupled_info["stuck"] == [
         {"heads": [1], "n_sequences": 3 * small[0], "converged": [1]}
@@ -565,19 +572,7 @@ def test_a_head_still_stuck_on_more_sequences_gets_more_again(monkeypatch):
     import skattn.solvers._decoupled as decoupled
 
     monkeypatch.setattr(decoupled, "_MIN_SEQUENCES", 50)
-    solve = decoupled._solve_head
-    small = []
-
-    def stuck_below_nine_times(X, shares, head, *args, **kwargs):
-        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
-        if not small:
-            small.append(len(X))
-        if head == 1 and len(X) < 9 * small[0]:
-            info["relative_residual"] = 1e-5
-            q = nudged(1e-6, 19)(q, kk, values)[0]
-        return q, kk, values, info
-
-    monkeypatch.setattr(decoupled, "_solve_head", stuck_below_nine_times)
+    small = stall_head_one_below(monkeypatch, 9)
     decoupled_info, residual = decoupled_after_the_search()
     assert small == [50]
     assert decoupled_info["stuck"] == [

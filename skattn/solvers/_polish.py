@@ -843,6 +843,18 @@ def _search(
 _STUCK_SEQUENCES = 3
 
 
+def _stalled(heads, among):
+    """The heads of ``among`` whose problems (rows of ``heads``, None when not
+    refined) ended near (at most ``_NEAR``) but unconverged."""
+    return [
+        i
+        for i in among
+        if heads[i] is not None
+        and not heads[i]["converged"]
+        and heads[i]["relative_residual"] <= _NEAR
+    ]
+
+
 def _on_more_sequences(
     X, Y, params, par, direction, sample_weight, rng, verbose, info, stuck, rows
 ):
@@ -877,18 +889,15 @@ def _on_more_sequences(
             {"heads": stuck, "n_sequences": len(more), "converged": converged}
         )
         if converged:
-            Q, K, V = (f.copy() for f in par.factors(params))
-            Qr, Kr, Vr = par.factors(start)
+            params = params.copy()  # its factors are views: the heads go in place
+            for mine, found in zip(
+                par.factors(params), par.factors(start), strict=True
+            ):
+                mine[converged] = found[converged]
             for i in converged:
-                Q[i], K[i], V[i] = Qr[i], Kr[i], Vr[i]
                 info["heads"][i] = again["heads"][i]
-            params = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
             taken += converged
-        stuck = [
-            i
-            for i in stuck
-            if i not in converged and again["heads"][i]["relative_residual"] <= _NEAR
-        ]
+        stuck = _stalled(again["heads"], stuck)
     if taken:
         Xd, Yd = X[rows], Y[rows]
         weights = None if sample_weight is None else sample_weight[rows]
@@ -935,13 +944,7 @@ def _decouple(X, Y, params, par, direction, sample_weight, rng, verbose):
         intercept_direction=direction,
         verbose=verbose,
     )
-    stuck = [
-        i
-        for i, row in enumerate(info["heads"])
-        if row is not None
-        and not row["converged"]
-        and row["relative_residual"] <= _NEAR
-    ]
+    stuck = _stalled(info["heads"], range(par.n_heads))
     if stuck and n > len(rows):
         params, info = _on_more_sequences(
             X, Y, params, par, direction, sample_weight, rng, verbose, info, stuck, rows
