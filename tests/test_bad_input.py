@@ -399,7 +399,7 @@ def test_other_bad_sample_weight(name, weights, match, data):
 
 def test_partial_fit_later_batches_are_checked_against_the_first(data):
     X, y = data
-    est = GradientAttentionRegressor(n_tokens=K, solver="adam", random_state=0)
+    est = GradientAttentionRegressor(n_tokens=K, optimizer="adam", random_state=0)
     est.partial_fit(X, y)
     _raises(ValueError, "X has 8 features, but", est.partial_fit, X[:, :8], y)
     _raises(

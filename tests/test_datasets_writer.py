@@ -69,3 +69,35 @@ def test_missing_zarr_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "zarr", None)
     with pytest.raises(ImportError, match=r"skattn\[ooc\]"):
         write_attention_regression(tmp_path / "data.zarr", 10, 2, 2, 1)
+
+
+@pytest.mark.parametrize("head_rank", [None, 1, 3])
+def test_written_low_rank_heads_equal_the_in_memory_generator(tmp_path, head_rank):
+    # one drawing of the planted layer: same layer, inputs and targets
+    kwargs = dict(n_outputs=5, head_rank=head_rank, noise=0.1, random_state=3)
+    X, y, layer = write_attention_regression(
+        tmp_path / "data.npy", 200, 3, 4, 2, chunk_size=64, return_layer=True, **kwargs
+    )
+    X_mem, y_mem, layer_mem = make_attention_regression(
+        200, 3, 4, 2, return_layer=True, **kwargs
+    )
+    assert layer.head_rank == layer_mem.head_rank == head_rank
+    assert layer.n_tokens == layer_mem.n_tokens == 3
+    np.testing.assert_array_equal(layer.attention, layer_mem.attention)
+    np.testing.assert_array_equal(layer.projection, layer_mem.projection)
+    np.testing.assert_array_equal(X[:], X_mem)
+    np.testing.assert_allclose(y[:], y_mem, rtol=1e-12, atol=1e-14)
+    if head_rank is not None:
+        assert all(np.linalg.matrix_rank(t) == head_rank for t in layer.attention)
+        assert all(np.linalg.matrix_rank(w) == head_rank for w in layer.projection)
+
+
+def test_head_rank_is_validated(tmp_path):
+    path = tmp_path / "data.npy"
+    with pytest.raises(ValueError, match="'head_rank' parameter"):
+        write_attention_regression(path, 10, 2, 4, 1, head_rank=0)
+    with pytest.raises(ValueError, match=r"head_rank=5 exceeds min\(n_features"):
+        write_attention_regression(path, 10, 2, 4, 1, head_rank=5)
+    with pytest.raises(ValueError, match="cannot be combined with structure"):
+        write_attention_regression(path, 10, 2, 4, 1, head_rank=2, structure="diagonal")
+    assert not path.exists()  # refused before anything is written

@@ -105,7 +105,7 @@ def _public_methods(qualname, cls):
         elif inspect.isfunction(member):
             found.append((f"{qualname}.{name}", member, "method"))
         elif inspect.isfunction(getattr(member, "fn", None)):
-            # scikit-learn's available_if (e.g. partial_fit of the Adam solver)
+            # scikit-learn's available_if (e.g. partial_fit of the Adam optimizer)
             found.append((f"{qualname}.{name}", member.fn, "method"))
     return found
 

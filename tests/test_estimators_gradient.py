@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
 
-import skattn.solvers._objective as optimize
+import skattn.solvers.kernels._loss as optimize
 from skattn.datasets import make_attention_regression
 from skattn.estimators import GradientAttentionRegressor
 from skattn.layer._math import forward
 from skattn.metrics import parameter_error
-from skattn.solvers._first_order import _objective, _Unknowns
+from skattn.solvers.kernels._loss import _penalized_loss_gradient
+from skattn.solvers.kernels._parametrization import _Unknowns
 
 
 def plant(n, *, d=8, k=4, m=2, d_out=8, scale=2.0, noise=0.0, seed=0):
@@ -53,12 +54,12 @@ def test_objective_gradient_matches_finite_differences(alpha):
     attention = rng.normal(size=(2, 4, 4))
     projection = rng.normal(size=(2, 4, 2))
     # chunk_size=3 also exercises the chunked accumulation
-    loss, g_att, g_proj = _objective(X, Y, attention, projection, weight, alpha, 3)
+    loss, g_att, g_proj = _penalized_loss_gradient(X, Y, attention, projection, weight, alpha, 3)
     unknowns = _Unknowns(2, 4, 2)
     params = unknowns.pack(attention, projection)
 
     def value(p):
-        return _objective(X, Y, *unknowns.unpack(p), weight, alpha, 3)[0]
+        return _penalized_loss_gradient(X, Y, *unknowns.unpack(p), weight, alpha, 3)[0]
 
     step = 1e-6
     numeric = np.array(
@@ -78,8 +79,8 @@ def test_objective_does_not_depend_on_chunking():
     Y = rng.normal(size=(50, 4, 2))
     weight = rng.integers(0, 3, size=50).astype(float)
     attention, projection = rng.normal(size=(3, 3, 3)), rng.normal(size=(3, 3, 2))
-    whole = _objective(X, Y, attention, projection, weight, 0.1, 50)
-    chunked = _objective(X, Y, attention, projection, weight, 0.1, 7)
+    whole = _penalized_loss_gradient(X, Y, attention, projection, weight, 0.1, 50)
+    chunked = _penalized_loss_gradient(X, Y, attention, projection, weight, 0.1, 7)
     for a, b in zip(whole, chunked, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
 
@@ -90,8 +91,8 @@ def test_weighted_objective_equals_repeated_samples():
     Y = rng.normal(size=(20, 3, 2))
     weight = rng.integers(0, 4, size=20)
     attention, projection = rng.normal(size=(2, 2, 2)), rng.normal(size=(2, 2, 2))
-    weighted = _objective(X, Y, attention, projection, weight.astype(float), 0.2)
-    repeated = _objective(
+    weighted = _penalized_loss_gradient(X, Y, attention, projection, weight.astype(float), 0.2)
+    repeated = _penalized_loss_gradient(
         np.repeat(X, weight, axis=0),
         np.repeat(Y, weight, axis=0),
         attention,
@@ -118,11 +119,16 @@ def test_sample_weight_equivalent_to_repeated_samples_lbfgs():
     assert not np.allclose(weighted.predict(X), unweighted.predict(X), atol=1e-3)
 
 
-@pytest.mark.parametrize("solver", ["lbfgs", "adam"])
-def test_refits_are_bit_identical_under_random_state(solver):
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_refits_are_bit_identical_under_random_state(optimizer):
     X, y, _, _ = plant(200, d=4, k=3, m=2, d_out=3, seed=6)
     params = dict(
-        n_heads=2, n_tokens=3, solver=solver, max_iter=15, n_restarts=2, random_state=7
+        n_heads=2,
+        n_tokens=3,
+        optimizer=optimizer,
+        max_iter=15,
+        n_restarts=2,
+        random_state=7,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -139,7 +145,7 @@ def test_refits_are_bit_identical_under_random_state(solver):
 def test_partial_fit_reaches_the_loss_of_fit_on_the_union():
     X, y, _, _ = plant(800, d=4, k=3, m=1, d_out=4, scale=1.5, seed=8)
     params = dict(
-        n_heads=1, n_tokens=3, solver="adam", learning_rate=0.01, random_state=0
+        n_heads=1, n_tokens=3, optimizer="adam", learning_rate=0.01, random_state=0
     )
     epochs = 60
     full = GradientAttentionRegressor(**params, max_iter=epochs, tol=0.0)
@@ -164,9 +170,9 @@ def test_partial_fit_reaches_the_loss_of_fit_on_the_union():
 
 
 def test_partial_fit_only_with_adam_and_checks_widths():
-    assert not hasattr(GradientAttentionRegressor(solver="lbfgs"), "partial_fit")
+    assert not hasattr(GradientAttentionRegressor(optimizer="lbfgs"), "partial_fit")
     X, y, _, _ = plant(40, d=3, k=2, m=1, d_out=2, seed=9)
-    reg = GradientAttentionRegressor(n_tokens=2, solver="adam", random_state=0)
+    reg = GradientAttentionRegressor(n_tokens=2, optimizer="adam", random_state=0)
     reg.partial_fit(X, y)
     with pytest.raises(ValueError, match="features"):
         reg.partial_fit(X.reshape(40, -1)[:, :4], y)
@@ -174,11 +180,11 @@ def test_partial_fit_only_with_adam_and_checks_widths():
         reg.partial_fit(X, y[:, :3])
 
 
-@pytest.mark.parametrize("solver", ["lbfgs", "adam"])
-def test_warm_start_continues_from_previous_solution(solver):
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_warm_start_continues_from_previous_solution(optimizer):
     X, y, _, _ = plant(300, d=4, k=3, m=2, d_out=3, seed=10)
     params = dict(
-        n_heads=2, n_tokens=3, solver=solver, max_iter=5, tol=0.0, random_state=0
+        n_heads=2, n_tokens=3, optimizer=optimizer, max_iter=5, tol=0.0, random_state=0
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -195,11 +201,16 @@ def test_warm_start_continues_from_previous_solution(solver):
         warm.set_params(n_heads=3).fit(X, y)
 
 
-@pytest.mark.parametrize("solver", ["lbfgs", "adam"])
-def test_convergence_warning_when_max_iter_runs_out(solver):
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_convergence_warning_when_max_iter_runs_out(optimizer):
     X, y, _, _ = plant(200, d=4, k=3, m=2, d_out=3, seed=11)
     reg = GradientAttentionRegressor(
-        n_heads=2, n_tokens=3, solver=solver, max_iter=2, tol=1e-12, random_state=0
+        n_heads=2,
+        n_tokens=3,
+        optimizer=optimizer,
+        max_iter=2,
+        tol=1e-12,
+        random_state=0,
     )
     with pytest.warns(ConvergenceWarning, match="increase max_iter"):
         reg.fit(X, y)
@@ -221,14 +232,14 @@ def test_stop_reason_and_the_precision_each_tolerance_reaches():
         errors[tol] = max(e.attention_error, e.projection_error)
         iters[tol] = reg.n_iter_
         # tol met, or (tol=0) no step decreases the loss any more
-        assert reg.stop_reason_ == ("tol" if tol else "no_progress")
+        assert reg.stop_reason_ == ("gradient" if tol else "no_decrease")
     # the default stops near its gradient tolerance; tol=0 runs to the floor
     assert errors[1e-6] > 1e-9 and errors[0.0] < 1e-13
     assert iters[0.0] > iters[1e-6]
     adam = GradientAttentionRegressor(
-        n_tokens=4, solver="adam", tol=1e-2, n_iter_no_change=2, random_state=0
+        n_tokens=4, optimizer="adam", tol=1e-2, n_iter_no_change=2, random_state=0
     ).fit(X, y)
-    assert adam.stop_reason_ == "tol" and adam.n_iter_ < adam.max_iter
+    assert adam.stop_reason_ == "no_decrease" and adam.n_iter_ < adam.max_iter
     adam.partial_fit(X, y)
     assert adam.stop_reason_ == "partial_fit"
 
@@ -292,7 +303,7 @@ def test_verbose_reports_progress(capsys):
 @pytest.mark.parametrize(
     "params, match",
     [
-        ({"solver": "sgd"}, "solver"),
+        ({"optimizer": "sgd"}, "optimizer"),
         ({"n_heads": 0}, "n_heads"),
         ({"alpha": -1.0}, "alpha"),
         ({"max_iter": 0}, "max_iter"),
@@ -368,7 +379,7 @@ def test_low_rank_factor_gradient_matches_finite_differences():
     params = rng.normal(size=unknowns.size)
 
     def objective(p):
-        loss, g_att, g_proj = _objective(X, Y, *unknowns.unpack(p), None, 0.1, None)
+        loss, g_att, g_proj = _penalized_loss_gradient(X, Y, *unknowns.unpack(p), None, 0.1, None)
         return loss, unknowns.gradient(p, g_att, g_proj)
 
     _, grad = objective(params)
@@ -396,8 +407,8 @@ def test_unknowns_pack_the_layer_and_unpack_it():
 
 def test_head_rank_needs_lbfgs():
     X, y = make_attention_regression(50, 3, 4, 1, random_state=0)
-    est = GradientAttentionRegressor(n_tokens=3, head_rank=2, solver="adam")
-    with pytest.raises(ValueError, match="head_rank=2 needs solver='lbfgs'"):
+    est = GradientAttentionRegressor(n_tokens=3, head_rank=2, optimizer="adam")
+    with pytest.raises(ValueError, match="head_rank=2 needs optimizer='lbfgs'"):
         est.fit(X, y)
     with pytest.raises(ValueError, match="does not support head_rank=2"):
         est.partial_fit(X, y)

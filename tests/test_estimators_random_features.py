@@ -367,7 +367,7 @@ def test_nonzero_mean_helps_softmax_on_a_planted_head(seed):
 
 # The must-shows of issue 13: the defaults, untouched but for n_tokens (implied by a
 # 3-D X here) and the seed, on key-permutation-invariant targets of the query-key
-# inner products t_i = <x_0, x_i>.  benchmarks/bench_random_features_defaults.py
+# inner products t_i = <x_0, x_i>.  benchmarks/studies/bench_random_features_defaults.py
 # prints the same numbers next to the old defaults' (R^2 -0.82 on the first task).
 def _inner_product_task(target, *, n_keys, boolean, seed, n_train=2000, n_test=1000):
     rng = np.random.default_rng(seed)

@@ -231,7 +231,7 @@ ESTIMATORS = {
         n_heads=3, random_state=0
     ),
     "GradientAttentionRegressor.partial_fit": lambda: GradientAttentionRegressor(
-        n_heads=1, solver="adam", random_state=0
+        n_heads=1, optimizer="adam", random_state=0
     ),
 }
 
@@ -664,7 +664,7 @@ def test_phased_fit_on_overflowing_input_ends_with_an_error():
 
 def test_partial_fit_that_overflows_is_an_error_and_keeps_the_model():
     # Found after the fuzz, by the same input: partial_fit returned NaN parameters.
-    est = GradientAttentionRegressor(n_heads=1, solver="adam", random_state=0)
+    est = GradientAttentionRegressor(n_heads=1, optimizer="adam", random_state=0)
     with pytest.raises(ValueError, match="diverged"):
         est.partial_fit(np.array([[[1e300]]]), np.array([[0.0]]))
     rng = np.random.default_rng(0)

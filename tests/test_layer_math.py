@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -6,6 +7,7 @@ from skattn.layer._math import (
     attention_patterns,
     forward,
     head_features,
+    min_separation,
     softmax,
     squared_loss_gradient,
 )
@@ -130,3 +132,19 @@ def test_forward_in_chunks_equals_one_pass(monkeypatch):
         X, attention, projection, key_bias=key_bias, intercept=intercept
     )
     np.testing.assert_allclose(chunked, whole, rtol=1e-13, atol=1e-13)
+
+
+def test_min_separation():
+    eye = np.eye(3)
+    assert min_separation(eye[None]) == np.inf  # one head
+    assert min_separation(np.stack([eye, -eye, 3 * eye])) == pytest.approx(2 / 3)
+    assert min_separation(np.zeros((2, 3, 3))) == 0.0  # two zero heads
+    assert min_separation(np.stack([eye, eye])) == 0.0
+
+
+def test_min_separation_is_the_public_condition():
+    import skattn.conditions
+    import skattn.diagnostics
+
+    assert skattn.diagnostics.min_separation is min_separation
+    assert skattn.conditions.min_separation is min_separation

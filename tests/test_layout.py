@@ -9,21 +9,24 @@ and resolved to the skattn module it names.  Two properties are asserted:
 * every import goes from a unit to a unit of a lower layer (or within a unit),
   in the order of the layout (lowest first):
 
-  0. ``utils`` (validation, batching, optional-dependency guards)
-  1. ``layer`` (the object of study)
+  0. ``utils`` (validation of sequences and weights, batching, optional-dependency
+     guards)
+  1. ``layer`` (the object of study: the math of F, the geometry of the heads)
   2. ``solvers`` (the loss, parametrizations, the polish)
-  3. ``diagnostics`` (conditions, certificate, Jacobian, held-out error)
-  4. ``datasets`` (distributions and planted layers: they check planted heads'
-     separation with ``diagnostics``) and ``phased`` (the learner)
+  3. ``metrics`` (recovery metrics, scorers, held-out error, head redundancy,
+     displays; a fitted estimator is read by duck typing, never imported)
+  4. ``diagnostics`` (conditions, certificate, Jacobian), ``datasets``
+     (distributions and planted layers) and ``phased`` (the learner): on one
+     layer, so none imports another -- the phases and the datasets import no
+     diagnostics
   5. ``estimators`` (parameters, validation, one call into ``phased`` or
      ``solvers``, fitted attributes)
-  6. ``metrics`` (recovery metrics, scorers, displays of fitted estimators)
-  7. ``utils.estimator_checks`` (skattn's checks of any estimator)
-  8. the public face: ``skattn/__init__.py`` and the old public module paths
+  6. ``utils.estimator_checks`` (skattn's checks of any estimator)
+  7. the public face: ``skattn/__init__.py`` and the old public module paths
      ``skattn.certificate`` and ``skattn.conditions`` (re-exports)
-  9. ``utils.discovery`` (walks the whole package for its estimators)
-  10. ``experiments`` (sweeps of any discovered estimator)
-  11. ``cli``, then 12. ``__main__``.
+  8. ``utils.discovery`` (walks the whole package for its estimators)
+  9. ``experiments`` (sweeps of any discovered estimator)
+  10. ``cli``, then 11. ``__main__``.
 
 Units of the same layer do not import each other.
 """
@@ -37,10 +40,9 @@ LAYERS = [
     {"utils"},
     {"layer"},
     {"solvers"},
-    {"diagnostics"},
-    {"datasets", "phased"},
-    {"estimators"},
     {"metrics"},
+    {"diagnostics", "datasets", "phased"},
+    {"estimators"},
     {"utils.estimator_checks"},
     {"skattn", "certificate", "conditions"},
     {"utils.discovery"},
@@ -201,3 +203,64 @@ def test_package_root_holds_only_the_public_face():
         "solvers",
         "utils",
     ]
+
+
+# Inside skattn.solvers, read top-down: the driver runs the stages, the stages
+# run the optimizers, everything reads the kernels; the options and the stop
+# vocabulary are leaves.  (lowest first; the package's __init__ re-exports)
+SOLVERS_ORDER = [
+    {"skattn.solvers._stop", "skattn.solvers._options"},
+    {"skattn.solvers.kernels"},
+    {"skattn.solvers.optimizers"},
+    {"skattn.solvers.stages"},
+    {"skattn.solvers._driver"},
+    {"skattn.solvers"},
+]
+
+
+def _solvers_part(module):
+    for part in sorted((p for layer in SOLVERS_ORDER for p in layer), key=len)[::-1]:
+        if module == part or module.startswith(part + "."):
+            return part
+    return None
+
+
+def test_solvers_read_top_down():
+    rank = {part: r for r, layer in enumerate(SOLVERS_ORDER) for part in layer}
+    upward = []
+    for module, targets in sorted(GRAPH.items()):
+        source = _solvers_part(module)
+        if source is None:
+            continue
+        for target in sorted(targets):
+            part = _solvers_part(target)
+            if part is None or part == source:
+                continue
+            if rank[part] >= rank[source]:
+                upward.append(f"{module} ({source}) imports {target} ({part})")
+    assert not upward, "\n".join(upward)
+    parts = {_solvers_part(m) for m in GRAPH if m.startswith("skattn.solvers")}
+    assert parts == set(rank), parts ^ set(rank)
+
+
+# Modules that need no test module of their own: re-exports and the entry point.
+NO_OWN_TESTS = {
+    "skattn.__main__": "runs skattn.cli.main (tests/test_cli.py)",
+    "skattn.certificate": "re-exports skattn.diagnostics",
+    "skattn.conditions": "re-exports skattn.diagnostics",
+}
+
+
+def test_tests_mirror_the_package():
+    # module skattn/<package>/<sub>/_<name>.py -> tests/test_<package>_<sub>_<name>.py
+    tests = PACKAGE.parent / "tests"
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        if path.name == "__init__.py" or module in NO_OWN_TESTS:
+            continue
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        name = "test_" + "_".join(part.lstrip("_") for part in parts) + ".py"
+        if not (tests / name).is_file():
+            missing.append(f"{module}: tests/{name}")
+    assert not missing, "\n".join(missing)

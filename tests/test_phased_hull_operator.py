@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
-from test_phased import _plant
+from _helpers import phased_planted as _plant
 
 from skattn import MultiHeadAttentionRegressor
 from skattn.layer._math import forward
 from skattn.phased import sculpt_hull
 from skattn.phased._affine_hull import (
-    _DENSE_HULL_MAX_FEATURES,
     fit_affine_hull,
     hull_constraints,
     hull_distance,
@@ -166,24 +165,6 @@ def test_sculpt_hull_counts_heads_matrix_free():
     X, Y, _, _ = _plant(10000, 2, 8, 2, d_out=16)
     *_, info = sculpt_hull(X, Y, "auto", random_state=0, solver="matrix-free")
     assert info["n_heads"] == 2
-
-
-def test_auto_solver_follows_the_crossover():
-    d_big = _DENSE_HULL_MAX_FEATURES + 1
-    for d, dense in ((_DENSE_HULL_MAX_FEATURES, True), (d_big, False)):
-        X, Y, _, W = _plant(300, 3, d, 1, distribution="gaussian")
-        stats, _ = hull_constraints(X, Y, W[0], tol=1e-6)
-        assert (stats["normal"] is not None) == dense
-        assert ("constraints" in stats) != dense
-
-
-def test_solver_is_validated():
-    X, Y, _, W = _plant(300, 3, 4, 1, d_out=6)
-    with pytest.raises(ValueError, match="solver must be"):
-        hull_constraints(X, Y, W[0], tol=0.1, solver="sparse")
-    est = MultiHeadAttentionRegressor(n_heads=1, n_tokens=3, hull_solver="sparse")
-    with pytest.raises(ValueError, match="hull_solver"):
-        est.fit(X.reshape(300, -1), Y.reshape(300, -1))
 
 
 def test_estimator_hull_solvers_agree():

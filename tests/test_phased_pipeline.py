@@ -67,11 +67,3 @@ class _no_check:
 
     def __exit__(self, *exc):
         return self._ctx.__exit__(*exc)
-
-
-def test_defaults_are_the_estimators():
-    # phased_fit's defaults repeat the estimator's signature: keep them equal
-    from skattn.phased._pipeline import _DEFAULTS
-
-    params = MultiHeadAttentionRegressor().get_params()
-    assert {name: params[name] for name in _DEFAULTS} == _DEFAULTS

@@ -370,7 +370,7 @@ def test_phase_3_scans_on_dask_workers_equal_in_memory(
     X, y, _ = planted
     X3, Y3, weights, W0 = planted_tokens
     n_chunks = -(-len(X) // chunks)
-    options = dict(tol=0.3, sample_weight=weights, max_iter=3, solver=solver)
+    options = dict(tol=0.3, sample_weight=weights, max_iter=3, optimizer=solver)
     here = _spy_certify(monkeypatch)
     W_mem, info_mem = refine_projection_sum(X3, Y3, W0, **options)
     assert sum(here["refine"]) >= len(X)  # in memory: the first pass is here

@@ -5,9 +5,8 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions, validate_params
 
-from ..diagnostics import min_separation
 from ..layer import AttentionLayer
-from ..layer._math import forward
+from ..layer._math import forward, min_separation
 from ._distributions import TokenDistribution, _as_generator, resolve_distribution
 
 # Two planted heads closer than this (relative Frobenius distance) are redrawn.
@@ -32,6 +31,77 @@ def _planted_attention(rng, n_heads, n_features, structure, rank, scale):
         raw = left @ np.swapaxes(right, 1, 2)
     norms = np.linalg.norm(raw.reshape(m, -1), axis=1)
     return raw * (scale / norms)[:, None, None]
+
+
+def _draw_layer(
+    n_heads,
+    n_features,
+    *,
+    n_outputs,
+    attention_scale,
+    structure,
+    rank,
+    head_rank,
+    random_state,
+    n_tokens=None,
+):
+    """The planted layer of :func:`make_attention_layer` (arguments validated).
+
+    The one drawing of a planted layer: :func:`make_attention_layer`,
+    :func:`make_attention_regression` and
+    :func:`~skattn.datasets.write_attention_regression` all call it, so the same
+    arguments and seed plant the same layer everywhere.  ``random_state`` is turned
+    into a fresh generator (advancing a ``Generator`` or ``RandomState`` instance by
+    that one draw); ``n_tokens`` is set on the layer.
+    """
+    d = n_features
+    d_out = d if n_outputs is None else n_outputs
+    if head_rank is not None:
+        if structure == "diagonal" or (rank is not None and rank != head_rank):
+            raise ValueError(
+                f"head_rank={head_rank} plants Theta_i = Q_i K_i^T of rank "
+                f"head_rank; it cannot be combined with structure={structure!r}"
+                f" and rank={rank}. Pass only head_rank."
+            )
+        if head_rank > min(d, d_out):
+            raise ValueError(
+                f"head_rank={head_rank} exceeds min(n_features, n_outputs) = "
+                f"{min(d, d_out)}."
+            )
+        structure, rank = "low_rank", head_rank
+    if structure == "low_rank":
+        rank = max(1, d // 4) if rank is None else rank
+        if rank > d:
+            raise ValueError(
+                f"rank={rank} exceeds n_features={d}; a low-rank Theta_i of shape "
+                f"({d}, {d}) has rank at most {d}."
+            )
+    if attention_scale > 0 and n_heads > 2 and d == 1:
+        raise ValueError(
+            f"n_heads={n_heads} distinct heads cannot be planted with n_features=1: "
+            f"a 1 x 1 Theta_i of norm attention_scale is +attention_scale or "
+            f"-attention_scale. Use n_features >= 2 or n_heads <= 2."
+        )
+    rng = _as_generator(random_state)
+    for _ in range(_MAX_DRAWS):
+        attention = _planted_attention(
+            rng, n_heads, d, structure, rank, attention_scale
+        )
+        if (
+            attention_scale == 0
+            or n_heads == 1
+            or min_separation(attention) >= _MIN_HEAD_DISTANCE
+        ):
+            break
+    else:  # pragma: no cover - probability ~2**-100 for the cases allowed above
+        raise RuntimeError("could not draw distinct heads; use another random_state.")
+    if head_rank is None:
+        projection = rng.standard_normal((n_heads, d, d_out)) / np.sqrt(d)
+    else:
+        value = rng.standard_normal((n_heads, d, head_rank))
+        output = rng.standard_normal((n_heads, head_rank, d_out))
+        projection = value @ output / np.sqrt(head_rank * d)
+    return AttentionLayer(attention, projection, n_tokens=n_tokens, head_rank=head_rank)
 
 
 @validate_params(
@@ -140,73 +210,37 @@ def make_attention_layer(
     >>> float(np.linalg.norm(layer.attention[0]))
     2.0
     """
-    d = n_features
-    d_out = d if n_outputs is None else n_outputs
-    if head_rank is not None:
-        if structure == "diagonal" or (rank is not None and rank != head_rank):
-            raise ValueError(
-                f"head_rank={head_rank} plants Theta_i = Q_i K_i^T of rank "
-                f"head_rank; it cannot be combined with structure={structure!r}"
-                f" and rank={rank}. Pass only head_rank."
-            )
-        if head_rank > min(d, d_out):
-            raise ValueError(
-                f"head_rank={head_rank} exceeds min(n_features, n_outputs) = "
-                f"{min(d, d_out)}."
-            )
-        structure, rank = "low_rank", head_rank
-    if structure == "low_rank":
-        rank = max(1, d // 4) if rank is None else rank
-        if rank > d:
-            raise ValueError(
-                f"rank={rank} exceeds n_features={d}; a low-rank Theta_i of shape "
-                f"({d}, {d}) has rank at most {d}."
-            )
-    if attention_scale > 0 and n_heads > 2 and d == 1:
-        raise ValueError(
-            f"n_heads={n_heads} distinct heads cannot be planted with n_features=1: "
-            f"a 1 x 1 Theta_i of norm attention_scale is +attention_scale or "
-            f"-attention_scale. Use n_features >= 2 or n_heads <= 2."
-        )
-    rng = _as_generator(random_state)
-    for _ in range(_MAX_DRAWS):
-        attention = _planted_attention(
-            rng, n_heads, d, structure, rank, attention_scale
-        )
-        if (
-            attention_scale == 0
-            or n_heads == 1
-            or min_separation(attention) >= _MIN_HEAD_DISTANCE
-        ):
-            break
-    else:  # pragma: no cover - probability ~2**-100 for the cases allowed above
-        raise RuntimeError("could not draw distinct heads; use another random_state.")
-    if head_rank is None:
-        projection = rng.standard_normal((n_heads, d, d_out)) / np.sqrt(d)
-    else:
-        value = rng.standard_normal((n_heads, d, head_rank))
-        output = rng.standard_normal((n_heads, head_rank, d_out))
-        projection = value @ output / np.sqrt(head_rank * d)
-    return AttentionLayer(attention, projection, head_rank=head_rank)
+    return _draw_layer(
+        n_heads,
+        n_features,
+        n_outputs=n_outputs,
+        attention_scale=attention_scale,
+        structure=structure,
+        rank=rank,
+        head_rank=head_rank,
+        random_state=random_state,
+    )
 
 
-@validate_params(
-    {
-        "n_samples": [Interval(Integral, 1, None, closed="left")],
-        "n_tokens": [Interval(Integral, 1, None, closed="left")],
-        "n_features": [Interval(Integral, 1, None, closed="left")],
-        "n_heads": [Interval(Integral, 1, None, closed="left")],
-        "n_outputs": [Interval(Integral, 1, None, closed="left"), None],
-        "distribution": [StrOptions({"boolean", "gaussian"}), TokenDistribution],
-        "noise": [Interval(Real, 0, None, closed="left")],
-        "attention_scale": [Interval(Real, 0, None, closed="left")],
-        "structure": [StrOptions({"random", "diagonal", "low_rank"})],
-        "head_rank": [Interval(Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state", np.random.Generator],
-        "return_layer": ["boolean"],
-    },
-    prefer_skip_nested_validation=True,
-)
+# The parameters of planted regression data, in memory or written to disk
+# (``write_attention_regression`` adds its path and chunk size).
+_REGRESSION_PARAMETERS = {
+    "n_samples": [Interval(Integral, 1, None, closed="left")],
+    "n_tokens": [Interval(Integral, 1, None, closed="left")],
+    "n_features": [Interval(Integral, 1, None, closed="left")],
+    "n_heads": [Interval(Integral, 1, None, closed="left")],
+    "n_outputs": [Interval(Integral, 1, None, closed="left"), None],
+    "distribution": [StrOptions({"boolean", "gaussian"}), TokenDistribution],
+    "noise": [Interval(Real, 0, None, closed="left")],
+    "attention_scale": [Interval(Real, 0, None, closed="left")],
+    "structure": [StrOptions({"random", "diagonal", "low_rank"})],
+    "head_rank": [Interval(Integral, 1, None, closed="left"), None],
+    "random_state": ["random_state", np.random.Generator],
+    "return_layer": ["boolean"],
+}
+
+
+@validate_params(_REGRESSION_PARAMETERS, prefer_skip_nested_validation=True)
 def make_attention_regression(
     n_samples,
     n_tokens,
@@ -286,20 +320,16 @@ def make_attention_regression(
     True
     """
     rng = _as_generator(random_state)
-    planted = make_attention_layer(
+    layer = _draw_layer(
         n_heads,
         n_features,
         n_outputs=n_outputs,
         attention_scale=attention_scale,
         structure=structure,
+        rank=None,
         head_rank=head_rank,
         random_state=rng,
-    )
-    layer = AttentionLayer(
-        planted.attention,
-        planted.projection,
         n_tokens=n_tokens,
-        head_rank=head_rank,
     )
     dist = resolve_distribution(distribution, n_tokens, n_features)
     X = dist.sample(n_samples, random_state=rng)

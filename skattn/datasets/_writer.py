@@ -1,17 +1,16 @@
 """write_attention_regression: a planted dataset of any size, written in chunks."""
 
 import copy
-from numbers import Integral, Real
+from numbers import Integral
 from pathlib import Path
 
 import numpy as np
-from sklearn.utils._param_validation import Interval, StrOptions, validate_params
+from sklearn.utils._param_validation import Interval, validate_params
 
-from ..layer import AttentionLayer
 from ..layer._math import forward
 from ..utils._optional import require
-from ._distributions import TokenDistribution, _as_generator, resolve_distribution
-from ._generators import make_attention_layer
+from ._distributions import _as_generator, resolve_distribution
+from ._generators import _REGRESSION_PARAMETERS, _draw_layer
 
 _FORMATS = {".zarr": "zarr", ".h5": "hdf5", ".hdf5": "hdf5", ".npy": "npy"}
 
@@ -118,18 +117,8 @@ def _open_npy(path):
 @validate_params(
     {
         "path": [str, Path],
-        "n_samples": [Interval(Integral, 1, None, closed="left")],
-        "n_tokens": [Interval(Integral, 1, None, closed="left")],
-        "n_features": [Interval(Integral, 1, None, closed="left")],
-        "n_heads": [Interval(Integral, 1, None, closed="left")],
-        "n_outputs": [Interval(Integral, 1, None, closed="left"), None],
-        "distribution": [StrOptions({"boolean", "gaussian"}), TokenDistribution],
-        "noise": [Interval(Real, 0, None, closed="left")],
-        "attention_scale": [Interval(Real, 0, None, closed="left")],
-        "structure": [StrOptions({"random", "diagonal", "low_rank"})],
+        **_REGRESSION_PARAMETERS,
         "chunk_size": [Interval(Integral, 1, None, closed="left")],
-        "random_state": ["random_state", np.random.Generator],
-        "return_layer": ["boolean"],
     },
     prefer_skip_nested_validation=True,
 )
@@ -145,6 +134,7 @@ def write_attention_regression(
     noise=0.0,
     attention_scale=2.0,
     structure="random",
+    head_rank=None,
     chunk_size=100_000,
     random_state=None,
     return_layer=False,
@@ -182,6 +172,10 @@ def write_attention_regression(
         ``||Theta_i||_F`` of the planted heads.
     structure : {"random", "diagonal", "low_rank"}, default="random"
         Structure of the ``Theta_i``.
+    head_rank : int, default=None
+        Low-rank heads ``Theta_i = Q_i K_i^T``, ``W_i = V_i O_i`` of this rank, at
+        most ``min(n_features, n_outputs)`` (see
+        :func:`~skattn.datasets.make_attention_layer`).  ``None``: full rank.
     chunk_size : int, default=100000
         Rows generated and written at a time (and the chunk length on disk).
     random_state : int, RandomState instance, Generator or None, default=None
@@ -197,7 +191,8 @@ def write_attention_regression(
     y : same type, of shape (n_samples, n_tokens * n_outputs)
         The targets.
     layer : AttentionLayer
-        Only when ``return_layer=True``: the planted layer.
+        Only when ``return_layer=True``: the planted layer (``n_tokens`` and
+        ``head_rank`` set).
 
     See Also
     --------
@@ -225,16 +220,18 @@ def write_attention_regression(
             f"exist; create it first."
         )
     rng = _as_generator(random_state)
-    planted = make_attention_layer(
+    layer = _draw_layer(
         n_heads,
         n_features,
         n_outputs=n_outputs,
         attention_scale=attention_scale,
         structure=structure,
+        rank=None,
+        head_rank=head_rank,
         random_state=rng,
+        n_tokens=n_tokens,
     )
-    layer = AttentionLayer(planted.attention, planted.projection, n_tokens=n_tokens)
-    d_out = planted.projection.shape[2]
+    d_out = layer.projection.shape[2]
     dist = resolve_distribution(distribution, n_tokens, n_features)
     chunk_size = min(int(chunk_size), int(n_samples))
     noise_rng = None

@@ -7,16 +7,23 @@
   values), how well does it predict held out, are heads redundant
   (:class:`Certificate`);
 * :func:`held_out_error`: the relative error of a layer on examples with a
-  confidence interval; :func:`head_redundancy`: negligible and duplicate heads;
+  confidence interval; :func:`head_redundancy`: negligible and duplicate heads
+  (both computed in :mod:`skattn.metrics`, which the phases use too);
 * :func:`layer_jacobian`, :func:`jacobian_singular_values`: the Jacobian of the
-  outputs in the parameters.
+  outputs in the parameters;
+* :func:`min_separation`: the smallest relative distance between two heads (the
+  geometry of the ``Theta_i``, computed in :mod:`skattn.layer`, which the planted
+  layers of :mod:`skattn.datasets` use too).
 
-The phases (:mod:`skattn.phased`) and the estimators import these; they import only
-:mod:`skattn.layer`, :mod:`skattn.solvers` and :mod:`skattn.utils`.
+The estimators import these; they import only :mod:`skattn.layer`,
+:mod:`skattn.solvers`, :mod:`skattn.metrics` and :mod:`skattn.utils`.  The phases
+(:mod:`skattn.phased`) and the datasets import no diagnostics.
 """
 
+from ..metrics._held_out import held_out_error
+from ..metrics._redundancy import head_redundancy
 from . import _conditions
-from ._certificate import VERDICTS, Certificate, certify, head_redundancy
+from ._certificate import VERDICTS, Certificate, certify
 from ._conditions import (
     THRESHOLDS,
     Condition,
@@ -28,7 +35,6 @@ from ._conditions import (
     min_separation,
     stable_ranks,
 )
-from ._held_out import held_out_error
 from ._jacobian import jacobian_singular_values, layer_jacobian
 
 # The conditions' table and the reasoning behind each threshold live with their

@@ -95,6 +95,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..layer import as_layer
+from ..layer._math import min_separation
 from ..utils._optional import require
 
 __all__ = [
@@ -455,37 +456,6 @@ def _max_offdiag(cos):
     if len(cos) < 2:
         return 0.0
     return float(np.max(np.abs(cos[~np.eye(len(cos), dtype=bool)])))
-
-
-def min_separation(attention):
-    """Smallest relative distance between two heads.
-
-    Parameters
-    ----------
-    attention : ndarray of shape (n_heads, n_features, n_features)
-
-    Returns
-    -------
-    separation : float
-        ``min_{i<j} ||Theta_i - Theta_j||_F / max(||Theta_i||_F, ||Theta_j||_F)``;
-        ``inf`` for one head, 0 when two heads are both zero.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> min_separation(np.stack([np.eye(2), 2 * np.eye(2)]))
-    0.5
-    """
-    m = len(attention)
-    flat = attention.reshape(m, -1)
-    norms = np.linalg.norm(flat, axis=1)
-    i, j = np.triu_indices(m, k=1)
-    if i.size == 0:
-        return np.inf
-    dist = np.linalg.norm(flat[i] - flat[j], axis=1)
-    denom = np.maximum(norms[i], norms[j])
-    ratios = np.divide(dist, denom, out=np.zeros_like(dist), where=denom > 0)
-    return float(ratios.min())
 
 
 def _sum_conditioning(projection, n_tokens):

@@ -3,9 +3,9 @@
 The gradient baseline from the same literature: the same layer ``F(X) = sum_i
 softmax(X Theta_i X^T) X W_i`` fitted by minimising the (weighted,
 ridge-penalised) squared loss by full-batch L-BFGS (scipy) or mini-batch Adam
-(numpy), from one or several random starts.  The optimiser lives in
-:mod:`skattn.solvers._first_order`; the estimator validates, orchestrates and
-stores the fitted attributes.
+(numpy), from one or several random starts.  The optimizers live in
+:mod:`skattn.solvers.optimizers` (``_lbfgs``, ``_adam``); the estimator validates,
+orchestrates and stores the fitted attributes.
 """
 
 import warnings
@@ -20,15 +20,10 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_sample_weight, validate_data
 from tqdm.auto import tqdm
 
-from ..solvers._first_order import (
-    _adam_epoch,
-    _adam_state,
-    _fit_adam,
-    _fit_lbfgs,
-    _initial_parameters,
-    _objective,
-)
-from ..solvers._objective import _loss_chunk_size
+from ..solvers.kernels._loss import _loss_chunk_size, _penalized_loss_gradient
+from ..solvers.kernels._parametrization import _initial_parameters
+from ..solvers.optimizers._adam import _adam_epoch, _adam_state, _fit_adam
+from ..solvers.optimizers._lbfgs import lbfgs_layer
 from ..utils._batches import check_sources
 from ..utils._validation import (
     check_fitted_tokens,
@@ -48,7 +43,7 @@ def _check_not_diverged(estimator, loss, attention, projection):
         f"infinite (loss {loss}), which for finite X and y means values too large "
         f"for float64 arithmetic (attention logits overflow) or a step too large. "
         f"Rescale X and y (e.g. with sklearn.preprocessing.StandardScaler), or "
-        f"lower learning_rate for solver='adam'."
+        f"lower learning_rate for optimizer='adam'."
     )
 
 
@@ -61,8 +56,8 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         ``J = sum_n w_n ||F(X_n) - Y_n||^2 / (2 sum_n w_n)
         + alpha / 2 (||Theta||^2 + ||W||^2)``,
 
-    with analytic gradients: full-batch L-BFGS (``solver="lbfgs"``) or mini-batch
-    Adam (``solver="adam"``, which also offers :meth:`partial_fit`).  The baseline
+    with analytic gradients: full-batch L-BFGS (``optimizer="lbfgs"``) or mini-batch
+    Adam (``optimizer="adam"``, which also offers :meth:`partial_fit`).  The baseline
     to the provable phased learner; ``n_heads`` may exceed the number of heads of
     the target (the over-parameterised regime of Deora et al. 2023), and nothing
     requires the data to be realizable.
@@ -81,7 +76,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         1 appended and mapping the result back (see
         :class:`MultiHeadAttentionRegressor`'s Notes).  ``alpha`` then also
         penalises the ``u_i`` and the per-head shares of ``c``.
-    solver : {"lbfgs", "adam"}, default="lbfgs"
+    optimizer : {"lbfgs", "adam"}, default="lbfgs"
         ``"lbfgs"``: scipy's L-BFGS-B on all samples at once (deterministic, the
         accurate choice for up to ~10^5 samples).  ``"adam"``: shuffled
         mini-batches with Adam steps; supports :meth:`partial_fit`.
@@ -102,7 +97,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         factors ``Q_i, K_i, V_i`` (``(d, r)``) and ``O_i`` (``(r, d_out)``) with
         ``Theta_i = Q_i K_i^T`` and ``W_i = V_i O_i`` (the start is the balanced
         rank-r truncation of the usual one).  The fitted attributes are the
-        products; ``alpha`` penalises the products.  ``solver="lbfgs"`` only.
+        products; ``alpha`` penalises the products.  ``optimizer="lbfgs"`` only.
         ``None``: full rank.
     n_restarts : int, default=1
         Independent random starts; the one with the lowest final objective is
@@ -153,12 +148,14 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         start that is already optimal, e.g. the exact least-squares W when k = 1,
         counts as one); each :meth:`partial_fit` call adds one.
     stop_reason_ : str
-        Why training of the kept start stopped: ``"tol"`` (L-BFGS: the largest
-        gradient entry fell below ``tol``; Adam: the epoch loss stalled),
-        ``"no_progress"`` (L-BFGS: no step decreases the loss any more, which
-        is where ``tol=0`` stops: the rounding floor), ``"max_iter"`` (the
-        iterations or epochs ran out; ``fit`` warns) or ``"partial_fit"`` (one
-        epoch of :meth:`partial_fit`, no stopping rule).
+        Why training of the kept start stopped, in the words of
+        :data:`skattn.solvers.STOP_REASONS`: ``"gradient"`` (L-BFGS: the largest
+        gradient entry fell below ``tol``), ``"no_decrease"`` (L-BFGS: no step
+        decreases the loss any more, which is where ``tol=0`` stops: the
+        rounding floor; Adam: the epoch loss improved by less than ``tol`` for
+        ``n_iter_no_change`` epochs), ``"max_iter"`` (the iterations or epochs
+        ran out; ``fit`` warns) or ``"partial_fit"`` (one epoch of
+        :meth:`partial_fit`, no stopping rule).
     restart_losses_ : ndarray of shape (n_starts,)
         Final objective of every start, in the order they were run.
     n_features_in_ : int
@@ -190,8 +187,8 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     starts recovered the layer with ``init_scale=0.1``, all 18 with 0.3, 1 or 3,
     and all 40 with the default 1 over attention scales 2-8).
 
-    **Memory.** The objective (:func:`skattn.solvers._objective._loss_gradient`) and the
-    least-squares W of a start (:func:`skattn.solvers.solve_projections`) are
+    **Memory.** The objective (:func:`skattn.solvers.kernels._loss._loss_gradient`)
+    and the least-squares W of a start (:func:`skattn.solvers.solve_projections`) are
     accumulated over chunks of samples so that no intermediate array
     (``n_chunk * m * k * max(k, d, d_out)`` entries) exceeds 16 MiB; the result
     does not depend on the chunking beyond rounding.
@@ -226,7 +223,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         **BaseAttentionRegressor._parameter_constraints,
         "n_heads": [Interval(Integral, 1, None, closed="left")],
         "fit_intercept": ["boolean"],
-        "solver": [StrOptions({"lbfgs", "adam"})],
+        "optimizer": [StrOptions({"lbfgs", "adam"})],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
@@ -250,7 +247,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         n_tokens=None,
         *,
         fit_intercept=False,
-        solver="lbfgs",
+        optimizer="lbfgs",
         alpha=0.0,
         max_iter=500,
         tol=1e-6,
@@ -267,7 +264,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         self.n_heads = n_heads
         self.n_tokens = n_tokens
         self.fit_intercept = fit_intercept
-        self.solver = solver
+        self.optimizer = optimizer
         self.alpha = alpha
         self.max_iter = max_iter
         self.tol = tol
@@ -330,10 +327,10 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         warm = self.warm_start and hasattr(self, "attention_")
         X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
         sources = (X3, Y3)
-        if self.head_rank is not None and self.solver != "lbfgs":
+        if self.head_rank is not None and self.optimizer != "lbfgs":
             raise ValueError(
-                f"head_rank={self.head_rank} needs solver='lbfgs' (the factors are "
-                f"trained by L-BFGS); got solver={self.solver!r}."
+                f"head_rank={self.head_rank} needs optimizer='lbfgs' (the factors are "
+                f"trained by L-BFGS); got optimizer={self.optimizer!r}."
             )
         X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
         n, k, d = X3.shape
@@ -348,7 +345,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         restart_losses = []
         starts = tqdm(
             range(n_starts),
-            desc=f"{type(self).__name__} ({self.solver})",
+            desc=f"{type(self).__name__} ({self.optimizer})",
             disable=not self.verbose,
         )
         for _ in starts:
@@ -364,9 +361,9 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                     self.alpha,
                     rng,
                 )
-            if self.solver == "lbfgs":
+            if self.optimizer == "lbfgs":
                 state = None
-                attention, projection, curve, n_iter, stop = _fit_lbfgs(
+                attention, projection, curve, n_iter, stop = _lbfgs_curve(
                     X3,
                     Y3,
                     sample_weight,
@@ -377,7 +374,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                     self.tol,
                     chunk,
                     self.verbose,
-                    head_rank=self._rank(d, d_out),
+                    self._rank(d, d_out),
                 )
             else:
                 state = _adam_state(attention, projection)
@@ -398,7 +395,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                     chunk,
                     self.verbose,
                 )
-            loss = _objective(
+            loss = _penalized_loss_gradient(
                 X3, Y3, attention, projection, sample_weight, self.alpha, chunk
             )[0]
             restart_losses.append(loss)
@@ -408,9 +405,9 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
 
         loss, attention, projection, curve, n_iter, stop, state = best
         if stop == "max_iter":
-            what = "iterations" if self.solver == "lbfgs" else "epochs"
+            what = "iterations" if self.optimizer == "lbfgs" else "epochs"
             warnings.warn(
-                f"{type(self).__name__} (solver={self.solver!r}) stopped after "
+                f"{type(self).__name__} (optimizer={self.optimizer!r}) stopped after "
                 f"{n_iter} {what} (max_iter={self.max_iter}) without reaching "
                 f"tol={self.tol} (final loss {loss:.3e}); increase max_iter (or "
                 f"loosen tol).",
@@ -455,17 +452,17 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
         return unflatten_tokens(X, k), unflatten_tokens(y, k), sample_weight
 
-    def _adam_solver(self):
-        return self.solver == "adam"
+    def _adam_optimizer(self):
+        return self.optimizer == "adam"
 
-    @available_if(_adam_solver)
+    @available_if(_adam_optimizer)
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, sample_weight=None):
         """One Adam epoch over the given batch, continuing from the current layer.
 
         The first call (on an unfitted estimator) validates the shapes and starts
         from a random Theta with the least-squares W for this batch; later calls
-        continue the parameters and Adam's moments.  Only with ``solver="adam"``.
+        continue the parameters and Adam's moments.  Only with ``optimizer="adam"``.
 
         Parameters
         ----------
@@ -485,7 +482,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         if self.head_rank is not None:
             raise ValueError(
                 f"partial_fit trains with Adam, which does not support "
-                f"head_rank={self.head_rank}; use fit with solver='lbfgs'."
+                f"head_rank={self.head_rank}; use fit with optimizer='lbfgs'."
             )
         first = not hasattr(self, "attention_")
         if first:
@@ -539,3 +536,47 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         self.stop_reason_ = "partial_fit"
         self.restart_losses_ = np.asarray([epoch_loss])
         return self
+
+
+def _lbfgs_curve(
+    X,
+    Y,
+    sample_weight,
+    attention,
+    projection,
+    alpha,
+    max_iter,
+    tol,
+    chunk_size,
+    verbose,
+    head_rank,
+):
+    """Full-batch L-BFGS over all parameters (scipy's default memory, a budget of
+    function evaluations), with the loss after each iteration: ``(attention,
+    projection, loss_curve, n_iter, stop_reason)``."""
+    loss_curve = []
+
+    def callback(intermediate_result):
+        loss_curve.append(float(intermediate_result.fun))
+        if verbose >= 2:
+            print(f"iteration {len(loss_curve)}, loss = {loss_curve[-1]:.6e}")
+
+    attention, projection, info = lbfgs_layer(
+        X,
+        Y,
+        attention,
+        projection,
+        sample_weight,
+        alpha,
+        max_iter,
+        tol,
+        head_rank=head_rank,
+        alpha_attention=alpha,
+        chunk_size=chunk_size,
+        maxcor=10,
+        maxfun=2 * max_iter + 20,
+        callback=callback,
+    )
+    if not loss_curve or loss_curve[-1] != info["loss"]:
+        loss_curve.append(info["loss"])
+    return attention, projection, loss_curve, info["n_iter"], info["stop_reason"]

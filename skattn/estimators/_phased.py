@@ -14,7 +14,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ..datasets import BooleanTokens
 from ..diagnostics import certify
 from ..phased import phased_fit
-from ..phased._pipeline import _DEFAULTS as _PHASED_OPTIONS
+from ..phased._options import PARAMETERS, PhasedOptions
 from ..solvers import balanced_factors
 from ..utils._batches import TokenBatches, check_sources, map_reduce_batches
 from ._base import BaseAttentionRegressor
@@ -97,8 +97,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         weight by ``r**2 + (c * tol)**2`` for its relative residual ``r``: rows on
         which the heads agree less get less weight.  ``c = 0.03`` halved the hull
         error or better for two heads and for three heads at k = 2 in
-        ``benchmarks/study_three_heads.py``, and was neutral (+-0.03) where phases
-        2-4 fail (three heads at k = 4); off by default until measured more widely.
+        ``benchmarks/studies/study_three_heads.py``, and was neutral (+-0.03) where
+        phases 2-4 fail (three heads at k = 4); off by default until measured more
+        widely.
     max_rows : int, default=20000
         Most certified rows kept per round (those with the smallest residuals).
     hull_method : {"lstsq", "huber"}, default="lstsq"
@@ -500,13 +501,16 @@ n_features_per_token)
                 "head_rank needs an integer n_heads; n_heads='auto' searches "
                 "full-rank heads. Pass n_heads=m or head_rank=None."
             )
+        options = PhasedOptions.from_params(
+            **{name: getattr(self, name) for name in PARAMETERS}
+        )
         attention, projection, info = phased_fit(
             X3,
             Y3,
             self.n_heads,
             sample_weight=weights,
             random_state=rng,
-            **{name: getattr(self, name) for name in _PHASED_OPTIONS},
+            options=options,
         )
         self.phase_report_ = info["reports"]
         self.n_heads_, self.n_iter_ = info["n_heads"], info["n_iter"]

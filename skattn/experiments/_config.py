@@ -27,7 +27,9 @@ A config file holds the same things as the arguments of
     n_heads = "planted"               # "planted": the cell's planted value
 
 Every key is checked before any fit starts: an unknown key, learner or parameter
-is a ``ValueError`` naming it and listing what is allowed.
+is a ``ValueError`` naming it and listing what is allowed; a renamed parameter
+(``solver`` of ``GradientAttentionRegressor``, now ``optimizer``) is one naming
+its new name.
 """
 
 import tomllib
@@ -60,6 +62,11 @@ _TOP_KEYS = (
     "grid",
     "learners",
 )
+# Learner parameters that were renamed: estimator -> {old name: new name}.  A config
+# that still sets the old name is refused with a message that names the new one.
+_RENAMED_PARAMETERS = {
+    "GradientAttentionRegressor": {"solver": "optimizer"},
+}
 
 
 def seed_list(seeds):
@@ -226,6 +233,13 @@ def load_sweep_config(path):
             )
         params = dict(spec)
         cls = _estimator_class(params.pop("estimator"), learner, path)
+        for old, new in _RENAMED_PARAMETERS.get(cls.__name__, {}).items():
+            if old in params:
+                raise ValueError(
+                    f"{path}: [learners.{learner}] sets {old!r}, which "
+                    f"{cls.__name__} now calls {new!r}; rename the key to {new} "
+                    f"(same values)."
+                )
         unknown = sorted(set(params) - set(cls().get_params()))
         if unknown:
             raise ValueError(

@@ -7,12 +7,13 @@
 
 As in :mod:`skattn.metrics._plot`, ``from_results`` computes everything from the
 ``DataFrame`` of :func:`~skattn.experiments.recovery_sweep` and ``plot(ax=None)``
-draws, importing matplotlib only then.
+draws, importing matplotlib only then; the curves and their bands are drawn by the
+same code as :class:`skattn.metrics.RecoveryCurveDisplay`'s.
 """
 
 import numpy as np
 
-from ..metrics._plot import _check_matplotlib
+from ..metrics._plot import _check_matplotlib, _check_scales, _plot_curves
 from ._sweep import SETTING_COLUMNS
 
 
@@ -194,39 +195,14 @@ class SweepCurveDisplay:
         display : SweepCurveDisplay
             The object, with ``lines_``, ``bands_``, ``ax_`` and ``figure_`` set.
         """
-        _check_matplotlib(f"{self.__class__.__name__}.plot")
-        import matplotlib.pyplot as plt
-
-        for name in ("xscale", "yscale"):
-            if getattr(self, name) not in ("log", "linear"):
-                raise ValueError(
-                    f"{name} must be 'log' or 'linear', got {getattr(self, name)!r}."
-                )
-        if ax is None:
-            fig, ax = plt.subplots(constrained_layout=True)
-        else:
-            fig = ax.figure
-        line_kwargs = {"marker": "o", **(line_kwargs or {})}
-        band_kwargs = {"alpha": 0.2, **(band_kwargs or {})}
-        self.lines_, self.bands_ = {}, {}
-        for name, curve in self.curves.items():
-            (line,) = ax.plot(curve["x"], curve["center"], label=name, **line_kwargs)
-            self.lines_[name] = line
-            self.bands_[name] = ax.fill_between(
-                curve["x"],
-                curve["lower"],
-                curve["upper"],
-                color=line.get_color(),
-                **band_kwargs,
-            )
-        ax.set_xscale(self.xscale)
-        ax.set_yscale(self.yscale)
-        ax.set_xlabel(self.xlabel)
-        ax.set_ylabel(self.ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        self.ax_, self.figure_ = ax, fig
-        return self
+        _check_scales(self)
+        curves = {
+            name: (curve["x"], curve["center"], curve["lower"], curve["upper"])
+            for name, curve in self.curves.items()
+        }
+        return _plot_curves(
+            self, curves, ax=ax, line_kwargs=line_kwargs, band_kwargs=band_kwargs
+        )
 
     @classmethod
     def from_results(

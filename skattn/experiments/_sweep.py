@@ -72,10 +72,13 @@ STOPPING_TOL = {
     "GradientAttentionRegressor": ("tol", 0.0),
     "MultiHeadAttentionRegressor": ("polish_tol", None),
 }
-# The solvers' stop reasons in the words of the column stop_reason.
+# The column stop_reason compares learners in three outcomes: a tolerance met
+# ("tol"), the rounding floor ("no_progress"), the budget ("max_iter"); the
+# solvers' own words (skattn.solvers.STOP_REASONS) map to them.
 _STOP_REASONS = {
     "step": "tol",
     "gradient": "tol",
+    "residual": "tol",
     "start": "tol",
     "no_decrease": "no_progress",
 }

@@ -11,8 +11,8 @@ intercept):
 * ``check_layer_parameters`` and ``check_layer_biases``, the validation of the
   parameter arrays;
 * the math of F as pure functions on arrays (softmax, logits, patterns, per-head
-  features, the forward pass, the loss gradient and the balanced low-rank factors
-  of each head's matrices) in the private module
+  features, the forward pass, the loss gradient, the balanced low-rank factors
+  of each head's matrices and the separation of the heads) in the private module
   ``skattn.layer._math``, which every other part of skattn computes with.
 """
 

@@ -14,8 +14,10 @@ bias-free model).  Shapes used throughout (float64):
 * head features: ``(n, m, k, d)`` -- S_i X, so that F(X) = sum_i (S_i X) W_i.
 
 The balanced low-rank factors of each head's matrices (:func:`balanced_factors`,
-for ``AttentionLayer.factors`` and the solvers' low-rank parametrizations) are
-here too.  Nothing here validates input: callers (estimators, ``AttentionLayer``)
+for ``AttentionLayer.factors`` and the solvers' low-rank parametrizations) and the
+separation of the heads' ``Theta_i`` (:func:`min_separation`, for the planted
+layers of :mod:`skattn.datasets` and the conditions of :mod:`skattn.diagnostics`)
+are here too.  Nothing here validates input: callers (estimators, ``AttentionLayer``)
 do.
 """
 
@@ -203,3 +205,34 @@ def balanced_factors(matrices, rank):
     return U[:, :, :rank] * root[:, None, :], np.swapaxes(Vt[:, :rank], 1, 2) * root[
         :, None, :
     ]
+
+
+def min_separation(attention):
+    """Smallest relative distance between two heads.
+
+    Parameters
+    ----------
+    attention : ndarray of shape (n_heads, n_features, n_features)
+
+    Returns
+    -------
+    separation : float
+        ``min_{i<j} ||Theta_i - Theta_j||_F / max(||Theta_i||_F, ||Theta_j||_F)``;
+        ``inf`` for one head, 0 when two heads are both zero.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> min_separation(np.stack([np.eye(2), 2 * np.eye(2)]))
+    0.5
+    """
+    m = len(attention)
+    flat = attention.reshape(m, -1)
+    norms = np.linalg.norm(flat, axis=1)
+    i, j = np.triu_indices(m, k=1)
+    if i.size == 0:
+        return np.inf
+    dist = np.linalg.norm(flat[i] - flat[j], axis=1)
+    denom = np.maximum(norms[i], norms[j])
+    ratios = np.divide(dist, denom, out=np.zeros_like(dist), where=denom > 0)
+    return float(ratios.min())

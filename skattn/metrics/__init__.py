@@ -8,6 +8,14 @@
   versus learned patterns and of recovery curves (matplotlib imported lazily).
 * :func:`make_recovery_scorer`, :func:`relative_prediction_error`: scores for
   model selection (``GridSearchCV(scoring=...)``).
+
+The held-out error of a layer and the redundancy of its heads are computed here too
+(private modules, for the phases' selection of the number of heads and for the
+certificates); their public names are :func:`skattn.diagnostics.held_out_error` and
+:func:`skattn.diagnostics.head_redundancy`.  The metrics import only
+:mod:`skattn.layer`, :mod:`skattn.solvers` (the least-squares projections that
+head redundancy re-solves) and :mod:`skattn.utils`; the displays take fitted
+estimators as :func:`skattn.layer.as_layer` reads them, never importing them.
 """
 
 from ._plot import AttentionPatternDisplay, RecoveryCurveDisplay

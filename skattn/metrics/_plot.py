@@ -481,6 +481,75 @@ def _check_curves(x, errors):
     return x, checked
 
 
+def _check_scales(display):
+    """Refuse an axis scale of a curve display other than "log" or "linear"."""
+    _check_matplotlib(f"{display.__class__.__name__}.plot")
+    for name in ("xscale", "yscale"):
+        if getattr(display, name) not in ("log", "linear"):
+            raise ValueError(
+                f"{name} must be 'log' or 'linear', got {getattr(display, name)!r}."
+            )
+
+
+def _plot_curves(display, curves, *, ax, line_kwargs, band_kwargs, x_ticks=None):
+    """Draw a curve display: one line per name, and a band around it.
+
+    The one drawing of :class:`RecoveryCurveDisplay` and of
+    :class:`skattn.experiments.SweepCurveDisplay`.
+
+    Parameters
+    ----------
+    display : RecoveryCurveDisplay or SweepCurveDisplay
+        Gives ``xscale``, ``yscale``, ``xlabel`` and ``ylabel``; gets ``lines_``,
+        ``bands_`` (``None`` where a curve has no band), ``ax_`` and ``figure_``.
+    curves : dict of str to tuple
+        ``{name: (x, center, lower, upper)}``; ``lower`` and ``upper`` None: no
+        band.
+    ax : matplotlib Axes or None
+        Axes to draw on; ``None`` creates a new figure.
+    line_kwargs, band_kwargs : dict or None
+        Extra keyword arguments of ``Axes.plot`` and ``Axes.fill_between``.
+    x_ticks : ndarray or None, default=None
+        On a log x axis, label these values (the measured x) instead of
+        matplotlib's ticks.
+
+    Returns
+    -------
+    display : RecoveryCurveDisplay or SweepCurveDisplay
+        ``display``, drawn.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(constrained_layout=True)
+    else:
+        fig = ax.figure
+    line_kwargs = {"marker": "o", **(line_kwargs or {})}
+    band_kwargs = {"alpha": 0.2, **(band_kwargs or {})}
+    display.lines_, display.bands_ = {}, {}
+    for name, (x, center, lower, upper) in curves.items():
+        (line,) = ax.plot(x, center, label=name, **line_kwargs)
+        display.lines_[name] = line
+        display.bands_[name] = None
+        if lower is not None:
+            display.bands_[name] = ax.fill_between(
+                x, lower, upper, color=line.get_color(), **band_kwargs
+            )
+    ax.set_xscale(display.xscale)
+    ax.set_yscale(display.yscale)
+    if x_ticks is not None and display.xscale == "log":
+        from matplotlib.ticker import NullFormatter
+
+        ax.set_xticks(x_ticks, [f"{v:g}" for v in x_ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(display.xlabel)
+    ax.set_ylabel(display.ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend()
+    display.ax_, display.figure_ = ax, fig
+    return display
+
+
 class RecoveryCurveDisplay:
     """Recovery error against the number of examples, one line per learner.
 
@@ -576,60 +645,31 @@ class RecoveryCurveDisplay:
             The object, with ``lines_``, ``bands_``, ``ax_`` and ``figure_``
             set.
         """
-        _check_matplotlib(f"{self.__class__.__name__}.plot")
-        import matplotlib.pyplot as plt
-
-        for name in ("xscale", "yscale"):
-            if getattr(self, name) not in ("log", "linear"):
-                raise ValueError(
-                    f"{name} must be 'log' or 'linear', got {getattr(self, name)!r}."
-                )
+        _check_scales(self)
         x, errors = _check_curves(self.x, self.errors)
         if self.xscale == "log" and np.any(x <= 0):
             raise ValueError(
                 f"x must be positive on a log scale, got min(x)={x.min()}; pass "
                 f"xscale='linear'."
             )
-        if ax is None:
-            fig, ax = plt.subplots(constrained_layout=True)
-        else:
-            fig = ax.figure
-        line_kwargs = {"marker": "o", **(line_kwargs or {})}
-        band_kwargs = {"alpha": 0.2, **(band_kwargs or {})}
-        self.lines_, self.bands_ = {}, {}
+        curves = {}
         order = np.argsort(x)
         for name, values in errors.items():
             values = values[:, order]
             observed = ~np.all(np.isnan(values), axis=0)
             xs, values = x[order][observed], values[:, observed]
-            (line,) = ax.plot(
-                xs, np.nanmedian(values, axis=0), label=name, **line_kwargs
-            )
-            self.lines_[name] = line
-            self.bands_[name] = None
+            band = (None, None)
             if values.shape[0] > 1:
-                self.bands_[name] = ax.fill_between(
-                    xs,
-                    np.nanmin(values, axis=0),
-                    np.nanmax(values, axis=0),
-                    color=line.get_color(),
-                    **band_kwargs,
-                )
-        ax.set_xscale(self.xscale)
-        ax.set_yscale(self.yscale)
-        if self.xscale == "log":  # label the measured x values, not minor ticks
-            from matplotlib.ticker import NullFormatter
-
-            ticks = np.unique(x)
-            ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
-            ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(self.xlabel)
-        ax.set_ylabel(self.ylabel)
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend()
-        self.ax_ = ax
-        self.figure_ = fig
-        return self
+                band = (np.nanmin(values, axis=0), np.nanmax(values, axis=0))
+            curves[name] = (xs, np.nanmedian(values, axis=0), *band)
+        return _plot_curves(
+            self,
+            curves,
+            ax=ax,
+            line_kwargs=line_kwargs,
+            band_kwargs=band_kwargs,
+            x_ticks=np.unique(x),
+        )
 
     @classmethod
     def from_results(

@@ -38,6 +38,7 @@ from sklearn.utils import check_random_state
 from ..utils._batches import map_reduce_batches
 from ._errors import CertificationError, CertificationWarning
 from ._hull_operator import _normal_diag, constraint_matvec, iterative_hull
+from ._options import HullOptions
 from ._projection_sum import (
     _certify_batch,
     _check_certifiable,
@@ -49,10 +50,13 @@ from ._projection_sum import (
     refine_projection_sum,
 )
 
+# the defaults of phases 2-4 (written once, in HullOptions)
+_HULL = HullOptions()
+
 # hull_constraints(solver="auto") keeps the dense normal matrix up to this many
 # features per token and the factored (matrix-free) system beyond.  Measured
-# (benchmarks/bench_hull_solvers.py, k = 8, m = 2, n = 5e4, one round of phase 2,
-# constraints + fit): d = 8, 16, 24: dense 0.001-0.2 s to fit against 2-3 s for
+# (benchmarks/studies/bench_hull_solvers.py, k = 8, m = 2, n = 5e4, one round of
+# phase 2, constraints + fit): d = 8, 16, 24: dense 0.001-0.2 s to fit against 2-3 s for
 # LOBPCG; d = 32: 2.7 vs 3.6 s at tol 0.3, 1.3 vs 0.9 s at tol 0.08; the dense
 # normal matrix costs O(rows d^4), so beyond d = 32 the factored system wins.
 _DENSE_HULL_MAX_FEATURES = 32
@@ -120,7 +124,7 @@ def hull_constraints(
         weight of a row with relative residual ``r`` is divided by
         ``r**2 + (c * tol)**2``, an inverse-variance weight (the residual measures
         how much the heads disagree on the row, hence the bias of its log-ratios).
-        Measured with the exact ``W_sum`` (``benchmarks/study_three_heads.py``,
+        Measured with the exact ``W_sum`` (``benchmarks/studies/study_three_heads.py``,
         m=2, k=2-4, scales 2-4): ``c=0.03`` cuts the hull error by 1.5-10x
         (0.08-0.42 to 0.01-0.24) and raises the gap ratio 1.5-10x; it does not
         rescue m=3 at k=4, where almost no certified row has agreeing heads.
@@ -255,7 +259,7 @@ def _hull_constraints(
             next_refine["tol"],
             rcond,
             next_refine["screen"],
-            next_refine["solver"],
+            next_refine["optimizer"],
             next_refine["hessian_rows"],
         )
         scan, next_scan = map_reduce_batches(
@@ -919,24 +923,24 @@ def sculpt_hull(
     n_heads,
     *,
     W_sum=None,
-    tol=0.3,
-    tol_final=0.02,
-    n_rounds=5,
-    refine_iter=3,
+    tol=_HULL.tol,
+    tol_final=_HULL.tol_final,
+    n_rounds=_HULL.n_rounds,
+    refine_iter=_HULL.refine_iter,
     sample_weight=None,
-    p_min=0.05,
+    p_min=_HULL.p_min,
     weight_power=2.0,
-    max_rows=20000,
-    method="lstsq",
+    max_rows=_HULL.max_rows,
+    method=_HULL.method,
     select="gap",
     min_rows=None,
-    batch_size=4096,
-    max_heads=8,
+    batch_size=_HULL.batch_size,
+    max_heads=_HULL.max_heads,
     random_state=None,
-    confidence_floor=None,
+    confidence_floor=_HULL.confidence_floor,
     reweight_iter=0,
     gauge_features=(),
-    solver="auto",
+    solver=_HULL.solver,
 ):
     """Phases 2-4: refine ``W_sum`` and fit the hull with a tightening tolerance.
 
@@ -965,7 +969,7 @@ def sculpt_hull(
     tol, tol_final : float, default=0.3, 0.02
         First and last certification tolerance.
     n_rounds : int, default=5
-    refine_iter : int, default=3
+    refine_iter : int, default=2
         Alternations of phase 3 per round (0 keeps ``W_sum`` fixed).
     sample_weight : ndarray of shape (n_samples,), default=None
     p_min, weight_power, max_rows : see :func:`hull_constraints`.
@@ -981,7 +985,7 @@ def sculpt_hull(
         :class:`~skattn.utils._batches.TokenBatches` of out-of-core arrays; on dask
         arrays every pass of phases 1-4 over the samples runs as dask tasks on
         the chunks (see :func:`hull_constraints`).
-    max_heads : int, default=8
+    max_heads : int, default=6
         Largest number of heads ``n_heads="auto"`` may return.
     random_state : int or None, default=None
     confidence_floor : float, default=None
@@ -1069,7 +1073,7 @@ def sculpt_hull(
             if fuse and r + 1 < n_rounds:
                 next_refine = {
                     key: refine_options[key]
-                    for key in ("screen", "solver", "hessian_rows")
+                    for key in ("screen", "optimizer", "hessian_rows")
                 }
                 next_refine["tol"] = tols[r + 1]
             stats, cinfo, next_scan = _hull_constraints(

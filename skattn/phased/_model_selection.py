@@ -51,14 +51,19 @@ import time
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ..diagnostics._certificate import head_redundancy
-from ..diagnostics._held_out import held_out_error
 from ..layer._math import forward
+from ..metrics._held_out import held_out_error
+from ..metrics._redundancy import head_redundancy
 from ..solvers import polish as _polish
 from ..solvers import solve_projections
-from ..solvers._objective import _normalized_weights
-from ..solvers._polish import _WARM_DAMPING, REALISABLE_RESIDUAL
-from ..solvers._polish import relative_residual as _relative_rms
+from ..solvers.kernels._loss import REALISABLE_RESIDUAL
+from ..solvers.kernels._loss import relative_residual as _relative_rms
+from ..solvers.stages._polish import _WARM_DAMPING
+from ..utils._validation import _normalized_weights
+from ._options import HeadSearchOptions, HullOptions
+
+# the defaults of the head search (written once, in the options objects)
+_HULL, _HEADS = HullOptions(), HeadSearchOptions()
 
 # Iterations (Jacobian evaluations) of the look-ahead fit (m + 1 heads after a
 # converged, inexact m-head fit) before it must show a significant drop to be
@@ -213,10 +218,10 @@ def select_n_heads(
     X,
     Y,
     *,
-    max_heads=6,
+    max_heads=_HULL.max_heads,
     sample_weight=None,
-    validation_fraction=0.2,
-    n_fit_samples=1000,
+    validation_fraction=_HEADS.validation_fraction,
+    n_fit_samples=_HEADS.n_fit_samples,
     n_candidates=8,
     max_iter=30,
     tol=1e-10,
@@ -237,7 +242,7 @@ def select_n_heads(
     sample_weight : ndarray of shape (n,) or None
     validation_fraction : float, default=0.2
         Share of the examples held out.
-    n_fit_samples : int or None, default=1000
+    n_fit_samples : int or None, default=400
         Training examples used by each candidate's polish (a random subset of the
         training part; ``None``: all of it).
     n_candidates : int, default=8

@@ -22,8 +22,13 @@ from itertools import combinations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ..solvers._objective import projection_normal_equations
-from ..solvers._polish import staged_polish
+from ..solvers._options import PolishOptions
+from ..solvers.kernels._loss import projection_normal_equations
+from ..solvers.stages._polish import staged_polish
+from ._options import NetOptions
+
+# the defaults of phase 6 (written once, in the options objects)
+_NET, _POLISH = NetOptions(), PolishOptions()
 
 # Largest Gram matrix of the grid, (n_grid d)^2 floats, and largest candidate batch.
 _MAX_GRID_GRAM = 2**24
@@ -332,22 +337,23 @@ def fit_from_hull(
     directions,
     n_heads,
     *,
-    resolution=None,
-    radius=None,
-    polish=True,
+    resolution=_NET.resolution,
+    radius=_NET.radius,
+    polish=_POLISH.enabled,
     sample_weight=None,
-    n_net_samples=1000,
-    max_candidates=20_000,
+    n_net_samples=_NET.n_samples,
+    max_candidates=_NET.max_candidates,
     polish_method="levenberg-marquardt",
     polish_mode=None,
-    max_iter=100,
-    tol=1e-10,
-    n_polish_samples=None,
+    max_iter=_POLISH.max_iter,
+    tol=_POLISH.tol,
+    n_polish_samples=_POLISH.n_samples,
     n_warmup_samples=1000,
-    solver="auto",
-    head_rank=None,
-    intercept=False,
-    verbose=0,
+    solver=_POLISH.solver,
+    head_rank=_POLISH.head_rank,
+    intercept=_POLISH.intercept,
+    verbose=_POLISH.verbose,
+    factor_values=_POLISH.factor_values,
     random_state=None,
 ):
     """Phase 6: the epsilon-net on the hull, then a local polish of all parameters.
@@ -380,8 +386,11 @@ def fit_from_hull(
         :func:`skattn.solvers.polish`.
     verbose : int, default=0
         2 prints the matrix-free polish's iterations.
+    factor_values : {"auto", True, False}, default="auto"
+        With ``head_rank``: also factor the values in the polish (see
+        :func:`skattn.solvers.polish`).
     n_warmup_samples : int or None, default=1000
-        Two-stage polish (:func:`skattn.solvers._polish.staged_polish`): when
+        Two-stage polish (:func:`skattn.solvers.stages._polish.staged_polish`): when
         the polish set is larger, the polish first runs on a random subset of
         this many of its examples (the warm-up: the same
         optimum on realisable data, at a fraction of the cost, since every
@@ -458,6 +467,7 @@ def fit_from_hull(
             head_rank=head_rank,
             intercept=intercept,
             verbose=verbose,
+            factor_values=factor_values,
         )
         polish_info["seconds"] = time.perf_counter() - start
     return attention, projection, {"net": net_info, "polish": polish_info}

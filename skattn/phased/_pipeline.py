@@ -16,21 +16,21 @@ result as fitted attributes (as scikit-learn's ``_BaseRidge.fit`` calls
 import math
 import time
 import warnings
+from dataclasses import replace
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from ..solvers._polish import (
-    REALISABLE_RESIDUAL,
-    polish_from_random_starts,
-    warmup_size,
-)
+from ..solvers._driver import fit_from_random_starts
+from ..solvers.kernels._loss import REALISABLE_RESIDUAL
+from ..solvers.stages._polish import warmup_size
 from ..utils._batches import TokenBatches
 from ._affine_hull import sculpt_hull
 from ._errors import CertificationError, CertificationWarning
 from ._model_selection import polish_on_all, select_n_heads
 from ._net import _MAX_GRID_GRAM, fit_from_hull
+from ._options import PhasedOptions
 from ._projection_sum import crude_projection_sum
 from ._report import PhaseReport
 from ._span import hull_span
@@ -46,7 +46,7 @@ _TOLERANCE_NAMES = (
 # loaded thread, 2026-11-25: 3.0 s at d = 16, 4.6 s at d = 32, 8.9 s at d = 64),
 # but their start saves the polish little: 8 Levenberg-Marquardt iterations against
 # 8-9 from a random start at d = 8-16, 8 vs 10-11 at d = 32-64, 11 vs 16 at d = 128
-# (benchmarks/README.md, 2026-11-24), and a whole default (random-start) fit takes
+# (benchmarks/HISTORY.md, 2026-11-24), and a whole default (random-start) fit takes
 # 2.4 s at d = 32 and 6.0 s at d = 64.  Running the phases only for their report on
 # a subsample costs more than a tenth of that even at 2500 samples (0.9 s at d = 32,
 # 1.1 s at d = 64), where they locate nothing (gap ratios 1.04-1.11; benchmarks/
@@ -59,51 +59,25 @@ _WEAK_GAP_RATIO = 3.0
 # Examples the in-memory polish gets from an out-of-core X when polish_samples=None.
 _OUT_OF_CORE_POLISH_SAMPLES = 100_000
 
-# The options of the learner, with the defaults of MultiHeadAttentionRegressor.
-_DEFAULTS = dict(
-    init="auto",
-    certify_tol=0.3,
-    certify_tol_final=0.02,
-    n_rounds=5,
-    refine_iter=2,
-    min_pattern_prob=0.05,
-    confidence_floor=None,
-    max_rows=20000,
-    hull_method="lstsq",
-    hull_solver="auto",
-    max_heads=6,
-    validation_fraction=0.2,
-    selection_samples=400,
-    net_resolution=None,
-    net_radius=None,
-    net_samples=1000,
-    max_net_candidates=20000,
-    polish=True,
-    polish_samples=None,
-    polish_max_iter=100,
-    polish_tol=1e-10,
-    head_rank=None,
-    n_restarts=3,
-    whiten="auto",
-    start_search="auto",
-    polish_solver="auto",
-    fit_intercept=False,
-    batch_size=4096,
-    verbose=0,
-)
 
-
-def _options(options):
-    unknown = set(options) - set(_DEFAULTS)
-    if unknown:
+def _build(options, params):
+    """The run's :class:`PhasedOptions`: ``options``, or built from ``params``."""
+    if options is None:
+        return PhasedOptions.from_params(**params)
+    if params:
         raise TypeError(
-            f"Unknown option(s) {sorted(unknown)} of the phased learner; the "
-            f"options are {sorted(_DEFAULTS)}."
+            f"Pass either options or the parameters {sorted(params)}, not both."
         )
-    return {**_DEFAULTS, **options}
+    if not isinstance(options, PhasedOptions):
+        raise TypeError(
+            f"options must be a PhasedOptions, got {type(options).__name__}."
+        )
+    return options
 
 
-def phased_fit(X, Y, n_heads, *, sample_weight=None, random_state=None, **options):
+def phased_fit(
+    X, Y, n_heads, *, sample_weight=None, random_state=None, options=None, **params
+):
     """Learn a multi-head attention layer with the phased algorithm of Chen & Li.
 
     The learner of :class:`~skattn.MultiHeadAttentionRegressor` as a pure
@@ -128,9 +102,14 @@ def phased_fit(X, Y, n_heads, *, sample_weight=None, random_state=None, **option
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and 6, the random starts and the head search;
         a ``RandomState`` is drawn from in the order of the phases.
-    **options : dict
-        The options of :class:`~skattn.MultiHeadAttentionRegressor` that the
-        learner uses, with the same names, meanings and defaults: ``init``,
+    options : PhasedOptions or None, default=None
+        Every option of the learner, one frozen object per stage (``None``: built
+        from ``params``).
+    **params : dict
+        Instead of ``options``: the parameters of
+        :class:`~skattn.MultiHeadAttentionRegressor` that the learner uses, with
+        the same names, meanings and defaults (:data:`PARAMETERS` maps each to
+        the stage option it sets; any other name raises ``TypeError``): ``init``,
         ``certify_tol``, ``certify_tol_final``, ``n_rounds``, ``refine_iter``,
         ``min_pattern_prob``, ``confidence_floor``, ``max_rows``,
         ``hull_method``, ``hull_solver``, ``max_heads``,
@@ -179,7 +158,7 @@ def phased_fit(X, Y, n_heads, *, sample_weight=None, random_state=None, **option
     >>> [report.phase for report in info["reports"]][:3]
     ['0-start', '1-crude-projection-sum', '2-4-certify-refine-hull']
     """
-    run = _PhasedRun(X, Y, n_heads, sample_weight, _options(options))
+    run = _PhasedRun(X, Y, n_heads, sample_weight, _build(options, params))
     rng = check_random_state(random_state)
     if run.n_tokens == 1:
         run._fit_linear(run.X, run.Y, run.weights)
@@ -190,7 +169,9 @@ def phased_fit(X, Y, n_heads, *, sample_weight=None, random_state=None, **option
     return run.result()
 
 
-def search_n_heads(X, Y, *, sample_weight=None, random_state=None, **options):
+def search_n_heads(
+    X, Y, *, sample_weight=None, random_state=None, options=None, **params
+):
     """Select the number of heads from data and fit them (``n_heads="auto"``).
 
     Phases 1-5 run as a second opinion (the spectral gap of the hull's
@@ -209,8 +190,8 @@ def search_n_heads(X, Y, *, sample_weight=None, random_state=None, **options):
         Weights of the examples (``None``: all 1).
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and the search's splits and starts.
-    **options : dict
-        The options of :func:`phased_fit`; the search uses ``max_heads``,
+    options, **params
+        As for :func:`phased_fit`; the search uses ``max_heads``,
         ``validation_fraction``, ``selection_samples``, ``polish_max_iter``,
         ``polish_tol`` and, for its second opinion, those of phases 1-4.
 
@@ -239,7 +220,7 @@ def search_n_heads(X, Y, *, sample_weight=None, random_state=None, **options):
     >>> info["n_heads"], info["model_selection"]["reason"]
     (2, 'exact')
     """
-    run = _PhasedRun(X, Y, "auto", sample_weight, _options(options))
+    run = _PhasedRun(X, Y, "auto", sample_weight, _build(options, params))
     run._fit_auto(run.X, run.Y, run.weights, check_random_state(random_state))
     return run.result()
 
@@ -247,18 +228,17 @@ def search_n_heads(X, Y, *, sample_weight=None, random_state=None, **options):
 class _PhasedRun:
     """One run of the learner: its options, data shapes and what it records.
 
-    Its steps read the options as attributes and leave the estimate and the
-    reports on the run; :meth:`result` hands them out.
+    Its steps read their stage's options (``self.options``) and leave the
+    estimate and the reports on the run; :meth:`result` hands them out.
     """
 
     def __init__(self, X, Y, n_heads, sample_weight, options):
-        for name, value in options.items():
-            setattr(self, name, value)
+        self.options = options
         self.n_heads = n_heads
         self.X, self.Y = X, Y
         self.weights = np.ones(len(X)) if sample_weight is None else sample_weight
         self.n_tokens = X.shape[1]
-        self.n_features = X.shape[2] - (1 if self.fit_intercept else 0)
+        self.n_features = X.shape[2] - (1 if self.options.fit_intercept else 0)
         self.n_outputs = Y.shape[2]
         self.reports = []
         self.model_selection = None
@@ -281,9 +261,9 @@ class _PhasedRun:
         """``("phased" | "random", reason)``: where the polish starts."""
         k, d = X3.shape[1], self.n_features  # d without [x, 1]
         d_out = Y3.shape[2]
-        if self.init != "auto":
-            return self.init, f"init={self.init!r}"
-        if not self.polish:
+        if self.options.init != "auto":
+            return self.options.init, f"init={self.options.init!r}"
+        if not self.options.polish.enabled:
             return "phased", "polish=False: the pure phased estimate"
         if d > _MAX_PHASE_FEATURES:
             return "random", (
@@ -300,7 +280,7 @@ class _PhasedRun:
 
     def _fit_fixed(self, X3, Y3, weights, rng):
         """A given number of heads: phases 1-6, or random starts, then the polish."""
-        if self.init == "random" and not self.polish:
+        if self.options.init == "random" and not self.options.polish.enabled:
             raise ValueError(
                 "init='random' needs polish=True: without the polish a random start "
                 "is no estimate. Pass init='phased' or 'auto' for the pure phased "
@@ -310,10 +290,10 @@ class _PhasedRun:
         self.reports.append(
             PhaseReport("0-start", 0, 0.0, {"init": init, "reason": reason})
         )
-        if init == "random" and self.init == "auto":
+        if init == "random" and self.options.init == "auto":
             warnings.warn(
                 f"Phases 1-5 of Chen & Li were skipped ({reason}); the polish "
-                f"starts from up to {self.n_restarts} random starts. Pass "
+                f"starts from up to {self.options.starts.n_starts} random starts. Pass "
                 f"init='random' to silence this warning.",
                 UserWarning,
                 stacklevel=3,
@@ -323,13 +303,15 @@ class _PhasedRun:
                 self._fit_phased(X3, Y3, weights, rng)
                 return
             except CertificationError as exc:
-                if self.init == "phased":
+                # polish=False asked for the phases' estimate: a random start
+                # would be polished, so there is no fallback
+                if self.options.init == "phased" or not self.options.polish.enabled:
                     raise
                 message = str(exc)
             warnings.warn(
                 f"Phases 2-4 failed, so the polish starts from up to "
-                f"{self.n_restarts} random starts instead of the phased estimate "
-                f"(init='phased' raises instead). What failed: {message}",
+                f"{self.options.starts.n_starts} random starts instead of the phased "
+                f"estimate (init='phased' raises instead). What failed: {message}",
                 CertificationWarning,
                 stacklevel=3,
             )
@@ -348,44 +330,35 @@ class _PhasedRun:
         """
         n = len(X3)
         polish_rows = None
-        if self.polish_samples is not None and self.polish_samples < n:
-            polish_rows = self.polish_samples
+        if (
+            self.options.polish.n_samples is not None
+            and self.options.polish.n_samples < n
+        ):
+            polish_rows = self.options.polish.n_samples
         elif isinstance(X3, TokenBatches) and n > _OUT_OF_CORE_POLISH_SAMPLES:
             polish_rows = _OUT_OF_CORE_POLISH_SAMPLES  # the polish is in memory
         elif isinstance(X3, TokenBatches):  # few enough for the in-memory polish
             X3, Y3 = X3[0:n], Y3[0:n]
         return X3, Y3, polish_rows
 
-    def _polish_options(self, X3, n_polish_samples):
-        """Options of the polish shared by the phased and the random starts."""
-        m = int(self.n_heads)
-        return dict(
-            n_polish_samples=n_polish_samples,
-            n_warmup_samples=warmup_size(m, X3.shape[1], X3.shape[2], self.head_rank),
-            max_iter=self.polish_max_iter,
-            tol=self.polish_tol,
-            solver=self.polish_solver,
-            head_rank=self.head_rank,
-            intercept=self.fit_intercept,
-            verbose=2 if self.verbose > 1 else 0,
-        )
+    def _polish(self, n_polish_samples):
+        """The polish's options with this run's polish set."""
+        return replace(self.options.polish, n_samples=n_polish_samples)
 
     def _fit_random(self, X3, Y3, weights, rng, reason):
         """The polish from random starts (no phases)."""
         m = int(self.n_heads)
         start = time.perf_counter()
         X3, Y3, polish_rows = self._polish_data(X3, Y3)
-        with _progress(self.verbose, total=1) as bar:
-            attention, projection, info = polish_from_random_starts(
+        with _progress(self.options.verbose, total=1) as bar:
+            attention, projection, info = fit_from_random_starts(
                 X3,
                 Y3,
                 m,
-                n_starts=self.n_restarts,
-                whiten=self.whiten,
-                start_search=self.start_search,
                 sample_weight=weights,
                 random_state=rng.randint(np.iinfo(np.int32).max),
-                **self._polish_options(X3, polish_rows),
+                starts=self.options.starts,
+                polish=self._polish(polish_rows),
             )
             _advance(bar, "random-start-polish")
         info = {key: value for key, value in info.items() if key != "stages"}
@@ -403,7 +376,7 @@ class _PhasedRun:
     def _fit_phased(self, X3, Y3, weights, rng):
         """Phases 1-6 for a given number of heads."""
         self._check_learnable()
-        with _progress(self.verbose, total=6) as bar:
+        with _progress(self.options.verbose, total=6) as bar:
             W_sum = self._run(
                 "1-crude-projection-sum", bar, crude_projection_sum, X3, Y3, weights
             )
@@ -422,7 +395,7 @@ class _PhasedRun:
     def _fit_auto(self, X3, Y3, weights, rng):
         """n_heads="auto": phases 1-5 as a second opinion, then the head search."""
         self._check_learnable()
-        with _progress(self.verbose, total=6) as bar:
+        with _progress(self.options.verbose, total=6) as bar:
             W_sum = self._run(
                 "1-crude-projection-sum", bar, crude_projection_sum, X3, Y3, weights
             )
@@ -454,12 +427,12 @@ class _PhasedRun:
             attention, projection, info = select_n_heads(
                 X3,
                 Y3,
-                max_heads=self.max_heads,
+                max_heads=self.options.hull.max_heads,
                 sample_weight=weights,
-                validation_fraction=self.validation_fraction,
-                n_fit_samples=self.selection_samples,
-                max_iter=min(self.polish_max_iter, 30),
-                tol=self.polish_tol,
+                validation_fraction=self.options.heads.validation_fraction,
+                n_fit_samples=self.options.heads.n_fit_samples,
+                max_iter=min(self.options.polish.max_iter, 30),
+                tol=self.options.polish.tol,
                 random_state=rng.randint(np.iinfo(np.int32).max),
             )
             seconds = time.perf_counter() - start
@@ -476,7 +449,7 @@ class _PhasedRun:
                 "held_out_interval": info["held_out_interval"],
                 "n_held_out": int(held.size),
                 "confidence_level": 0.95,
-                "validation_fraction": self.validation_fraction,
+                "validation_fraction": self.options.heads.validation_fraction,
                 "n_fit_samples": info["n_fit_samples"],
                 "spectral": spectral,
             }
@@ -495,8 +468,8 @@ class _PhasedRun:
                 Y3,
                 attention,
                 weights,
-                max_iter=self.polish_max_iter,
-                tol=self.polish_tol,
+                max_iter=self.options.polish.max_iter,
+                tol=self.options.polish.tol,
             )
             pinfo = {k: v for k, v in pinfo.items() if k != "stages"}
             self.reports.append(
@@ -514,19 +487,20 @@ class _PhasedRun:
             self.n_features,
             self.n_outputs,
         )
-        if self.certify_tol_final > self.certify_tol:
+        if self.options.hull.tol_final > self.options.hull.tol:
             raise ValueError(
-                f"certify_tol_final={self.certify_tol_final:g} is larger than "
-                f"certify_tol={self.certify_tol:g}; the tolerance tightens from the "
-                f"first round to the last, so pass certify_tol_final <= certify_tol."
+                f"certify_tol_final={self.options.hull.tol_final:g} is larger than "
+                f"certify_tol={self.options.hull.tol:g}; the tolerance tightens from "
+                f"the first round to the last, so pass certify_tol_final <= "
+                f"certify_tol."
             )
-        if self.net_resolution is not None and self.n_heads != "auto":
-            n_grid = self.net_resolution ** (self.n_heads - 1)
+        if self.options.net.resolution is not None and self.n_heads != "auto":
+            n_grid = self.options.net.resolution ** (self.n_heads - 1)
             if (n_grid * d) ** 2 > _MAX_GRID_GRAM:
                 raise ValueError(
-                    f"net_resolution={self.net_resolution} gives {n_grid} net points "
-                    f"per head for {self.n_heads} heads, too many to hold their Gram "
-                    f"matrix; lower net_resolution so that net_resolution ** "
+                    f"net_resolution={self.options.net.resolution} gives {n_grid} net "
+                    f"points per head for {self.n_heads} heads, too many to hold their "
+                    f"Gram matrix; lower net_resolution so that net_resolution ** "
                     f"{self.n_heads - 1} * {d} <= {int(math.sqrt(_MAX_GRID_GRAM))}."
                 )
         if d_out < k:
@@ -597,46 +571,51 @@ class _PhasedRun:
             Y3,
             self.n_heads if self.n_heads == "auto" else int(self.n_heads),
             W_sum=W_sum,
-            tol=self.certify_tol,
-            tol_final=self.certify_tol_final,
-            n_rounds=self.n_rounds,
-            refine_iter=self.refine_iter,
+            tol=self.options.hull.tol,
+            tol_final=self.options.hull.tol_final,
+            n_rounds=self.options.hull.n_rounds,
+            refine_iter=self.options.hull.refine_iter,
             sample_weight=weights,
-            p_min=self.min_pattern_prob,
-            confidence_floor=self.confidence_floor,
-            max_rows=self.max_rows,
-            method=self.hull_method,
-            batch_size=self.batch_size,
-            max_heads=self.max_heads,
+            p_min=self.options.hull.p_min,
+            confidence_floor=self.options.hull.confidence_floor,
+            max_rows=self.options.hull.max_rows,
+            method=self.options.hull.method,
+            batch_size=self.options.hull.batch_size,
+            max_heads=self.options.hull.max_heads,
             random_state=rng.randint(np.iinfo(np.int32).max),
-            gauge_features=(X3.shape[2] - 1,) if self.fit_intercept else (),
-            solver=self.hull_solver,
+            gauge_features=(X3.shape[2] - 1,) if self.options.fit_intercept else (),
+            solver=self.options.hull.solver,
         )
 
     def _phase6(self, X3, Y3, weights, point, directions, rng, bar):
         """Phase 6: the net over the hull, then the polish; one report each."""
         X3, Y3, polish_rows = self._polish_data(X3, Y3)
+        polish = self._polish(polish_rows)
         attention, projection, info = fit_from_hull(
             X3,
             Y3,
             point,
             directions,
             self.n_heads_fitted,
-            resolution=self.net_resolution,
-            radius=self.net_radius,
-            polish=self.polish,
+            resolution=self.options.net.resolution,
+            radius=self.options.net.radius,
+            polish=polish.enabled,
             sample_weight=weights,
-            n_net_samples=self.net_samples,
-            max_candidates=self.max_net_candidates,
+            n_net_samples=self.options.net.n_samples,
+            max_candidates=self.options.net.max_candidates,
             random_state=rng.randint(np.iinfo(np.int32).max),
-            **self._polish_options(X3, polish_rows),
+            n_polish_samples=polish.n_samples,
+            n_warmup_samples=warmup_size(
+                int(self.n_heads), X3.shape[1], X3.shape[2], polish.head_rank
+            ),
+            **polish.polish_kwargs(),
         )
         for phase, record in (("6-net", info["net"]), ("6-polish", info["polish"])):
             if record is not None:
                 record = dict(record)
                 seconds = record.pop("seconds")
                 self.reports.append(PhaseReport(phase, 0, seconds, record))
-        if self.polish:
+        if self.options.polish.enabled:
             self._warn_if_not_converged(info["polish"])
         _advance(bar, "6-net-and-polish")
         return attention, projection
@@ -649,7 +628,7 @@ class _PhasedRun:
             return  # at the rounding floor: nothing left to converge to
         stages = info.get("stages") or [info]
         reason = stages[-1].get("stop_reason", stages[-1].get("message", "?"))
-        if reason == "heads unconverged":
+        if reason == "heads_unconverged":
             warnings.warn(
                 f"Heads {info.get('unconverged_heads')} did not converge on their "
                 "one-head problems (the decoupled refinement after the minibatch "
@@ -670,7 +649,7 @@ class _PhasedRun:
         warnings.warn(
             f"The polish did not converge (stopped: {reason}) after "
             f"{info.get('n_iter')} iterations with polish_tol="
-            f"{self.polish_tol:g}; {fix}.",
+            f"{self.options.polish.tol:g}; {fix}.",
             ConvergenceWarning,
             stacklevel=4,
         )

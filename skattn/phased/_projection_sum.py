@@ -7,7 +7,7 @@ row ``l`` on which all heads put the same pattern ``p`` obeys ``y_l = p^T X W_su
 exactly, so on such rows ``W_sum`` and the ``p`` solve a bilinear least-squares
 problem: the certification solve gives ``p`` given ``W_sum``, and ``W_sum`` is
 updated by a safeguarded Gauss-Newton step with the ``p`` eliminated (or, with
-``solver="als"``, by plain alternation: one ``d x d`` normal equation).  Unlike the
+``optimizer="als"``, by plain alternation: one ``d x d`` normal equation).  Unlike the
 paper's phase 3 (patterns of a representative hull point on large-margin rows) it
 needs no hull, so the hull's error does not enter the refinement; measured, it
 takes ``W_sum`` from 0.2-0.3 to 0.002-0.02 for two heads where the paper's version
@@ -23,7 +23,7 @@ from functools import partial
 
 import numpy as np
 
-from ..solvers._objective import _factor, _solve_psd
+from ..solvers.kernels._loss import _factor, _solve_psd
 from ..utils._batches import TokenBatches, map_reduce_batches, token_sum_moments
 from ..utils._validation import check_finite
 from ._errors import CertificationError
@@ -403,7 +403,7 @@ def _refine_scan_batch(
     return part
 
 
-def _refine_scan(W_sum, tol, rcond, screen, solver, hessian_rows):
+def _refine_scan(W_sum, tol, rcond, screen, optimizer, hessian_rows):
     """The batch function and the merge of a phase-3 pass (picklable partials)."""
     func = partial(
         _refine_scan_batch,
@@ -411,7 +411,7 @@ def _refine_scan(W_sum, tol, rcond, screen, solver, hessian_rows):
         tol=tol,
         rcond=rcond,
         screen=screen,
-        hessian_rows=hessian_rows if solver == "gauss-newton" else 0,
+        hessian_rows=hessian_rows if optimizer == "gauss-newton" else 0,
     )
     return func, partial(_merge_refine_scans, hessian_rows=hessian_rows)
 
@@ -451,7 +451,7 @@ def refine_projection_sum(
     batch_size=4096,
     rcond=1e-8,
     screen=4.0,
-    solver="gauss-newton",
+    optimizer="gauss-newton",
     hessian_rows=4000,
 ):
     """Phase 3: refine ``W_sum`` by a bilinear least-squares fit on certified rows.
@@ -460,7 +460,7 @@ def refine_projection_sum(
     exactly.  Iterate: (i) certify every row under the current ``W_sum``
     (:func:`certify_rows`: ``p`` given ``W_sum``), (ii) update ``W_sum`` on the
     rows whose residual is below ``tol``: either the weighted least squares of
-    ``y_l`` on ``u_l = X^T p_l`` (``W_sum`` given the ``p``, ``solver="als"``) or a
+    ``y_l`` on ``u_l = X^T p_l`` (``W_sum`` given the ``p``, ``optimizer="als"``) or a
     safeguarded Gauss-Newton step of the fit with the ``p`` eliminated (default).
     ``sum_a p_a = 1`` fixes the scale.  Rows certified at a smaller residual
     carry a smaller bias, so tightening ``tol`` across calls
@@ -499,7 +499,7 @@ def refine_projection_sum(
         After the first pass, only samples with a row whose residual was below
         ``screen * tol`` are certified again (a speed-up; rows far above the
         tolerance do not enter it after a small change of ``W_sum``).
-    solver : {"gauss-newton", "als"}, default="gauss-newton"
+    optimizer : {"gauss-newton", "als"}, default="gauss-newton"
         ``"als"``: plain alternation (the refit of ``W_sum`` given the patterns).
         ``"gauss-newton"``: the Gauss-Newton step of the same fit with the patterns
         eliminated (variable projection), solved by preconditioned conjugate
@@ -548,7 +548,7 @@ def refine_projection_sum(
         batch_size=batch_size,
         rcond=rcond,
         screen=screen,
-        solver=solver,
+        optimizer=optimizer,
         hessian_rows=hessian_rows,
     )
 
@@ -566,7 +566,7 @@ def _refine_projection_sum(
     batch_size,
     rcond,
     screen,
-    solver,
+    optimizer,
     hessian_rows,
     first_scan=None,
 ):
@@ -583,8 +583,10 @@ def _refine_projection_sum(
     d_out = Y.shape[2]
     _check_certifiable(k, d_out)
     W_sum = _check_projection_sum(W_sum, d, d_out)
-    if solver not in ("gauss-newton", "als"):
-        raise ValueError(f"solver must be 'gauss-newton' or 'als', got {solver!r}.")
+    if optimizer not in ("gauss-newton", "als"):
+        raise ValueError(
+            f"optimizer must be 'gauss-newton' or 'als', got {optimizer!r}."
+        )
     min_rows = 4 * d if min_rows is None else int(min_rows)
     history_rows, history_change = [], []
     converged = False
@@ -593,7 +595,9 @@ def _refine_projection_sum(
         if it == 0 and first_scan is not None:
             scan = first_scan
         else:
-            func, merge = _refine_scan(W_sum, tol, rcond, screen, solver, hessian_rows)
+            func, merge = _refine_scan(
+                W_sum, tol, rcond, screen, optimizer, hessian_rows
+            )
             scan = map_reduce_batches(
                 X,
                 Y,
@@ -627,7 +631,7 @@ def _refine_projection_sum(
                 f"(need at least {min_rows}); {fix}."
             )
         W_new = _solve_psd(gram, cross)
-        if solver == "gauss-newton" and sub_row.size:
+        if optimizer == "gauss-newton" and sub_row.size:
             # in global row order, so the sums do not depend on the batching
             order = np.argsort(sub_row)
             sub_row, sub_u = sub_row[order], sub_u[order]

@@ -1,60 +1,57 @@
-"""Solvers for the parameters of an attention layer: pure functions, no estimators.
+"""The random-start path: kernels, optimizers, stages and one driver.
 
-One module per concern:
+Read top-down:
 
-* :mod:`._objective`: the weighted squared loss and its gradient, the normal
-  equations and least-squares projections ``W*(Theta)``, the reduced (variable
-  projection) loss;
-* :mod:`._parametrization`: full ``Theta_i`` or low rank ``Q_i K_i^T`` (and
-  factored values ``W_i = V_i O_i``), with the logits' Jacobian-vector and
-  vector-Jacobian products;
-* :mod:`._dense`: Levenberg-Marquardt with the Gauss-Newton matrix formed (small
-  layers);
-* :mod:`._matrix_free`: Levenberg-Marquardt from Jacobian products
-  (``scipy.optimize.least_squares`` with LSMR; large layers);
-* :mod:`._lbfgs`: L-BFGS-B stages;
-* :mod:`._minibatch`: :func:`minibatch_search`, Adam on the reduced loss of
-  random batches, which moves random starts of many heads to where
-  Levenberg-Marquardt converges, replacing a head that found nothing
-  (:func:`head_contributions`) when it stalls;
-* :mod:`._decoupled`: :func:`decoupled_refine`, every head refined on its own
-  one-head problem through the inverse of the stacked output factors (low-rank
-  heads with ``n_heads * head_rank <= d_out``, the shape of real transformers),
-  and :func:`search_head`, a head searched afresh on that problem;
-* :mod:`._patterns`: :func:`invert_patterns`, a head's attention patterns read
-  off its share of the outputs (least squares on the probability simplex);
-* :mod:`._polish`: :func:`polish`, which runs them and picks the solver by size;
-  the random starts and :func:`whitening_map`, their preconditioner.
+* :mod:`._driver`: :func:`fit_from_random_starts`, the path as it runs (search,
+  per-head refinement, joint polish, from the best of a few random starts);
+* :mod:`._options`: the frozen options of each stage, defaults written once;
+* :mod:`._stop`: the one vocabulary of stop reasons;
+* :mod:`.stages`: the search (:func:`minibatch_search`), the per-head refinement
+  (:func:`decoupled_refine`), the joint polish (:func:`polish`);
+* :mod:`.optimizers`: Levenberg-Marquardt (dense, matrix-free), L-BFGS, Adam;
+* :mod:`.kernels`: the loss and eliminated projections, parametrizations and
+  their Jacobian products, the reduced problem, decoupling, whitening.
+
+Pure functions on token tensors, no estimators.
 """
 
-from ._decoupled import can_decouple, decoupled_refine, search_head
-from ._matrix_free import VarproProblem, varpro_least_squares
-from ._minibatch import head_contributions, minibatch_search
-from ._objective import (
+from ._driver import fit_from_random_starts
+from ._options import PolishOptions, RandomStartOptions
+from ._stop import STOP_REASONS
+from .kernels._loss import (
     projection_normal_equations,
     reduced_loss_gradient,
     solve_projections,
 )
-from ._parametrization import (
+from .kernels._parametrization import (
     FactoredHeads,
     FullRank,
     LowRank,
     balanced_factors,
     make_parametrization,
 )
-from ._patterns import invert_patterns
-from ._polish import choose_factor_values, choose_solver, polish, whitening_map
+from .kernels._patterns import invert_patterns
+from .kernels._varpro import VarproProblem
+from .kernels._whitening import whitening_map
+from .optimizers._lm_matrix_free import varpro_least_squares
+from .stages._polish import choose_factor_values, choose_solver, polish
+from .stages._refine import can_decouple, decoupled_refine, search_head
+from .stages._search import head_contributions, minibatch_search
 
 __all__ = [
+    "STOP_REASONS",
     "FactoredHeads",
     "FullRank",
     "LowRank",
+    "PolishOptions",
+    "RandomStartOptions",
     "VarproProblem",
     "balanced_factors",
     "can_decouple",
     "choose_factor_values",
     "choose_solver",
     "decoupled_refine",
+    "fit_from_random_starts",
     "head_contributions",
     "invert_patterns",
     "make_parametrization",

@@ -3,6 +3,9 @@
 A sequence of ``k`` tokens with ``d`` features is stored as one row of width ``k * d``:
 token ``t`` occupies columns ``[t * d, (t + 1) * d)`` (token-major).  A 3-D array of
 shape ``(n_samples, k, d)`` is accepted as a convenience and flattened first.
+
+The sample weights of a loss or an error, normalised to sum to one, are here too
+(:func:`_normalized_weights`, for the solvers and the metrics alike).
 """
 
 from numbers import Integral
@@ -210,3 +213,19 @@ def check_finite(X, name):
             f"{name} contains {n_bad} NaN or infinite value(s); attention layers need "
             f"finite inputs. Remove or impute them first."
         )
+
+
+def _normalized_weights(n, sample_weight):
+    """Weights ``w_n / sum w``, shape (n,); uniform when ``sample_weight`` is None.
+
+    Examples
+    --------
+    >>> _normalized_weights(4, None)
+    array([0.25, 0.25, 0.25, 0.25])
+    >>> _normalized_weights(2, [1, 3])
+    array([0.25, 0.75])
+    """
+    if sample_weight is None:
+        return np.full(n, 1.0 / n)
+    w = np.asarray(sample_weight, dtype=float)
+    return w / w.sum()

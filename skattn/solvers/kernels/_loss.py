@@ -1,0 +1,385 @@
+"""The weighted squared loss of an attention layer, its gradient, and the
+least-squares projections given the attention matrices.
+
+Pure functions on token tensors (no validation; callers validate):
+
+* ``X``: ``(n, k, d)``, ``Y``: ``(n, k, d_out)``, ``sample_weight``: ``(n,)`` or None;
+* ``attention``: ``(m, d, d)`` (the Theta_i), ``projection``: ``(m, d, d_out)`` (W_i).
+
+The loss is the one of :func:`skattn.layer._math.squared_loss_gradient`,
+
+    L(Theta, W) = sum_n w_n ||F(X_n) - Y_n||_F^2 / (2 sum_n w_n) + alpha ||W||_F^2 / 2,
+
+with an optional ridge ``alpha`` on the projections only.
+
+Given the Theta_i the layer is linear in the W_i, ``F(X) = sum_i (S_i X) W_i``, so
+the W_i are one least-squares solve away (:func:`solve_projections`).  Eliminating them
+gives the reduced (variable projection) objective ``L(Theta, W*(Theta))``
+(:func:`reduced_loss_gradient`).
+
+Everything that touches the samples runs in chunks of samples, so memory stays
+bounded by a fixed budget (about ``_CHUNK_FLOATS`` floats per intermediate) whatever n.
+"""
+
+import math
+
+import numpy as np
+from scipy import linalg
+
+from ...layer._math import attention_patterns, forward, squared_loss_gradient
+from ...utils._validation import _normalized_weights
+
+# A fit whose relative RMS residual is below this is taken as realisable (noise-free
+# data fitted to rounding): a further stage on more examples cannot improve it.
+REALISABLE_RESIDUAL = 1e-10
+# Budget (number of float64s) for one chunk's largest intermediate.
+_CHUNK_FLOATS = 2**21
+
+
+def _chunks(n, per_sample):
+    """Slices of at most ``_CHUNK_FLOATS // per_sample`` samples covering range(n)."""
+    size = max(1, _CHUNK_FLOATS // max(1, int(per_sample)))
+    return [slice(start, min(n, start + size)) for start in range(0, n, size)]
+
+
+def _loss_chunk_size(n, k, d, d_out, m):
+    """Samples per chunk of the loss and gradient (:func:`_loss_gradient`).
+
+    Its largest intermediates (patterns, head features, back-propagated pattern
+    gradients) have ``m k max(k, d, d_out)`` floats per sample.
+
+    Examples
+    --------
+    >>> _loss_chunk_size(10, 4, 8, 8, 2)
+    10
+    """
+    per_sample = max(m, 1) * k * max(k, d, d_out)  # m = 0: a layer of no heads
+    return int(min(n, max(1, _CHUNK_FLOATS // per_sample)))
+
+
+def _loss_gradient(
+    X,
+    Y,
+    attention,
+    projection,
+    sample_weight=None,
+    alpha=0.0,
+    chunk_size=None,
+    *,
+    alpha_attention=0.0,
+    gradient=True,
+):
+    """The weighted, ridge-penalised squared loss and its gradient, in chunks.
+
+    ``J = sum_n w_n ||F(X_n) - Y_n||^2 / (2 sum_n w_n) + alpha ||W||^2 / 2 +
+    alpha_attention ||Theta||^2 / 2``.  Each chunk's weighted mean loss (and
+    gradient) from :func:`skattn.layer._math.squared_loss_gradient` is rescaled by the
+    chunk's share of the weight; chunks of zero weight are skipped.  Memory is
+    bounded by the chunk, whatever n; the result depends on the chunking only by
+    rounding.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m, d, d)
+    projection : ndarray of shape (m, d, d_out)
+    sample_weight : ndarray of shape (n,) or None
+        Non-negative with a positive sum; ``None`` weighs samples equally.
+    alpha : float, default=0.0
+        Ridge penalty on the projections.
+    chunk_size : int or None, default=None
+        Samples per chunk; ``None`` picks one from ``_CHUNK_FLOATS``
+        (:func:`_loss_chunk_size`).
+    alpha_attention : float, default=0.0
+        Ridge penalty on the attention matrices.
+    gradient : bool, default=True
+        ``False`` computes only the loss (the forward pass; gradients are None).
+
+    Returns
+    -------
+    loss : float
+    grad_attention : ndarray of shape (m, d, d) or None
+    grad_projection : ndarray of shape (m, d, d_out) or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.ones((5, 2, 3)); th = np.zeros((1, 3, 3)); W = np.zeros((1, 3, 1))
+    >>> loss, g_th, g_w = _loss_gradient(X, np.ones((5, 2, 1)), th, W, chunk_size=2)
+    >>> float(loss), g_th.shape, g_w.shape
+    (1.0, (1, 3, 3), (1, 3, 1))
+    """
+    n, k, d = X.shape
+    if chunk_size is None:
+        chunk_size = _loss_chunk_size(n, k, d, Y.shape[2], attention.shape[0])
+    omega = _normalized_weights(n, sample_weight)
+    loss = 0.0
+    grad_attention = np.zeros_like(attention) if gradient else None
+    grad_projection = np.zeros_like(projection) if gradient else None
+    for start in range(0, n, chunk_size):
+        rows = slice(start, start + chunk_size)
+        share = float(np.sum(omega[rows]))
+        if share == 0.0:
+            continue
+        if not gradient:
+            residual = forward(X[rows], attention, projection) - Y[rows]
+            loss += 0.5 * float(np.sum(omega[rows][:, None, None] * residual**2))
+            continue
+        chunk_loss, chunk_ga, chunk_gp = squared_loss_gradient(
+            X[rows], Y[rows], attention, projection, omega[rows]
+        )
+        loss += share * chunk_loss
+        grad_attention += share * chunk_ga
+        grad_projection += share * chunk_gp
+    if alpha:
+        loss += 0.5 * alpha * float(np.sum(projection**2))
+        if gradient:
+            grad_projection += alpha * projection
+    if alpha_attention:
+        loss += 0.5 * alpha_attention * float(np.sum(attention**2))
+        if gradient:
+            grad_attention += alpha_attention * attention
+    return loss, grad_attention, grad_projection
+
+
+def projection_normal_equations(X, Y, attention, sample_weight=None):
+    """Normal equations of the projections given the attention matrices.
+
+    With the design ``A`` whose row (n, l) is ``[(S_1 X_n)_l, ..., (S_m X_n)_l]``
+    (length ``m d``), returns ``gram = A^T Omega A``, ``rhs = A^T Omega Y`` and
+    ``y_sq = tr(Y^T Omega Y)``, ``Omega`` the normalised sample weights. Accumulated
+    in chunks of samples.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m, d, d)
+    sample_weight : ndarray of shape (n,) or None
+
+    Returns
+    -------
+    gram : ndarray of shape (m * d, m * d)
+    rhs : ndarray of shape (m * d, d_out)
+    y_sq : float
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.ones((3, 2, 2)); Y = np.ones((3, 2, 1))
+    >>> gram, rhs, y_sq = projection_normal_equations(X, Y, np.zeros((1, 2, 2)))
+    >>> gram.shape, rhs.shape, y_sq
+    ((2, 2), (2, 1), 2.0)
+    """
+    n, k, d = X.shape
+    m = attention.shape[0]
+    d_out = Y.shape[2]
+    omega = _normalized_weights(n, sample_weight)
+    gram = np.zeros((m * d, m * d))
+    rhs = np.zeros((m * d, d_out))
+    y_sq = 0.0
+    for part in _chunks(n, m * k * (k + d)):
+        features = np.matmul(attention_patterns(X[part], attention), X[part][:, None])
+        # rows (n, l), columns (i, p)
+        design = features.transpose(0, 2, 1, 3).reshape(-1, m * d)
+        weighted = design * np.repeat(omega[part], k)[:, None]
+        gram += weighted.T @ design
+        rhs += weighted.T @ Y[part].reshape(-1, d_out)
+        y_sq += float(np.sum(omega[part][:, None, None] * Y[part] ** 2))
+    return gram, rhs, y_sq
+
+
+class _PseudoInverse:
+    """The minimum-norm solve of a singular symmetric matrix, factored once.
+
+    ``V diag(1 / lambda) V^T`` over the eigenvalues with ``|lambda| > size eps
+    max|lambda|`` (the rank tolerance of ``numpy.linalg.matrix_rank``): what
+    ``scipy.linalg.lstsq`` with that ``cond`` returns for a symmetric matrix,
+    without a new SVD for every right-hand side.
+    Gram matrices are singular when the tokens reach a proper subspace (inputs
+    after a LayerNorm with the constant coordinate of ``fit_intercept``).
+    """
+
+    def __init__(self, matrix):
+        values, vectors = linalg.eigh(matrix, driver="evd", check_finite=False)
+        cutoff = values.size * np.finfo(float).eps * np.abs(values).max(initial=0.0)
+        keep = np.abs(values) > cutoff
+        self.vectors = vectors[:, keep]
+        self.inverse_values = 1.0 / values[keep]
+
+    def solve(self, rhs):
+        coef = self.vectors.T @ rhs
+        coef *= self.inverse_values.reshape(-1, *([1] * (coef.ndim - 1)))
+        return self.vectors @ coef
+
+
+def _factor(matrix):
+    """Cholesky factor of a symmetric PSD matrix; a :class:`_PseudoInverse` when it
+    is not positive definite (singular, or indefinite by rounding)."""
+    try:
+        return linalg.cho_factor(matrix, lower=False, check_finite=False)
+    except linalg.LinAlgError:
+        return _PseudoInverse(matrix)
+
+
+def _solve_psd(matrix, rhs, factor=None):
+    """Solve ``matrix x = rhs`` for a symmetric PSD ``matrix``.
+
+    Cholesky when it succeeds; otherwise the minimum-norm least-squares solution
+    (:class:`_PseudoInverse`, as ``scipy.linalg.lstsq``), which also covers a
+    singular Gram.  ``factor`` (from :func:`_factor`) is reused across calls.
+    """
+    if factor is None:
+        factor = _factor(matrix)
+    if isinstance(factor, _PseudoInverse):
+        return factor.solve(rhs)
+    return linalg.cho_solve(factor, rhs, check_finite=False)
+
+
+def solve_projections(X, Y, attention, sample_weight=None, alpha=0.0):
+    """Least-squares projections ``W*`` given the attention matrices.
+
+    ``W* = argmin_W sum_n w_n ||sum_i S_i X_n W_i - Y_n||^2 / (2 sum w) +
+    alpha ||W||^2 / 2``: the normal equations ``(A^T Omega A + alpha I) W = A^T
+    Omega Y`` are accumulated in chunks of samples (memory independent of n), solved
+    by Cholesky (SVD-based ``scipy.linalg.lstsq`` when the Gram matrix is singular),
+    then corrected by one step of iterative refinement whose residual is recomputed
+    from the data (corrected semi-normal equations), which restores the accuracy
+    lost by squaring the condition number in the Gram matrix.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m, d, d)
+    sample_weight : ndarray of shape (n,) or None
+    alpha : float, default=0.0
+        Ridge penalty on the projections, in units of the (normalised) loss.
+
+    Returns
+    -------
+    projection : ndarray of shape (m, d, d_out)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.choice([-1.0, 1.0], size=(200, 3, 4))
+    >>> th = rng.normal(size=(2, 4, 4)); W = rng.normal(size=(2, 4, 2))
+    >>> W_hat = solve_projections(X, forward(X, th, W), th)
+    >>> bool(np.allclose(W_hat, W, atol=1e-10))
+    True
+    """
+    projection, _ = _solve_projections(X, Y, attention, sample_weight, alpha)
+    return projection
+
+
+def _solve_projections(X, Y, attention, sample_weight, alpha, refine=True):
+    """:func:`solve_projections` returning also ``(gram + alpha I)``'s factor."""
+    m, d, _ = attention.shape
+    d_out = Y.shape[2]
+    gram, rhs, _ = projection_normal_equations(X, Y, attention, sample_weight)
+    matrix = gram + alpha * np.eye(m * d)
+    factor = _factor(matrix)
+    flat = _solve_psd(matrix, rhs, factor)
+    if refine:
+        # residual of the normal equations computed from the data: -(dL/dW)
+        _, _, grad = _loss_gradient(
+            X, Y, attention, flat.reshape(m, d, d_out), sample_weight, alpha
+        )
+        correction = grad.reshape(m * d, d_out)
+        flat = flat - _solve_psd(matrix, correction, factor)
+    return flat.reshape(m, d, d_out), (matrix, factor)
+
+
+def reduced_loss_gradient(X, Y, attention, sample_weight=None, alpha=0.0):
+    """Variable projection: the loss with the projections eliminated, and its gradient.
+
+    ``phi(Theta) = L(Theta, W*(Theta))`` with ``W*`` from :func:`solve_projections`.
+    By the envelope theorem (``dL/dW = 0`` at ``W*``) its gradient is the partial
+    Theta-gradient of the loss at ``W*``, i.e. that of
+    :func:`skattn.layer._math.squared_loss_gradient`.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    attention : ndarray of shape (m, d, d)
+    sample_weight : ndarray of shape (n,) or None
+    alpha : float, default=0.0
+
+    Returns
+    -------
+    loss : float
+    grad_attention : ndarray of shape (m, d, d)
+    projection : ndarray of shape (m, d, d_out)
+        The minimising ``W*(Theta)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.choice([-1.0, 1.0], size=(100, 3, 4))
+    >>> th = rng.normal(size=(1, 4, 4)); W = rng.normal(size=(1, 4, 2))
+    >>> loss, grad, W_hat = reduced_loss_gradient(X, forward(X, th, W), th)
+    >>> bool(loss < 1e-20 and np.abs(grad).max() < 1e-10)
+    True
+    """
+    projection, _ = _solve_projections(X, Y, attention, sample_weight, alpha)
+    loss, grad_attention, _ = _loss_gradient(
+        X, Y, attention, projection, sample_weight, alpha
+    )
+    return loss, grad_attention, projection
+
+
+def _loss(X, Y, attention, projection, sample_weight, alpha):
+    """The (ridge-penalised) weighted squared loss, computed from the residuals."""
+    return _loss_gradient(
+        X, Y, attention, projection, sample_weight, alpha, gradient=False
+    )[0]
+
+
+def relative_residual(X, Y, attention, projection, sample_weight=None):
+    """``sqrt(sum w ||F(X) - Y||^2 / sum w ||Y||^2)`` (absolute when Y is 0).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.ones((2, 2, 2)); th = np.zeros((1, 2, 2)); W = np.eye(2)[None]
+    >>> relative_residual(X, X, th, W)
+    0.0
+    """
+    omega = _normalized_weights(X.shape[0], sample_weight)
+    y_sq = float(np.sum(omega[:, None, None] * Y**2))
+    loss = _loss(X, Y, attention, projection, sample_weight, 0.0)
+    return math.sqrt(2.0 * loss / y_sq) if y_sq > 0 else math.sqrt(2.0 * loss)
+
+
+def _penalized_loss_gradient(
+    X, Y, attention, projection, sample_weight, alpha, chunk_size=None
+):
+    """The training objective J and its gradient, accumulated over sample chunks.
+
+    ``J = sum_n w_n ||F(X_n) - Y_n||^2 / (2 sum_n w_n) + alpha/2 (||Theta||^2 +
+    ||W||^2)``, by :func:`_loss_gradient` (the ridge on both
+    Theta and W); ``chunk_size=None`` picks the chunks from its memory budget.
+
+    Returns
+    -------
+    loss : float
+    grad_attention : ndarray of shape (m, d, d)
+    grad_projection : ndarray of shape (m, d, d_out)
+    """
+    return _loss_gradient(
+        X,
+        Y,
+        attention,
+        projection,
+        sample_weight,
+        alpha,
+        chunk_size,
+        alpha_attention=alpha,
+    )

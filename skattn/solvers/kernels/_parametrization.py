@@ -1,0 +1,507 @@
+"""Parametrizations of the attention matrices: full Theta_i or low rank Q_i K_i^T.
+
+A parametrization maps a flat parameter vector ``p`` to the logits of every head,
+``(n, m, k, k)``, and gives the logits' Jacobian-vector and vector-Jacobian
+products; the rest of the model (softmax, projections) is shared.  Shapes:
+
+* ``FullRank(m, d)``: ``p`` holds Theta ``(m, d, d)``; logits ``X Theta_i X^T``.
+* ``LowRank(m, d, r)``: ``p`` holds Q ``(m, d, r)`` then K ``(m, d, r)``; logits
+  ``(X Q_i)(X K_i)^T``, so Theta_i = Q_i K_i^T.  The factors are defined up to the
+  gauge ``(Q_i G, K_i G^{-T})`` (``r^2`` directions per head along which the logits
+  do not change); only the products are identifiable.
+
+The products cost ``O(n k d^2)`` per head for the full parametrization and
+``O(n k d r + n k^2 r)`` for the low-rank one.  ``cache(X, p)`` precomputes what
+the products at ``p`` reuse (the token maps ``X Q_i``, ``X K_i``).
+"""
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from ...layer._math import balanced_factors
+from ._loss import solve_projections
+
+
+class FullRank:
+    """Theta_i in full: ``m d^2`` parameters.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> par = FullRank(2, 3)
+    >>> par.size
+    18
+    >>> par.logits(np.ones((1, 4, 3)), np.zeros(18)).shape
+    (1, 2, 4, 4)
+    """
+
+    def __init__(self, n_heads, n_features):
+        self.n_heads, self.n_features = n_heads, n_features
+        self.size = n_heads * n_features * n_features
+
+    def attention(self, params):
+        """Theta ``(m, d, d)`` from the flat parameters."""
+        m, d = self.n_heads, self.n_features
+        return params.reshape(m, d, d)
+
+    def from_attention(self, attention):
+        """Flat parameters of the attention matrices ``(m, d, d)``."""
+        return np.asarray(attention, dtype=float).reshape(-1).copy()
+
+    def attention_vjp(self, params, grad_attention):
+        """Pull a gradient in Theta ``(m, d, d)`` back to the flat parameters."""
+        return np.asarray(grad_attention, dtype=float).reshape(-1)
+
+    def cache(self, X, params):
+        """Nothing to precompute for the full parametrization."""
+        return None
+
+    def preconditioner(self, params):
+        """None: the full parametrization is solved in its own variables."""
+        return None
+
+    def logits(self, X, params, cache=None):
+        """``X Theta_i X^T``: ``(n, k, d) -> (n, m, k, k)``."""
+        return _bilinear(X, self.attention(params), X)
+
+    def logits_jvp(self, X, params, direction, cache=None):
+        """Directional derivative of the logits: ``X V_i X^T``."""
+        return _bilinear(X, self.attention(direction), X)
+
+    def logits_vjp(self, X, params, cotangent, cache=None):
+        """Pull a cotangent ``G (n, m, k, k)`` back: ``sum_n X^T G_i X``, flat."""
+        return _pull_back(X, np.matmul(cotangent, X[:, None])).reshape(-1)
+
+
+class LowRank:
+    """Theta_i = Q_i K_i^T with Q_i, K_i of shape ``(d, r)``: ``2 m d r`` parameters.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> par = LowRank(2, 3, 1)
+    >>> par.size
+    12
+    >>> theta = par.attention(np.arange(12.0))
+    >>> theta.shape, int(np.linalg.matrix_rank(theta[0]))
+    ((2, 3, 3), 1)
+    """
+
+    def __init__(self, n_heads, n_features, rank):
+        self.n_heads, self.n_features, self.rank = n_heads, n_features, rank
+        self.size = 2 * n_heads * n_features * rank
+
+    def factors(self, params):
+        """``Q, K``, each ``(m, d, r)``."""
+        m, d, r = self.n_heads, self.n_features, self.rank
+        half = m * d * r
+        return params[:half].reshape(m, d, r), params[half:].reshape(m, d, r)
+
+    def attention(self, params):
+        """``Theta_i = Q_i K_i^T``: ``(m, d, d)``."""
+        Q, K = self.factors(params)
+        return np.matmul(Q, np.swapaxes(K, 1, 2))
+
+    def from_attention(self, attention):
+        """Balanced factors of the best rank-r approximation of each Theta_i."""
+        return np.concatenate(
+            [f.reshape(-1) for f in balanced_factors(attention, self.rank)]
+        )
+
+    def attention_vjp(self, params, grad_attention):
+        """Pull a gradient ``G`` in Theta back to the factors: ``dQ_i = G_i K_i``,
+        ``dK_i = G_i^T Q_i``, flat."""
+        Q, K = self.factors(params)
+        return np.concatenate(
+            [
+                (grad_attention @ K).reshape(-1),
+                (np.swapaxes(grad_attention, 1, 2) @ Q).reshape(-1),
+            ]
+        )
+
+    def preconditioner(self, params):
+        """Right preconditioner at ``params``: ``(apply, transpose, inverse)``.
+
+        New variables ``Z`` with ``Q_i = Z^Q_i C^K_i`` and ``K_i = Z^K_i C^Q_i``,
+        ``C^K_i = (K_i^T K_i)^{-1/2}`` and ``C^Q_i = (Q_i^T Q_i)^{-1/2}`` at
+        ``params`` (ridged by ``1e-10`` of their mean eigenvalue): the logits'
+        derivative along ``Z^Q_i`` is then ``X dZ^Q_i (X K_i C^K_i)^T``, whose
+        scale no longer depends on the spread of ``Theta_i``'s singular values
+        (the preconditioning of scaled gradient descent, Tong, Ma & Chi 2021).
+        Near a minimum that spread is what makes the Gauss-Newton systems
+        ill-conditioned and LSMR slow.  ``apply`` maps ``z`` to ``p = M z``,
+        ``transpose`` a gradient in ``p`` to one in ``z`` (``M^T g``),
+        ``inverse`` ``p`` to ``z``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> par = LowRank(2, 5, 2)
+        >>> p = np.random.default_rng(0).normal(size=par.size)
+        >>> apply, transpose, inverse = par.preconditioner(p)
+        >>> bool(np.allclose(apply(inverse(p)), p))
+        True
+        """
+        apply, inverse = _scaled_metric(*self.factors(params))
+        # the C are symmetric, so M^T = M
+        return apply, apply, inverse
+
+    def cache(self, X, params):
+        """The token maps ``X Q_i`` and ``X K_i``, each ``(n, m, k, r)``."""
+        Q, K = self.factors(params)
+        both = _token_maps(X, np.concatenate([Q, K], axis=0))  # one GEMM
+        return both[:, : self.n_heads], both[:, self.n_heads :]
+
+    def logits(self, X, params, cache=None):
+        """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)``."""
+        xq, xk = self.cache(X, params) if cache is None else cache
+        return np.matmul(xq, np.swapaxes(xk, 2, 3))
+
+    def logits_jvp(self, X, params, direction, cache=None):
+        """``(X dQ_i)(X K_i)^T + (X Q_i)(X dK_i)^T``."""
+        xq, xk = self.cache(X, params) if cache is None else cache
+        dxq, dxk = self.cache(X, direction)
+        return np.matmul(dxq, np.swapaxes(xk, 2, 3)) + np.matmul(
+            xq, np.swapaxes(dxk, 2, 3)
+        )
+
+    def logits_vjp(self, X, params, cotangent, cache=None):
+        """``dQ_i = sum_n X^T G_i (X K_i)``, ``dK_i = sum_n X^T G_i^T (X Q_i)``."""
+        xq, xk = self.cache(X, params) if cache is None else cache
+        # both pull-backs in one GEMM: (d, n k) @ (n k, 2 m r); Q's block first
+        both = np.concatenate(
+            [
+                np.matmul(cotangent, xk),
+                np.matmul(np.swapaxes(cotangent, 2, 3), xq),
+            ],
+            axis=1,
+        )
+        return _pull_back(X, both).reshape(-1)
+
+
+class FactoredHeads:
+    """Low-rank heads with factored values: ``Theta_i = Q_i K_i^T``, ``W_i = V_i O_i``.
+
+    ``p`` holds Q, K and V, each ``(m, d, r)``: ``3 m d r`` parameters.  The output
+    factors ``O_i`` ``(r, d_out)`` are not parameters: the variable projection
+    eliminates them (``m r`` design columns instead of the ``m d`` of the full
+    ``W_i``: for 12 heads of rank 32 at d = 385, 384 columns instead of 4620).
+    The values ``X V_i`` are then part of the nonlinear model, and their
+    products are given here next to the logits' (:meth:`jvp`, :meth:`vjp`).
+    Gauges: ``(Q_i G, K_i G^{-T})`` and ``(V_i H, H^{-1} O_i)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> par = FactoredHeads(2, 5, 2)
+    >>> par.size
+    60
+    >>> [f.shape for f in par.factors(np.arange(60.0))]
+    [(2, 5, 2), (2, 5, 2), (2, 5, 2)]
+    """
+
+    eliminates_output_factors = True
+
+    def __init__(self, n_heads, n_features, rank):
+        self.n_heads, self.n_features, self.rank = n_heads, n_features, rank
+        self.size = 3 * n_heads * n_features * rank
+
+    def factors(self, params):
+        """``Q, K, V``, each ``(m, d, r)``."""
+        m, d, r = self.n_heads, self.n_features, self.rank
+        block = m * d * r
+        return tuple(
+            params[j * block : (j + 1) * block].reshape(m, d, r) for j in range(3)
+        )
+
+    def attention(self, params):
+        """``Theta_i = Q_i K_i^T``: ``(m, d, d)``."""
+        Q, K, _ = self.factors(params)
+        return np.matmul(Q, np.swapaxes(K, 1, 2))
+
+    def from_attention(self, attention, projection):
+        """Balanced Q, K of the best rank-r approximation of each Theta_i, and V
+        the top r left singular vectors of each ``W_i`` (``projection``,
+        ``(m, d, d_out)``): the column space is what the output factors do not
+        absorb."""
+        Q, K = balanced_factors(attention, self.rank)
+        U = np.linalg.svd(np.asarray(projection, dtype=float), full_matrices=False)[0]
+        values = U[:, :, : self.rank]
+        return np.concatenate([Q.reshape(-1), K.reshape(-1), values.reshape(-1)])
+
+    def preconditioner(self, params):
+        """Q and K as :meth:`LowRank.preconditioner`; V in its own variables (the
+        variable projection's :meth:`regauge` balances it against O instead)."""
+        Q, K, V = self.factors(params)
+        qk_apply, qk_inverse = _scaled_metric(Q, K)
+        half = 2 * V.size
+
+        def apply(z):
+            z = np.ravel(np.asarray(z, dtype=float))
+            return np.concatenate([qk_apply(z[:half]), z[half:]])
+
+        def inverse(p):
+            return np.concatenate([qk_inverse(p[:half]), p[half:]])
+
+        return apply, apply, inverse
+
+    def regauge(self, params, output_factors):
+        """The same model with ``O_i`` of orthonormal rows: ``V_i (O_i O_i^T)^{1/2}``.
+
+        The derivative of the outputs along ``V_i`` is ``S_i X dV_i O_i``; with
+        orthonormal rows of ``O_i`` its scale no longer depends on ``O_i``'s
+        singular values (the metric of scaled gradient descent for ``V_i O_i``).
+        """
+        Q, K, V = self.factors(params)
+        grams = np.matmul(output_factors, np.swapaxes(output_factors, 1, 2))
+        _, root = _inverse_root(grams)
+        return np.concatenate(
+            [Q.reshape(-1), K.reshape(-1), np.matmul(V, root).reshape(-1)]
+        )
+
+    def cache(self, X, params):
+        """The token maps ``X Q_i``, ``X K_i``, ``X V_i``, each ``(n, m, k, r)``."""
+        Q, K, V = self.factors(params)
+        maps = _token_maps(X, np.concatenate([Q, K, V], axis=0))  # one GEMM
+        m = self.n_heads
+        return maps[:, :m], maps[:, m : 2 * m], maps[:, 2 * m :]
+
+    def logits(self, X, params, cache=None):
+        """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)``."""
+        xq, xk, _ = self.cache(X, params) if cache is None else cache
+        return np.matmul(xq, np.swapaxes(xk, 2, 3))
+
+    def values(self, X, params, cache=None):
+        """``X V_i``: ``(n, m, k, r)``."""
+        return (self.cache(X, params) if cache is None else cache)[2]
+
+    def jvp(self, X, params, direction, cache=None):
+        """Directional derivatives of the logits and of the values ``X dV_i``."""
+        xq, xk, _ = self.cache(X, params) if cache is None else cache
+        dxq, dxk, dxv = self.cache(X, direction)
+        d_logits = np.matmul(dxq, np.swapaxes(xk, 2, 3)) + np.matmul(
+            xq, np.swapaxes(dxk, 2, 3)
+        )
+        return d_logits, dxv
+
+    def vjp(self, X, params, d_logits, d_values, cache=None):
+        """Pull back cotangents of the logits ``(n, m, k, k)`` and of the values
+        ``(n, m, k, r)``: flat ``(3 m d r,)``, one GEMM."""
+        xq, xk, _ = self.cache(X, params) if cache is None else cache
+        both = np.concatenate(
+            [
+                np.matmul(d_logits, xk),
+                np.matmul(np.swapaxes(d_logits, 2, 3), xq),
+                d_values,
+            ],
+            axis=1,
+        )
+        return _pull_back(X, both).reshape(-1)
+
+
+def _scaled_metric(Q, K):
+    """``(apply, inverse)`` of the scaled-gradient-descent change of variables of
+    :meth:`LowRank.preconditioner`, on flat ``[Q, K]`` vectors."""
+    c_k, c_k_inv = _inverse_root(np.swapaxes(K, 1, 2) @ K)
+    c_q, c_q_inv = _inverse_root(np.swapaxes(Q, 1, 2) @ Q)
+    half = Q.size
+
+    def apply(z):
+        z = np.ravel(np.asarray(z, dtype=float))
+        z_q, z_k = z[:half].reshape(Q.shape), z[half:].reshape(K.shape)
+        return np.concatenate([(z_q @ c_k).reshape(-1), (z_k @ c_q).reshape(-1)])
+
+    def inverse(p):
+        p_q, p_k = p[:half].reshape(Q.shape), p[half:].reshape(K.shape)
+        return np.concatenate(
+            [(p_q @ c_k_inv).reshape(-1), (p_k @ c_q_inv).reshape(-1)]
+        )
+
+    return apply, inverse
+
+
+def _inverse_root(grams, ridge=1e-10):
+    """``(G + eps I)^{-1/2}`` and its inverse for a stack of PSD ``(m, r, r)``,
+    ``eps`` = ``ridge`` times the mean eigenvalue (at least the smallest normal)."""
+    values, vectors = np.linalg.eigh(grams)
+    floor = ridge * np.maximum(values.mean(axis=1, keepdims=True), np.finfo(float).tiny)
+    root = np.sqrt(np.maximum(values, 0.0) + floor)
+    inv_root = vectors / root[:, None, :] @ np.swapaxes(vectors, 1, 2)
+    root_mat = vectors * root[:, None, :] @ np.swapaxes(vectors, 1, 2)
+    return inv_root, root_mat
+
+
+def make_parametrization(n_heads, n_features, head_rank=None, factor_values=False):
+    """``FullRank`` when ``head_rank`` is None or ``>= n_features``, else ``LowRank``
+    (``FactoredHeads`` with ``factor_values``).
+
+    Examples
+    --------
+    >>> type(make_parametrization(2, 8, 4)).__name__
+    'LowRank'
+    >>> type(make_parametrization(2, 8, 4, factor_values=True)).__name__
+    'FactoredHeads'
+    >>> type(make_parametrization(2, 8)).__name__
+    'FullRank'
+    """
+    if head_rank is None or head_rank >= n_features:
+        return FullRank(n_heads, n_features)
+    if factor_values:
+        return FactoredHeads(n_heads, n_features, head_rank)
+    return LowRank(n_heads, n_features, head_rank)
+
+
+def random_attention(n_heads, n_features, random_state=None, scale=1.0):
+    """Random starting ``Theta_i``: i.i.d. ``N(0, (scale / d)^2)`` entries.
+
+    So ``E ||Theta_i||_F^2 = scale^2``: for tokens with i.i.d. mean-0 variance-1
+    entries the start's logits between distinct tokens have standard deviation
+    about ``scale`` (at the default 1, soft, informative patterns: the softmax is
+    neither uniform nor saturated).
+
+    Examples
+    --------
+    >>> random_attention(2, 4, random_state=0).shape
+    (2, 4, 4)
+    """
+    rng = check_random_state(random_state)
+    d = n_features
+    return rng.normal(scale=scale / d, size=(n_heads, d, d))
+
+
+def _token_maps(X, maps):
+    """``X M_i`` for ``X (n, k, d)``, ``maps (m, d, r)``: ``(n, m, k, r)``, one GEMM."""
+    n, k, d = X.shape
+    m, _, r = maps.shape
+    flat = X.reshape(n * k, d) @ maps.transpose(1, 0, 2).reshape(d, m * r)
+    return flat.reshape(n, k, m, r).transpose(0, 2, 1, 3)
+
+
+def _pull_back(X, tensor):
+    """``sum_n X_n^T T_ni`` for ``T (n, m, k, r)``: ``(m, d, r)``, one GEMM."""
+    n, k, d = X.shape
+    m, r = tensor.shape[1], tensor.shape[3]
+    flat = tensor.transpose(0, 2, 1, 3).reshape(n * k, m * r)
+    return (X.reshape(n * k, d).T @ flat).reshape(d, m, r).transpose(1, 0, 2)
+
+
+def _bilinear(left, middle, right):
+    """``left Theta_i right^T``: ``(n, k, d), (m, d, d), (n, k, d) -> (n, m, k, k)``."""
+    return np.matmul(_token_maps(left, middle), np.swapaxes(right, 1, 2)[:, None])
+
+
+class _Projections:
+    """The projections ``W_i`` in full (``rank=None``: ``m d d_out`` parameters) or
+    as ``V_i O_i`` (``V (m, d, r)`` then ``O (m, r, d_out)``: ``m r (d + d_out)``).
+
+    The projection counterpart of :class:`~skattn.solvers.FullRank` and
+    :class:`~skattn.solvers.LowRank`, for solvers that train ``W`` by gradient
+    rather than eliminating it.
+    """
+
+    def __init__(self, n_heads, n_features, n_outputs, rank=None):
+        self.shape = (n_heads, n_features, n_outputs)
+        self.rank = rank
+        if rank is None:
+            self.size = n_heads * n_features * n_outputs
+        else:
+            self.size = n_heads * rank * (n_features + n_outputs)
+
+    def factors(self, params):
+        """``V (m, d, r)``, ``O (m, r, d_out)``."""
+        m, d, d_out = self.shape
+        split = m * d * self.rank
+        return (
+            params[:split].reshape(m, d, self.rank),
+            params[split:].reshape(m, self.rank, d_out),
+        )
+
+    def projection(self, params):
+        """``W (m, d, d_out)`` from the flat parameters."""
+        if self.rank is None:
+            return params.reshape(self.shape)
+        value, output = self.factors(params)
+        return value @ output
+
+    def from_projection(self, projection):
+        """Flat parameters of ``W``: balanced factors of its best rank-r
+        approximation for low rank."""
+        if self.rank is None:
+            return np.asarray(projection, dtype=float).reshape(-1).copy()
+        value, output = balanced_factors(projection, self.rank)
+        return np.concatenate(
+            [value.reshape(-1), np.swapaxes(output, 1, 2).reshape(-1)]
+        )
+
+    def projection_vjp(self, params, grad_projection):
+        """Pull a gradient ``G`` in ``W`` back: ``dV_i = G_i O_i^T``,
+        ``dO_i = V_i^T G_i``, flat."""
+        if self.rank is None:
+            return np.asarray(grad_projection, dtype=float).reshape(-1)
+        value, output = self.factors(params)
+        return np.concatenate(
+            [
+                (grad_projection @ np.swapaxes(output, 1, 2)).reshape(-1),
+                (np.swapaxes(value, 1, 2) @ grad_projection).reshape(-1),
+            ]
+        )
+
+
+class _Unknowns:
+    """The flat unknowns of a layer: the attention part, then the projections.
+
+    ``head_rank=None``: ``Theta`` and ``W`` in full; else (a rank below
+    ``min(d, d_out)``) the factors ``Q, K`` (:class:`~skattn.solvers.LowRank`)
+    then ``V, O`` (:class:`_Projections`).
+    """
+
+    def __init__(self, n_heads, n_features, n_outputs, head_rank=None):
+        self.attention_part = make_parametrization(n_heads, n_features, head_rank)
+        self.projection_part = _Projections(n_heads, n_features, n_outputs, head_rank)
+        self.size = self.attention_part.size + self.projection_part.size
+
+    def pack(self, attention, projection):
+        """Flat parameters of the layer ``(Theta, W)``."""
+        return np.concatenate(
+            [
+                self.attention_part.from_attention(attention),
+                self.projection_part.from_projection(projection),
+            ]
+        )
+
+    def unpack(self, params):
+        """``Theta (m, d, d)``, ``W (m, d, d_out)`` from the flat parameters."""
+        split = self.attention_part.size
+        return (
+            self.attention_part.attention(params[:split]),
+            self.projection_part.projection(params[split:]),
+        )
+
+    def gradient(self, params, grad_attention, grad_projection):
+        """The gradient in the flat parameters from those in ``Theta`` and ``W``."""
+        split = self.attention_part.size
+        return np.concatenate(
+            [
+                self.attention_part.attention_vjp(params[:split], grad_attention),
+                self.projection_part.projection_vjp(params[split:], grad_projection),
+            ]
+        )
+
+
+def _initial_parameters(X, Y, sample_weight, n_heads, init_scale, alpha, random_state):
+    """A random start: small random Theta, then the best W for that Theta.
+
+    Theta by :func:`skattn.solvers.kernels._parametrization.random_attention` at scale
+    ``init_scale``: the typical attention logit ``x^T Theta_i x'`` of
+    unit-variance tokens has standard deviation ``init_scale``.  W then solves
+    the (ridge) least squares problem given Theta.
+
+    Returns
+    -------
+    attention : ndarray of shape (m, d, d)
+    projection : ndarray of shape (m, d, d_out)
+    """
+    attention = random_attention(n_heads, X.shape[2], random_state, scale=init_scale)
+    # J's ridge on Theta does not change the minimising W given Theta
+    projection = solve_projections(X, Y, attention, sample_weight, alpha)
+    return attention, projection

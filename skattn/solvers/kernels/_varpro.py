@@ -1,0 +1,431 @@
+"""The reduced (variable projection) problem: its residual and Jacobian products.
+
+The projections W_i are eliminated by least squares; :class:`VarproProblem`
+evaluates the residual at a point and the products ``J v`` and ``J^T u`` of its
+Jacobian (Kaufman's), each about one forward or backward pass over the examples,
+never forming an ``(m d^2)^2`` matrix.  With the design ``A(Theta)`` of the
+projections (row ``(n, l)`` = ``sqrt(w_n) [(S_1 X_n)_l, ..., (S_m X_n)_l]``) and
+``P`` the orthogonal projector onto its columns,
+
+    J v = (I - P) dA[v] W*,   dA[v] W* = sum_i sqrt(w) dS_i[v] X W_i,
+    dS_i[v] = S_i * (dL_i - rowsum(S_i * dL_i)),  dL_i = the logits' derivative,
+
+the Gauss-Newton matrix ``J^T J`` being the Schur complement that the dense
+Levenberg-Marquardt (:mod:`skattn.solvers.optimizers._lm_dense`) forms
+explicitly.  The logits' derivatives come from a parametrization
+(:mod:`skattn.solvers.kernels._parametrization`).  Arrays in, arrays out: the
+optimizer that wraps the products in a scipy ``LinearOperator`` is
+:mod:`skattn.solvers.optimizers._lm_matrix_free`.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ...layer._math import softmax
+from ...utils._validation import _normalized_weights
+from . import _loss
+from ._loss import _chunks, _factor, _solve_psd
+from ._parametrization import _token_maps
+
+# The states kept between Jacobian products (patterns, design, values) may take up to
+# this many times the chunk budget (2**21 floats): 2**29 floats, 4 GiB (12 heads of
+# MiniLM on 2464 sequences keep 2 GB; recomputing them doubles a product's cost).
+_KEEP_FLOATS_PER_CHUNK_FLOAT = 256
+
+
+def _softmax_jvp(patterns, d_logits):
+    """Derivative of the row softmax: ``S * (dL - rowsum(S * dL))``."""
+    return patterns * (d_logits - np.sum(patterns * d_logits, axis=-1, keepdims=True))
+
+
+class VarproProblem:
+    """Residual and Jacobian products of the reduced (variable projection) problem.
+
+    The residual at parameters ``p`` is ``r(p) = sqrt(w) (A(p) W*(p) - Y)``,
+    flattened from ``(n, k, d_out)``, with ``W*`` the least-squares projections
+    (one step of iterative refinement on the normal equations), so that
+    ``||r||^2 / 2`` is the loss of :func:`skattn.solvers.reduced_loss_gradient`.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    sample_weight : ndarray of shape (n,) or None
+    parametrization : FullRank, LowRank or FactoredHeads
+        See :mod:`skattn.solvers.kernels._parametrization`.  With ``FactoredHeads`` the
+        design's columns are ``S_i X V_i`` and the eliminated coefficients the
+        output factors ``O_i`` (``W_i = V_i O_i``).
+    intercept : bool, default=False
+        ``FactoredHeads`` only: one more eliminated column of ones, an intercept
+        (the tokens need a constant coordinate, see
+        :func:`~skattn.solvers.optimizers._lm_matrix_free.varpro_least_squares`).
+    dtype : dtype, default=numpy.float64
+        Precision of the products (``float32`` for loose steps); the eliminated
+        coefficients are solved, and results returned, in float64.
+    fixed_columns : ndarray of shape (n, k, f) or None
+        Full ``W_i`` only: ``f`` more eliminated design columns that do not depend
+        on the parameters (row ``(n, l)`` gets ``fixed_columns[n, l]``); their
+        coefficients are in :attr:`fixed_coefficients`.  The decoupled one-head
+        problems (:mod:`skattn.solvers.stages._refine`) put the other heads' outputs
+        there.
+    n_jobs : int, default=1
+        Threads over the chunks of the examples in the Jacobian products (when
+        the chunks' states are kept); the chunks' sums are taken in their order,
+        so the results do not depend on it.  The caller limits BLAS to one
+        thread each (``threadpoolctl``).
+
+    Attributes
+    ----------
+    n_products : int
+        Jacobian products (matvec plus rmatvec) computed so far.
+    projection : ndarray of shape (m, d, d_out)
+        The ``W_i`` at the last point evaluated.
+    output_factors : ndarray of shape (m, r, d_out)
+        ``FactoredHeads`` only: the eliminated ``O_i`` at that point.
+    fixed_coefficients : ndarray of shape (f, d_out)
+        With ``fixed_columns`` only: their eliminated coefficients at that point.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers.kernels._parametrization import FullRank
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.choice([-1.0, 1.0], size=(50, 3, 4))
+    >>> th = rng.normal(size=(1, 4, 4)); W = rng.normal(size=(1, 4, 2))
+    >>> problem = VarproProblem(X, forward(X, th, W), None, FullRank(1, 4))
+    >>> residual = problem.residual(th.reshape(-1))
+    >>> residual.shape, bool(np.abs(residual).max() < 1e-12)
+    ((300,), True)
+    >>> problem.matvec(th.reshape(-1), np.ones(16)).shape
+    (300,)
+    >>> problem.shape
+    (300, 16)
+    """
+
+    def __init__(
+        self,
+        X,
+        Y,
+        sample_weight,
+        parametrization,
+        intercept=False,
+        dtype=np.float64,
+        fixed_columns=None,
+        n_jobs=1,
+    ):
+        n, k, d = X.shape
+        self.n_jobs = max(1, int(n_jobs))
+        self._pool = None
+        self.par = parametrization
+        self.m = parametrization.n_heads
+        self.d_out = Y.shape[2]
+        r = getattr(parametrization, "rank", 0)
+        # FactoredHeads: the design's columns are S_i X V_i (m r of them), the
+        # eliminated projections the output factors O_i
+        self.factored = getattr(parametrization, "eliminates_output_factors", False)
+        self.intercept_direction = None
+        if intercept and self.factored:
+            self.intercept_direction = _intercept_direction(X)
+        # products in ``dtype`` (float32: the loose steps far from a minimum);
+        # the eliminated coefficients are solved, and everything returned, in float64
+        self.dtype = np.dtype(dtype)
+        self.X, self.Y = (
+            X.astype(self.dtype, copy=False),
+            Y.astype(self.dtype, copy=False),
+        )
+        self.root = np.sqrt(_normalized_weights(n, sample_weight)).astype(self.dtype)
+        self.fixed = None
+        if fixed_columns is not None:
+            if self.factored:
+                raise ValueError("fixed_columns needs full W_i, not FactoredHeads.")
+            self.fixed = np.asarray(fixed_columns).astype(self.dtype, copy=False)
+        self.width = (
+            (self.m * r if self.factored else self.m * d)
+            + (self.intercept_direction is not None)
+            + (0 if self.fixed is None else self.fixed.shape[2])
+        )
+        # kept per sample: patterns, design row block, values, token maps
+        if self.factored:
+            per_sample = self.m * k * (k + self.d_out + 3 * r) + k * self.width
+        else:
+            per_sample = self.m * k * (k + d + self.d_out + 2 * r) + k * (
+                self.width - self.m * d
+            )
+        self.slices = _chunks(n, 2 * per_sample)
+        # keep every chunk's state between products when it fits the budget
+        self._keep = n * per_sample <= _KEEP_FLOATS_PER_CHUNK_FLOAT * (
+            _loss._CHUNK_FLOATS
+        )
+        self.shape = (n * k * self.d_out, parametrization.size)
+        self.n_products = 0
+        self._params = None
+        self._cached = None
+
+    # -- evaluation at a point -------------------------------------------------
+    def _chunk_state(self, rows, params):
+        """Parametrization cache, patterns and the weighted design, one chunk.
+
+        The design's rows are ``(n, l)`` and its columns ``(i, p)``: row
+        ``sqrt(w_n) (S_i X_n)_l``, laid out for one GEMM per product.
+        """
+        x = self.X[rows]
+        c, k, _ = x.shape
+        cache = self.par.cache(x, params)
+        patterns = softmax(self.par.logits(x, params, cache), axis=-1)
+        if self.factored:  # S_i X V_i: (c, m, k, r)
+            features = np.matmul(patterns, self.par.values(x, params, cache))
+        else:  # S_i X: (c, m, k, d)
+            features = np.matmul(patterns, x[:, None])
+        design = features.transpose(0, 2, 1, 3).reshape(c * k, -1)
+        if self.intercept_direction is not None:
+            design = np.concatenate(
+                [design, np.ones((c * k, 1), dtype=design.dtype)], axis=1
+            )
+        if self.fixed is not None:
+            design = np.concatenate(
+                [design, self.fixed[rows].reshape(c * k, -1)], axis=1
+            )
+        design *= np.repeat(self.root[rows], k)[:, None]
+        return {"cache": cache, "patterns": patterns, "design": design}
+
+    def _states(self):
+        """Per-chunk states at the current point (kept, or recomputed)."""
+        if self._cached is not None:
+            yield from zip(self.slices, self._cached, strict=True)
+            return
+        for rows in self.slices:
+            yield rows, self._chunk_state(rows, self._low)
+
+    def _evaluate(self, params):
+        """Patterns, ``W*``, its Gram factor and the residual at ``params``."""
+        if self._params is not None and np.array_equal(params, self._params):
+            return
+        md, o = self.width, self.d_out
+        self._params = np.array(params, dtype=np.float64, copy=True)
+        self._low = self._params.astype(self.dtype)  # the products' precision
+        self._cached = None
+        states = [] if self._keep else None
+        gram = np.zeros((md, md))
+        rhs = np.zeros((md, o))
+        for rows in self.slices:
+            state = self._chunk_state(rows, self._low)
+            if states is not None:
+                states.append(state)
+            gram += state["design"].T @ state["design"]
+            rhs += state["design"].T @ self._target(rows)
+        self._cached = states
+        self._gram, self._factor = gram, _factor(gram)
+        flat = _solve_psd(gram, rhs, self._factor)
+        # one step of iterative refinement from the data's residual
+        flat = flat - _solve_psd(
+            gram, self._design_transpose(self._residual_for(flat)), self._factor
+        )
+        self.projection = self._projection_of(flat)
+        self._residual = self._residual_for(flat)
+
+    def _projection_of(self, flat):
+        """The ``W_i`` ``(m, d, d_out)`` of the eliminated coefficients ``flat``.
+
+        Full ``W_i``: ``flat`` itself.  Factored values: ``W_i = V_i O_i``, and an
+        intercept column's row ``c`` goes to head 0 as ``g c^T`` (``X g = 1``):
+        the same outputs, since every pattern row sums to one.
+        """
+        m, d, o = self.m, self.X.shape[2], self.d_out
+        if not self.factored:
+            self.fixed_coefficients = flat[m * d :]
+            return flat[: m * d].reshape(m, d, o)
+        r = self.par.rank
+        self.output_factors = flat[: m * r].reshape(m, r, o)
+        self._output_factors_low = self.output_factors.astype(self.dtype)
+        projection = np.matmul(self.par.factors(self._params)[2], self.output_factors)
+        if self.intercept_direction is not None:
+            projection[0] += np.outer(self.intercept_direction, flat[m * r])
+        return projection
+
+    def _target(self, rows):
+        """``sqrt(w) Y`` on a chunk, as rows ``(n, l)``: ``(c k, d_out)``."""
+        y = self.Y[rows]
+        return (y * self.root[rows, None, None]).reshape(-1, self.d_out)
+
+    def _map(self, function):
+        """``function(rows, state)`` over the chunks, an iterator over the results
+        in the chunks' order: in ``n_jobs`` threads when the states are kept."""
+        if self.n_jobs > 1 and self._cached is not None and len(self.slices) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.n_jobs)
+            chunks = zip(self.slices, self._cached, strict=True)
+            return self._pool.map(lambda chunk: function(*chunk), chunks)
+        return (function(rows, state) for rows, state in self._states())
+
+    def _residual_for(self, flat):
+        """``sqrt(w) (A W - Y)`` as rows ``(n, l)``: ``(n k, d_out)``."""
+        out = np.empty((self.shape[0] // self.d_out, self.d_out), dtype=self.dtype)
+        flat = flat.astype(self.dtype, copy=False)
+        k = self.X.shape[1]
+        for rows, state in self._states():
+            block = slice(rows.start * k, rows.stop * k)
+            out[block] = state["design"] @ flat - self._target(rows)
+        return out
+
+    def _design_transpose(self, rows_out):
+        """``A^T u`` for ``u`` as rows ``(n k, d_out)``: ``(width, d_out)``."""
+        rows_out = rows_out.astype(self.dtype, copy=False)
+        k = self.X.shape[1]
+        out = np.zeros((self.width, self.d_out))
+        for part in self._map(
+            lambda rows, state: (
+                state["design"].T @ rows_out[rows.start * k : rows.stop * k]
+            )
+        ):
+            out += part
+        return out
+
+    def _project_out(self, rows_out, inplace=False):
+        """``(I - P) u``: remove the part of ``u`` that the projections can fit
+        (in ``rows_out`` itself with ``inplace``)."""
+        coef = _solve_psd(self._gram, self._design_transpose(rows_out), self._factor)
+        coef = coef.astype(self.dtype, copy=False)
+        out = rows_out if inplace else rows_out.astype(self.dtype)
+        k = self.X.shape[1]
+
+        def subtract(rows, state):
+            out[rows.start * k : rows.stop * k] -= state["design"] @ coef
+
+        for _ in self._map(subtract):
+            pass
+        return out
+
+    def _values(self, rows, state):
+        """``X W*_i`` on a chunk: ``(c, m, k, d_out)`` (kept with the chunk's state)."""
+        values = state.get("values")
+        if values is None:
+            if self.factored:  # (X V_i) O_i, r columns at a time
+                values = np.matmul(
+                    self.par.values(self.X[rows], self._low, state["cache"]),
+                    self._output_factors_low,
+                )
+            else:
+                values = np.ascontiguousarray(
+                    _token_maps(self.X[rows], self.projection.astype(self.dtype))
+                )
+            if self._cached is not None:
+                state["values"] = values
+        return values
+
+    # -- public ------------------------------------------------------------------
+    def residual(self, params):
+        """The weighted residual at ``params``, flat ``(n k d_out,)``."""
+        self._evaluate(params)
+        return self._residual.reshape(-1).astype(np.float64, copy=False)
+
+    def matvec(self, params, direction):
+        """``J v``, flat ``(n k d_out,)``."""
+        self._evaluate(params)
+        self.n_products += 1
+        k = self.X.shape[1]
+        direction = np.asarray(direction).astype(self.dtype, copy=False)
+        out = np.empty((self.shape[0] // self.d_out, self.d_out), dtype=self.dtype)
+
+        def chunk(rows, state):
+            x = self.X[rows]
+            if self.factored:
+                d_logits, d_values = self.par.jvp(
+                    x, self._low, direction, state["cache"]
+                )
+            else:
+                d_logits = self.par.logits_jvp(x, self._low, direction, state["cache"])
+            d_patterns = _softmax_jvp(state["patterns"], d_logits)
+            c, m = d_patterns.shape[:2]
+            # sum_i dS_i (X W_i): one (k, m k) @ (m k, o) product a sample
+            change = np.matmul(
+                d_patterns.transpose(0, 2, 1, 3).reshape(c, k, m * k),
+                self._values(rows, state).reshape(c, m * k, self.d_out),
+            )  # (c, k, o)
+            if self.factored:  # + sum_i S_i (X dV_i) O_i, one GEMM over heads
+                moved = np.matmul(state["patterns"], d_values)  # (c, m, k, r)
+                c, m, k_, r = moved.shape
+                change += (
+                    moved.transpose(0, 2, 1, 3).reshape(c * k_, m * r)
+                    @ self._output_factors_low.reshape(m * r, self.d_out)
+                ).reshape(c, k_, self.d_out)
+            change *= self.root[rows, None, None]
+            out[rows.start * k : rows.stop * k] = change.reshape(-1, self.d_out)
+
+        for _ in self._map(chunk):
+            pass
+        return (
+            self._project_out(out, inplace=True)
+            .reshape(-1)
+            .astype(np.float64, copy=False)
+        )
+
+    def rmatvec(self, params, vector, *, orthogonal=False):
+        """``J^T u``, flat ``(p,)``.
+
+        ``orthogonal=True`` skips the projection ``(I - P)`` of ``u`` (half of a
+        product's cost when ``d_out`` is large): exact when ``u`` is orthogonal
+        to the design's columns, as the residual at ``W*`` and every vector that
+        LSMR builds from it and from ``J v`` are (up to rounding).
+        """
+        self._evaluate(params)
+        self.n_products += 1
+        k = self.X.shape[1]
+        projected = vector.reshape(-1, self.d_out).astype(self.dtype, copy=False)
+        if not orthogonal:
+            projected = self._project_out(projected)
+
+        def chunk(rows, state):
+            x = self.X[rows]
+            scaled = (
+                projected[rows.start * k : rows.stop * k].reshape(-1, 1, k, self.d_out)
+                * self.root[rows, None, None, None]
+            )
+            c, m = scaled.shape[0], self.m
+            # u_l . (X W_i)_a for every head: one (k, o) @ (o, m k) product a sample
+            d_patterns = (
+                np.matmul(
+                    scaled[:, 0],
+                    np.swapaxes(
+                        self._values(rows, state).reshape(c, m * k, self.d_out), 1, 2
+                    ),
+                )
+                .reshape(c, k, m, k)
+                .transpose(0, 2, 1, 3)
+            )
+            d_logits = _softmax_jvp(state["patterns"], d_patterns)
+            if not self.factored:
+                return self.par.logits_vjp(x, self._low, d_logits, state["cache"])
+            # the values' cotangent S_i^T (u O_i^T), the heads' O_i in one GEMM
+            r = self.par.rank
+            u_o = (
+                (
+                    scaled.reshape(c * k, self.d_out)
+                    @ self._output_factors_low.reshape(m * r, self.d_out).T
+                )
+                .reshape(c, k, m, r)
+                .transpose(0, 2, 1, 3)
+            )
+            d_values = np.matmul(np.swapaxes(state["patterns"], 2, 3), u_o)
+            return self.par.vjp(x, self._low, d_logits, d_values, state["cache"])
+
+        grad = np.zeros(self.par.size)
+        for part in self._map(chunk):
+            grad += part
+        return grad
+
+
+def _intercept_direction(X):
+    """A token-space vector ``g`` with ``X g = 1`` on every token (a constant
+    coordinate, possibly mixed by a whitening), by least squares on the tokens."""
+    tokens = X[: max(1, _loss._CHUNK_FLOATS // max(1, X.shape[1] * X.shape[2]))]
+    tokens = tokens.reshape(-1, X.shape[2])
+    g = np.linalg.lstsq(tokens, np.ones(len(tokens)), rcond=None)[0]
+    if np.abs(tokens @ g - 1.0).max() > 1e-8:
+        raise ValueError(
+            "intercept=True needs tokens with a constant coordinate (such as the "
+            "[x, 1] tokens of fit_intercept): no linear map of these tokens is 1 "
+            "on all of them."
+        )
+    return g

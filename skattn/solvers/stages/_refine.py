@@ -1,0 +1,670 @@
+"""Decoupled heads: one small problem per head, through the output factors' inverse.
+
+A layer of low-rank heads with factored values writes its outputs as
+
+    Y_s = sum_j S_j(X_s) X_s V_j O_j (+ 1 c^T),     O_j of shape (r, d_out).
+
+When the heads' output factors together fit in the outputs (``m r <= d_out``, the
+shape of real transformers, where ``m r = d_model``) the stacked ``O = [O_1; ...;
+O_m]`` has full row rank, and with ``D = O^+ = [D_1, ..., D_m]`` (``O D = I``)
+
+    Y_s D_i = S_i(X_s) X_s V_i (+ 1 c^T D_i):
+
+each head's share of the outputs is a linear image of the outputs, and it depends
+on head i's parameters alone.  ``D`` is not known exactly, but it need not be: for
+any ``B = [B_1, B_2]`` (``B_1`` of r columns) near ``D``, the true ``D_i`` is
+``B_1 M + B_2 N`` with ``M`` invertible, so
+
+    Y_s B_1 = S_i(X_s) X_s V_i M^{-1} - Y_s B_2 N M^{-1} (+ const):
+
+a one-head regression of the r targets ``Y B_1`` on the design
+``[S_i X, Y B_2]`` whose only nonlinear unknowns are head i's ``Theta_i = Q_i
+K_i^T``, and whose residual is exactly zero at the real head, whatever the other
+heads' errors.  :func:`decoupled_refine` takes ``B = D`` at the current point
+(``B_1 = D_i``, ``B_2`` the other heads' columns) and solves the ``m`` one-head
+problems by the matrix-free variable projection
+(:func:`skattn.solvers.optimizers._lm_matrix_free.varpro_least_squares`, the
+``Y B_2`` columns eliminated with the head's ``W``), independently (in threads
+with ``n_jobs``).
+
+Why it matters: the joint Levenberg-Marquardt problem of 12 MiniLM heads (442 368
+parameters) converges only linearly from where the minibatch search leaves it,
+held back by one nearly one-hot head whose Gauss-Newton block is tiny next to the
+others'; the one-head problems are each well scaled on their own: from the search's
+end, ten of the twelve converged to rounding in 6-17 iterations each
+(benchmarks/HISTORY.md).
+
+Pure functions on token tensors (no validation; callers validate).
+"""
+
+import math
+import time
+
+import numpy as np
+from joblib import Parallel, delayed
+from sklearn.utils import check_random_state
+from threadpoolctl import threadpool_info, threadpool_limits
+
+from ...utils._validation import _normalized_weights
+from ..kernels._decoupling import (
+    _one_head_problem,
+    _output_factors,
+    decoupling_map,
+)
+from ..kernels._loss import REALISABLE_RESIDUAL
+from ..kernels._parametrization import LowRank
+from ..optimizers._lm_matrix_free import varpro_least_squares
+from ._search import (
+    _BATCH_SIZE,
+    _LEARNING_RATE,
+    _REPLACEMENT_BATCHES,
+    _replace_head,
+    _search_alone,
+)
+
+# The one-head problems' rows: this many equations per unknown at least (each row
+# of r targets against Q_i, K_i, the head's W and the fixed columns' coefficients).
+_EQUATIONS_PER_UNKNOWN = 4
+# ... and never fewer sequences than this.
+_MIN_SEQUENCES = 200
+# A head's problem has converged at this relative residual: the head is taken.
+# (Solving the heads that had not converged together, the other heads'
+# shares fixed, was tried: on 12 MiniLM heads two such heads ended at 0.030 and
+# 0.191, worse than alone, after 250-300 s.)
+_CONVERGED = 1e-10
+# A problem that ended unconverged at or below this relative residual is near its
+# head: its end is taken, and the problem is restarted from there (a fresh trust
+# region, the decoupling map recomputed at the improved point) while its residual
+# keeps falling at least _PROGRESS-fold per round.  (On MiniLM layer 2 from real
+# text four heads ended round one at 1.5e-5-6.8e-5 after 20 iterations; one more
+# round took them to 7.8e-11-2.2e-6, where a search afresh had made such heads
+# worse in 4 of 4 trials: benchmarks/HISTORY.md.)
+_NEAR = 1e-3
+_PROGRESS = 10.0
+# ... and converged problems too, while above this and the layer's fit is not
+# realisable yet (REALISABLE_RESIDUAL, below which the polish does not run): heads
+# just under _CONVERGED can leave the layer short of it (on MiniLM layer 2 heads at
+# 2e-11-8e-11 left it at 1.4e-9, and one iteration of the joint polish to below
+# 1e-10 took 6 minutes; on layer 4 heads at or below 1.8e-12 left it at 1.1e-12).
+_EXACT = 1e-12
+# No round starts once the layer fits its sequences to this fraction of
+# REALISABLE_RESIDUAL: the polish judges the fit on other sequences (on MiniLM
+# layer 2 every head converged, the layer fit its own sequences to 1e-10, and the
+# polish's start on its own missed the rule: a joint iteration ran into the
+# 25-minute limit).
+_LAYER_MARGIN = 0.1
+
+
+def can_decouple(n_heads, head_rank, n_outputs):
+    """Whether the heads' output factors fit in the outputs: ``m r <= d_out``.
+
+    Examples
+    --------
+    >>> can_decouple(12, 32, 384), can_decouple(12, 32, 300), can_decouple(2, None, 8)
+    (True, False, False)
+    """
+    return head_rank is not None and n_heads * head_rank <= n_outputs
+
+
+def decoupled_size(n_heads, n_tokens, n_features, head_rank, n_outputs):
+    """Sequences the one-head problems need: ``_EQUATIONS_PER_UNKNOWN`` equations
+    per unknown, at least ``_MIN_SEQUENCES``.
+
+    A head's problem has ``2 d r`` nonlinear unknowns (``Q_i``, ``K_i``) and
+    ``(d + d_out - r) r`` eliminated ones (its ``W`` and the fixed columns'
+    coefficients); a sequence gives ``k r`` equations.
+
+    Examples
+    --------
+    >>> decoupled_size(12, 16, 385, 32, 384)
+    377
+    """
+    unknowns = 3 * n_features + n_outputs - head_rank
+    return max(_MIN_SEQUENCES, math.ceil(_EQUATIONS_PER_UNKNOWN * unknowns / n_tokens))
+
+
+def _solve_head(
+    X,
+    shares,
+    i,
+    Q,
+    K,
+    sample_weight,
+    max_iter,
+    tol,
+    jacobian_dtype=np.float32,
+    n_jobs=1,
+):
+    """Head i's problem: targets ``Y D_i``, the other heads' shares ``Y D_{-i}`` as
+    fixed columns.  Returns its ``Q_i, K_i``, value factor ``V_i`` (each ``(d,
+    r)``; ``V_i`` the coefficients of its features ``S_i X``) and the solver's
+    info.  ``jacobian_dtype``: the precision of the Jacobian products (see the
+    call; benchmarks/studies/bench_decoupled_precision.py compares the two); ``n_jobs``:
+    threads of its products."""
+    clock = time.perf_counter()
+    n, k, m, r = shares.shape
+    target = np.ascontiguousarray(shares[:, :, i])
+    fixed = None
+    if m > 1:
+        fixed = np.delete(shares, i, axis=2).reshape(n, k, (m - 1) * r)
+    par = LowRank(1, Q.shape[1], r)
+    params, projection, info = varpro_least_squares(
+        X,
+        target,
+        np.concatenate([Q[i].reshape(-1), K[i].reshape(-1)]),
+        par,
+        sample_weight,
+        max_iter=max_iter,
+        tol=tol,
+        # every step to LSMR's default tolerance, its residuals in double
+        # precision: loose (LSMR to 1e-2) or wholly single-precision steps failed
+        # on MiniLM heads (a head's loose steps were rejected 17 times in a row at
+        # 1e-2 of its targets; twelve heads stalled near 7e-6 when the residual too
+        # was single precision: the fixed columns are large next to what is left of
+        # the targets)
+        coarse=False,
+        # ... but the Jacobian products, nearly all of the work, in single by
+        # default: on MiniLM layer 4 from real text they took the heads' problems
+        # to the same residuals in about as many products and half the time
+        # (benchmarks/HISTORY.md)
+        jacobian_dtype=jacobian_dtype,
+        fixed_columns=fixed,
+        n_jobs=n_jobs,
+    )
+    omega = _normalized_weights(n, sample_weight)
+    norm = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", target, target)))
+    info["relative_residual"] = math.sqrt(2.0 * info["loss"]) / max(
+        norm, np.finfo(float).tiny
+    )
+    info["seconds"] = time.perf_counter() - clock
+    q, kk = par.factors(params)
+    return q[0], kk[0], projection[0], info
+
+
+def _threads(n_jobs, size):
+    """Jobs at once: ``n_jobs``, or (``None``) the BLAS threads, at most ``size``."""
+    if n_jobs is None:
+        n_jobs = max(
+            [1]
+            + [
+                pool["num_threads"]
+                for pool in threadpool_info()
+                if pool["user_api"] == "blas"
+            ]
+        )
+    return max(1, min(size, n_jobs))
+
+
+def decoupled_refine(
+    X,
+    Y,
+    params,
+    parametrization,
+    *,
+    sample_weight=None,
+    intercept_direction=None,
+    heads=None,
+    max_iter=20,
+    restarts=5,
+    tol=1e-10,
+    n_jobs=None,
+    verbose=0,
+):
+    """Refine every head on its own problem (see the module's docstring).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    params : ndarray of shape (3 m d r,)
+        :class:`FactoredHeads` parameters (``Q, K, V``), e.g. from
+        :func:`skattn.solvers.minibatch_search`.
+    parametrization : FactoredHeads
+        With ``m r <= d_out`` (:func:`can_decouple`).
+    sample_weight : ndarray of shape (n,) or None
+    intercept_direction : ndarray of shape (d,) or None
+        A token-space ``g`` with ``X g = 1`` when the outputs have an intercept:
+        the output factors are then fitted with a column of ones.  (The one-head
+        designs ``S_i X`` hold a constant already through that coordinate.)
+    heads : list of int or None
+        The heads to refine (``None``: all); the others keep their parameters.
+    max_iter : int, default=20
+        Levenberg-Marquardt iterations of each problem per round.
+    restarts : int, default=5
+        Rounds after the first.  A problem that ended unconverged but near
+        (relative residual at most ``_NEAR``, 1e-3) has its end taken, and is
+        solved again from there, with the decoupling map recomputed at the new
+        point, while its residual falls at least ``_PROGRESS`` (10) fold per
+        round; so is a converged one (at most ``_CONVERGED``, 1e-10) while
+        above ``_EXACT`` (1e-12).  No round starts once the layer, the output
+        factors eliminated, fits to a relative residual of 1e-11 (a tenth of
+        ``REALISABLE_RESIDUAL``, below which the polish does not run: it judges
+        on other sequences).
+    tol : float, default=1e-10
+        Relative step tolerance of each head's problem.
+    n_jobs : int or None
+        Heads solved at once (joblib threads); each head always runs on one
+        BLAS thread, and when fewer heads are left than threads, the threads
+        left share each head's products (over chunks of its sequences, with
+        the same results).  ``None``: as many as BLAS has threads
+        (``OMP_NUM_THREADS=1``: one head at a time): the heads' problems are
+        independent, and their products too small for BLAS to use several
+        cores well.
+    verbose : int, default=0
+        1 prints one line per problem.
+
+    Returns
+    -------
+    params : ndarray of shape (3 m d r,)
+        The refined parameters: the converged heads' solutions, and the near
+        unconverged heads' ends when the layer fits better with them than
+        without; or ``params`` when neither fits better.
+    info : dict
+        ``heads`` (per head, its problem's ``n_iter``, ``n_products`` and
+        ``seconds`` over all rounds, ``rounds``, the last round's
+        ``relative_residual``, and ``converged``; None for a head not refined),
+        ``n_products``, ``condition``
+        (of the stacked output factors), ``residual_start``, ``residual`` (the
+        relative residual with the output factors eliminated, before and after),
+        ``kept``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> par = FactoredHeads(3, 8, 2)
+    >>> truth = rng.normal(size=par.size) / 2
+    >>> Q, K, V = par.factors(truth)
+    >>> O = rng.normal(size=(3, 2, 6))  # m r = 6 outputs
+    >>> X = rng.normal(size=(300, 5, 8))
+    >>> Y = forward(X, par.attention(truth), V @ O)
+    >>> start = truth + 0.02 * rng.normal(size=par.size)
+    >>> refined, info = decoupled_refine(X, Y, start, par)
+    >>> bool(info["residual_start"] > 1e-3), bool(info["residual"] < 1e-10)
+    (True, True)
+    """
+    m, r = parametrization.n_heads, parametrization.rank
+    n, k, o = Y.shape
+    if not can_decouple(m, r, o):
+        raise ValueError(
+            f"decoupled_refine needs n_heads * head_rank <= n_outputs, got "
+            f"{m} * {r} > {o}."
+        )
+    intercept = intercept_direction is not None
+
+    def flat(Q, K, V):
+        return np.concatenate([Q.reshape(-1), K.reshape(-1), V.reshape(-1)])
+
+    def fit(params):
+        return _output_factors(X, Y, params, parametrization, sample_weight, intercept)
+
+    Q, K, V = (f.copy() for f in parametrization.factors(params))
+    start = flat(Q, K, V)
+    Qc, Kc, Vc = Q.copy(), K.copy(), V.copy()  # only converged heads taken
+    active = list(range(m)) if heads is None else [int(i) for i in heads]
+    rows = [None] * m
+    residual_start = condition = None
+    for round_ in range(1 + restarts):
+        output_factors, residual = fit(flat(Q, K, V))
+        if round_ > 0 and residual <= _LAYER_MARGIN * REALISABLE_RESIDUAL:
+            break  # the layer fits to rounding
+        D, round_condition = decoupling_map(output_factors)
+        if round_ == 0:
+            residual_start, condition = residual, round_condition
+        shares = (Y.reshape(n * k, o) @ D).reshape(n, k, m, r)
+        results = _solve_heads(
+            X, shares, active, Q, K, sample_weight, max_iter, tol, n_jobs
+        )
+        again = []
+        for i, (q, kk, values, solved) in zip(active, results, strict=True):
+            row = rows[i]
+            previous = math.inf if row is None else row["relative_residual"]
+            if row is None:
+                row = rows[i] = {"n_iter": 0, "n_products": 0, "seconds": 0.0}
+            for key in ("n_iter", "n_products", "seconds"):
+                row[key] += solved[key]
+            residual_i = solved["relative_residual"]
+            row.update(
+                relative_residual=residual_i,
+                converged=residual_i <= _CONVERGED,
+                rounds=round_ + 1,
+                stop_reason=solved["stop_reason"],  # of its last solve
+            )
+            if row["converged"]:
+                Qc[i], Kc[i], Vc[i] = q, kk, values
+            if residual_i <= _NEAR:
+                Q[i], K[i], V[i] = q, kk, values
+                if _EXACT < residual_i <= previous / _PROGRESS:
+                    again.append(i)
+            if verbose:
+                print(
+                    f"decoupled head {i} (round {round_ + 1}): {solved['n_iter']} "
+                    f"iterations, {solved['n_products']} products, relative "
+                    f"residual {residual_i:.3g}, {solved['seconds']:.1f} s",
+                    flush=True,
+                )
+        active = again
+        if not active:
+            break
+    # the unconverged heads' ends are taken only if the layer fits better with
+    # them: such a problem may explain its targets through the fixed columns
+    # (the other heads' shares) rather than through its head
+    refined = flat(Q, K, V)
+    residual = fit(refined)[1]
+    converged_only = flat(Qc, Kc, Vc)
+    if not np.array_equal(refined, converged_only):
+        other = fit(converged_only)[1]
+        if other < residual:
+            refined, residual = converged_only, other
+    kept = residual < residual_start
+    info = {
+        "heads": rows,
+        "n_products": int(sum(row["n_products"] for row in rows if row)),
+        "condition": condition,
+        "residual_start": residual_start,
+        "residual": residual if kept else residual_start,
+        "kept": bool(kept),
+    }
+    return (refined if kept else start), info
+
+
+def search_head(
+    X,
+    Y,
+    params,
+    parametrization,
+    head,
+    *,
+    sample_weight=None,
+    intercept_direction=None,
+    n_jobs=1,
+    random_state=None,
+):
+    """``params`` with head ``head`` searched afresh on its own one-head problem.
+
+    The one-head problem of :func:`decoupled_refine` (targets ``Y D_i``, the other
+    heads' shares ``Y D_{-i}`` as fixed columns, ``D`` the decoupling map at
+    ``params``) is searched from a random start by
+    :func:`~skattn.solvers.stages._search.minibatch_search`, the fixed columns (and
+    the intercept) eliminated with the head's output factors on every batch.
+    Unlike a search on what the other heads leave unexplained, whose target
+    holds the other heads' errors, this problem is realisable by the head
+    alone, whatever the other heads' errors.  The result is a start for
+    :func:`decoupled_refine` (``heads=[head]``).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    params : ndarray of shape (3 m d r,)
+        :class:`FactoredHeads` parameters.
+    parametrization : FactoredHeads
+        With ``m r <= d_out`` (:func:`can_decouple`).
+    head : int
+    sample_weight : ndarray of shape (n,) or None
+    intercept_direction : ndarray of shape (d,) or None
+        As in :func:`decoupled_refine`.
+    n_jobs : int, default=1
+        Threads of the search's batches.
+    random_state : int, RandomState instance or None
+        The start and the batches.
+
+    Returns
+    -------
+    params : ndarray of shape (3 m d r,)
+        ``params`` with head ``head``'s ``Q, K, V`` replaced.
+    info : dict
+        The search's info (:func:`~skattn.solvers.stages._search.minibatch_search`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> par = FactoredHeads(2, 6, 2)
+    >>> truth = rng.normal(size=par.size) / 2
+    >>> Q, K, V = par.factors(truth)
+    >>> X = rng.normal(size=(1000, 4, 6))
+    >>> Y = forward(X, par.attention(truth), V @ rng.normal(size=(2, 2, 4)))
+    >>> other = par.factors(rng.normal(size=par.size) / 2)  # head 1 lost
+    >>> lost = np.concatenate([np.stack([f[0], g[1]]).ravel()
+    ...                        for f, g in zip(par.factors(truth), other)])
+    >>> found, info = search_head(X, Y, lost, par, 1, random_state=0)
+    >>> bool(info["residual"] < info["residuals"][0] / 2)
+    True
+    """
+    rng = check_random_state(random_state)
+    target, fixed = _one_head_problem(
+        X,
+        Y,
+        params,
+        parametrization,
+        head,
+        sample_weight,
+        intercept_direction is not None,
+        dtype=np.float32,
+    )
+    return _search_alone(
+        X,
+        target,
+        params,
+        parametrization,
+        head,
+        rng,
+        intercept_direction=intercept_direction,
+        sample_weight=sample_weight,
+        fixed_columns=fixed,
+        n_jobs=n_jobs,
+    )
+
+
+def _solve_heads(X, shares, heads, Q, K, sample_weight, max_iter, tol, n_jobs):
+    """:func:`_solve_head` for each of ``heads``, ``n_jobs`` at a time; fewer
+    heads than threads share the rest among their products' chunks."""
+    threads = _threads(n_jobs, math.inf)
+    jobs = min(threads, len(heads))
+    inner = threads // jobs
+
+    def job(i):
+        return _solve_head(
+            X, shares, i, Q, K, sample_weight, max_iter, tol, n_jobs=inner
+        )
+
+    # one BLAS thread a head, also when one head is left (its chunks then in
+    # threads): on MiniLM layer 4 a head alone on two BLAS threads took 28 ms a
+    # product, two heads at once on one thread each 14 ms (the products' GEMMs are
+    # too thin to share)
+    with threadpool_limits(limits=1, user_api="blas"):
+        if jobs == 1:
+            return [job(i) for i in heads]
+        return Parallel(n_jobs=jobs, prefer="threads")(delayed(job)(i) for i in heads)
+
+
+# Heads whose problems ended near but stopped improving are solved again on this
+# many times the sequences, and again on this many times those while they stay
+# near and unconverged and the training set has more: a sharp head's problem is
+# badly conditioned on few (on MiniLM layer 1 of real text, heads 0, 2 and 3
+# stopped at 5.5e-5-1.4e-4 on 376 sequences and converged on 1128; the sharpest
+# head, 2.0e-4 on 376 and 2.6e-5 on 1128, converged alone on 3384 to 2.3e-12,
+# held out 7.6e-12; benchmarks/HISTORY.md).
+_STUCK_SEQUENCES = 3
+
+
+def _stalled(heads, among):
+    """The heads of ``among`` whose problems (rows of ``heads``, None when not
+    refined) ended near (at most ``_NEAR``) but unconverged."""
+    return [
+        i
+        for i in among
+        if heads[i] is not None
+        and not heads[i]["converged"]
+        and heads[i]["relative_residual"] <= _NEAR
+    ]
+
+
+def _on_more_sequences(
+    X, Y, params, par, direction, sample_weight, rng, verbose, info, stuck, rows
+):
+    """The ``stuck`` heads refined again on ``_STUCK_SEQUENCES`` times the
+    sequences (``rows`` and more), those still near and unconverged there on
+    ``_STUCK_SEQUENCES`` times those, and so on while the training set has
+    more; each stage starts from the previous one's ends, and the heads that
+    converge are taken.  ``info["stuck"]`` lists the stages (``heads``,
+    ``n_sequences``, ``converged``)."""
+    n = X.shape[0]
+    more, start, info["stuck"] = rows, params, []
+    taken = []
+    while stuck and len(more) < n:
+        extra = np.setdiff1d(np.arange(n), more)
+        size = min(len(extra), (_STUCK_SEQUENCES - 1) * len(more))
+        more = np.sort(
+            np.concatenate([more, rng.choice(extra, size=size, replace=False)])
+        )
+        start, again = decoupled_refine(
+            X[more],
+            Y[more],
+            start,
+            par,
+            sample_weight=None if sample_weight is None else sample_weight[more],
+            intercept_direction=direction,
+            heads=stuck,
+            verbose=verbose,
+        )
+        info["n_products"] += again["n_products"]
+        converged = [i for i in stuck if again["heads"][i]["converged"]]
+        info["stuck"].append(
+            {"heads": stuck, "n_sequences": len(more), "converged": converged}
+        )
+        if converged:
+            params = params.copy()  # its factors are views: the heads go in place
+            for mine, found in zip(
+                par.factors(params), par.factors(start), strict=True
+            ):
+                mine[converged] = found[converged]
+            for i in converged:
+                info["heads"][i] = again["heads"][i]
+            taken += converged
+        stuck = _stalled(again["heads"], stuck)
+    if taken:
+        Xd, Yd = X[rows], Y[rows]
+        weights = None if sample_weight is None else sample_weight[rows]
+        info["residual"] = _output_factors(
+            Xd, Yd, params, par, weights, direction is not None
+        )[1]
+        info["kept"] = True
+    return params, info
+
+
+# Heads whose one-head problem ended far (above _NEAR) are searched afresh and
+# refined again in two passes over the heads still far (at most as many tries as
+# heads): first on the head's own one-head problem (search_head), realisable by
+# the head alone whatever the other heads' errors; then on what the other heads
+# leave unexplained (_replace_head, the search's replacement), whose target is
+# the head's alone once the other heads are exact.  (On MiniLM layer 0 of real
+# text, five heads far after the rounds: the first gave converged heads in 3 of 7
+# tries, the second in 5 of 15, the farthest head only with five other far heads
+# made exact; benchmarks/HISTORY.md.)
+_DECOUPLED_PASSES = ("own problem", "what the others leave")
+
+
+def refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose):
+    """:func:`decoupled_refine` on :func:`decoupled_size` random sequences; then
+    each head it could not bring near (a head the search left mixed with another,
+    or found only roughly) is searched afresh and refined alone again, in the
+    passes of ``_DECOUPLED_PASSES`` (at most ``m`` tries).  Heads that ended near
+    but unconverged are first refined again on more sequences
+    (:func:`_on_more_sequences`).  Returns the parameters and the refinement's
+    info, with ``stuck`` (per stage on more sequences: ``heads``,
+    ``n_sequences``, ``converged``; when there were such heads) and
+    ``replacements`` (per try: ``head``, ``searched_on`` and ``converged``)."""
+    n, k = X.shape[:2]
+    size = decoupled_size(par.n_heads, k, par.n_features, par.rank, Y.shape[2])
+    rows = np.sort(rng.choice(n, size=min(n, size), replace=False))
+    Xd, Yd = X[rows], Y[rows]
+    weights = None if sample_weight is None else sample_weight[rows]
+    params, info = decoupled_refine(
+        Xd,
+        Yd,
+        params,
+        par,
+        sample_weight=weights,
+        intercept_direction=direction,
+        verbose=verbose,
+    )
+    stuck = _stalled(info["heads"], range(par.n_heads))
+    if stuck and n > len(rows):
+        params, info = _on_more_sequences(
+            X, Y, params, par, direction, sample_weight, rng, verbose, info, stuck, rows
+        )
+    info["replacements"] = []
+    n_jobs = _threads(None, 2)
+    for searched_on in _DECOUPLED_PASSES:
+        # near heads were restarted from their ends already (every replacement of
+        # such a head measured on MiniLM ended worse than it began)
+        pending = [
+            i for i, row in enumerate(info["heads"]) if row["relative_residual"] > _NEAR
+        ]
+        for head in pending[: par.n_heads - len(info["replacements"])]:
+            searched = np.sort(
+                rng.choice(
+                    n, size=min(n, _REPLACEMENT_BATCHES * _BATCH_SIZE), replace=False
+                )
+            )
+            with threadpool_limits(limits=1, user_api="blas"):
+                if searched_on == "own problem":
+                    candidate = search_head(
+                        X[searched],
+                        Y[searched],
+                        params,
+                        par,
+                        head,
+                        sample_weight=(
+                            None if sample_weight is None else sample_weight[searched]
+                        ),
+                        intercept_direction=direction,
+                        n_jobs=n_jobs,
+                        random_state=rng,
+                    )[0]
+                else:
+                    candidate = _replace_head(
+                        X,
+                        Y,
+                        params,
+                        par,
+                        head,
+                        rows=searched,
+                        intercept_direction=direction,
+                        batch_size=min(n, _BATCH_SIZE),
+                        learning_rate=_LEARNING_RATE,
+                        random_state=rng,
+                        dtype=np.float32,
+                        n_jobs=n_jobs,
+                    )
+            refined, again = decoupled_refine(
+                Xd,
+                Yd,
+                candidate,
+                par,
+                sample_weight=weights,
+                intercept_direction=direction,
+                heads=[head],
+                verbose=verbose,
+            )
+            converged = bool(again["heads"][head]["converged"])
+            info["n_products"] += again["n_products"]  # spent, taken or not
+            if converged and again["residual"] < info["residual"]:
+                params, info["residual"] = refined, again["residual"]
+                info["heads"][head] = again["heads"][head]
+                info["kept"] = True
+            info["replacements"].append(
+                {"head": int(head), "searched_on": searched_on, "converged": converged}
+            )
+            if verbose:
+                print(
+                    f"decoupled: head {head} searched afresh on {searched_on}, "
+                    f"converged: {converged}"
+                )
+    return params, info

@@ -1,0 +1,634 @@
+"""A first-order search on minibatches before the Levenberg-Marquardt polish.
+
+From a random start, Levenberg-Marquardt on all examples moves a layer of many heads
+slowly: with 12 heads of rank 32 at d = 384 (a whole all-MiniLM-L6-v2 layer) each
+iteration costs a minute of products over the data and twenty of them left half of
+the targets unexplained.  Far from a minimum a step does not need all the examples:
+Adam on the variable-projection loss of small random batches (the output factors
+``O_i`` and the intercept eliminated by least squares on each batch) moves the
+heads to where Gauss-Newton steps converge, at a small fraction of the cost.
+
+The reduced loss of a batch ``B`` is ``L_B(p) = min_O ||A_B(p) O - Y_B||^2 / (2 |B|)``
+with the design ``A_B(p)`` of :class:`skattn.solvers.VarproProblem`; its gradient is
+that of the loss at the minimising ``O`` (the envelope theorem), one backward
+pass.  Everything runs in single precision but the batch's small Gram solve.
+
+Pure functions on token tensors (no validation; callers validate).
+"""
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from scipy import linalg
+from sklearn.utils import check_random_state
+from threadpoolctl import threadpool_limits
+
+from ...layer._math import softmax
+from ..kernels._decoupling import _design
+from ..kernels._parametrization import random_attention
+from ..optimizers._adam import _ADAM_BETA1 as _BETA1
+from ..optimizers._adam import _ADAM_BETA2 as _BETA2
+from ..optimizers._adam import _ADAM_EPSILON as _EPSILON
+
+# The search's defaults (also those of the replacements after a decoupled refinement).
+_BATCH_SIZE = 256
+_LEARNING_RATE = 0.1
+# Ridge of a batch's Gram matrix, relative to its mean diagonal: keeps the solve
+# defined when a batch's design is rank deficient (a head with no signal yet).
+_BATCH_RIDGE = 1e-10
+# A check counts as progress when the residual falls below (1 - _PROGRESS) times
+# the best so far.  (A tenth cut the step size of 12 MiniLM heads while Adam at
+# the first step size still gained 3-5 % a check; benchmarks/HISTORY.md.)
+_PROGRESS = 0.01
+# Sequences, in batches, that a replaced head is searched on (what the other heads
+# leave unexplained is computed on them once).
+_REPLACEMENT_BATCHES = 16
+# The weakest head is replaced only when it explains less than what all heads
+# leave unexplained: its removal raises the residual by less than this factor
+# (the explained energy ``without**2 - residual**2`` below ``residual**2``).  A
+# stall with every head contributing (12 MiniLM heads at 0.006, the weakest
+# worth 0.117) is the step size's noise floor, not an unfound head.
+_REPLACE_BELOW = math.sqrt(2.0)
+
+
+def batch_loss_gradient(
+    X, Y, params, parametrization, intercept_direction=None, n_jobs=1, fixed=None
+):
+    """The reduced loss of one batch and its gradient, the output factors eliminated.
+
+    Parameters
+    ----------
+    X : ndarray of shape (b, k, d)
+        Tokens of the batch (their dtype sets the precision of the products).
+    Y : ndarray of shape (b, k, d_out)
+    params : ndarray of shape (p,)
+        Parameters of ``parametrization`` (:class:`FactoredHeads`: ``Q, K, V``).
+    parametrization : FactoredHeads
+    intercept_direction : ndarray of shape (d,) or None
+        A token-space vector ``g`` with ``X g = 1`` on every token: the design gets
+        a column of ones (an intercept), eliminated with the ``O_i``.
+    n_jobs : int, default=1
+        Threads: the batch is computed in two halves (their sums, so the result
+        does not depend on ``n_jobs``), at once when ``n_jobs`` is 2, each with
+        one BLAS thread.
+    fixed : ndarray of shape (b, k, c) or None
+        Columns of the design that are not searched (no gradient): eliminated
+        with the output factors, like the intercept.
+
+    Returns
+    -------
+    loss : float
+        ``min_O ||A(p) O - Y||^2 / (2 b)``.
+    gradient : ndarray of shape (p,), float64
+    target : float
+        ``||Y||^2 / (2 b)``, the loss of predicting zero.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> X, Y = rng.normal(size=(40, 3, 5)), rng.normal(size=(40, 3, 4))
+    >>> par = FactoredHeads(2, 5, 2)
+    >>> p, v = rng.normal(size=par.size), rng.normal(size=par.size)
+    >>> loss, grad, _ = batch_loss_gradient(X, Y, p, par)
+    >>> h = 1e-6
+    >>> slope = (batch_loss_gradient(X, Y, p + h * v, par)[0]
+    ...          - batch_loss_gradient(X, Y, p - h * v, par)[0]) / (2 * h)
+    >>> bool(abs(slope - grad @ v) < 1e-6 * abs(slope))
+    True
+    """
+    b, k, _ = X.shape
+    low = np.asarray(params).astype(X.dtype, copy=False)
+    intercept = intercept_direction is not None
+    # the batch in _PARTS parts, each a forward pass and its share of the Gram
+    # matrix, then each a backward pass against the batch's O: the parts run in
+    # n_jobs threads of one BLAS thread each (12 MiniLM heads: 0.11 s a step on
+    # two such threads, 0.16 s on one; whole batches on two BLAS threads were
+    # slower than on one), and the sums are the same either way
+    parts = [part for part in np.array_split(np.arange(b), _PARTS) if len(part)]
+    with _Workers(len(parts), n_jobs) as run:
+        states = run(
+            _part_forward,
+            [
+                (X[i], Y[i], low, parametrization, intercept, _rows(fixed, i))
+                for i in parts
+            ],
+        )
+        gram = sum(state["gram"] for state in states)
+        rhs = sum(state["rhs"] for state in states)
+        coef = _solve_gram(
+            gram,
+            rhs,
+            lambda: (
+                np.concatenate([s["design"] for s in states]),
+                np.concatenate([s["target"] for s in states]),
+            ),
+        ).astype(X.dtype)
+        backward = run(
+            _part_backward,
+            [
+                (X[i], low, parametrization, state, coef)
+                for i, state in zip(parts, states, strict=True)
+            ],
+        )
+    loss = 0.5 * sum(part[0] for part in backward) / b
+    gradient = sum(part[1].astype(np.float64) for part in backward)
+    zero = 0.5 * sum(state["zero"] for state in states) / b
+    return loss, gradient / b, zero
+
+
+# A batch's parts (see batch_loss_gradient): fixed, so that the result does not
+# depend on the number of threads.
+_PARTS = 2
+
+
+class _Workers:
+    """Run a function over argument tuples: in ``n_jobs`` threads, each limited to
+    one BLAS thread, or (``n_jobs=1``) in order."""
+
+    def __init__(self, n_parts, n_jobs):
+        self.n_jobs = max(1, min(n_parts, int(n_jobs)))
+
+    def __enter__(self):
+        if self.n_jobs > 1:
+            self._limits = threadpool_limits(limits=1, user_api="blas")
+            self._pool = ThreadPoolExecutor(self.n_jobs)
+        return self
+
+    def __call__(self, function, arguments):
+        if self.n_jobs == 1:
+            return [function(*args) for args in arguments]
+        return list(self._pool.map(lambda args: function(*args), arguments))
+
+    def __exit__(self, *exc):
+        if self.n_jobs > 1:
+            self._pool.shutdown()
+            self._limits.restore_original_limits()
+
+
+def _rows(fixed, rows):
+    """The fixed columns of sequences ``rows``, as token rows, or None."""
+    if fixed is None:
+        return None
+    return fixed[rows].reshape(len(rows) * fixed.shape[1], fixed.shape[2])
+
+
+def _part_forward(X, Y, low, parametrization, intercept, fixed=None):
+    """A part's forward pass: its state and its share of the Gram system."""
+    b, k, _ = X.shape
+    cache = parametrization.cache(X, low)
+    patterns = softmax(parametrization.logits(X, low, cache), axis=-1)
+    values = parametrization.values(X, low, cache)  # (b, m, k, r)
+    design = _design(patterns, values, intercept)
+    if fixed is not None:
+        design = np.concatenate([design, fixed.astype(design.dtype)], axis=1)
+    target = Y.reshape(b * k, Y.shape[2]).astype(X.dtype, copy=False)
+    return {
+        "cache": cache,
+        "patterns": patterns,
+        "values": values,
+        "design": design,
+        "target": target,
+        "gram": (design.T @ design).astype(np.float64),
+        "rhs": (design.T @ target).astype(np.float64),
+        "zero": float(np.vdot(target, target)),
+    }
+
+
+def _part_backward(X, low, parametrization, state, coef):
+    """A part's squared residual and loss gradient (unscaled) at the batch's O."""
+    b, k, _ = X.shape
+    values, patterns = state["values"], state["patterns"]
+    m, r = values.shape[1], values.shape[3]
+    residual = state["design"] @ coef - state["target"]
+    # the envelope gradient: the loss's derivative in the design is residual O^T
+    d_features = (residual @ coef[: m * r].T).reshape(b, k, m, r).transpose(0, 2, 1, 3)
+    d_patterns = np.matmul(d_features, np.swapaxes(values, 2, 3))
+    d_values = np.matmul(np.swapaxes(patterns, 2, 3), d_features)
+    d_logits = patterns * (d_patterns - (patterns * d_patterns).sum(-1, keepdims=True))
+    gradient = parametrization.vjp(X, low, d_logits, d_values, state["cache"])
+    return float(np.vdot(residual, residual)), gradient
+
+
+def _least_squares(design, target):
+    """``argmin_O ||design O - target||``: a float64 Cholesky solve of the (ridged)
+    Gram matrix, in the design's dtype (least squares when that is not definite)."""
+    gram = (design.T @ design).astype(np.float64)
+    rhs = (design.T @ target).astype(np.float64)
+    return _solve_gram(gram, rhs, lambda: (design, target)).astype(design.dtype)
+
+
+def _solve_gram(gram, rhs, system):
+    """``gram^{-1} rhs`` in float64 by Cholesky, ``gram`` ridged by _BATCH_RIDGE
+    of its mean diagonal; when that is not definite (two heads with the same
+    columns, in single precision), the minimum-norm least-squares solution of
+    ``system() = (design, target)`` instead."""
+    gram = gram.copy()
+    gram[np.diag_indices_from(gram)] += _BATCH_RIDGE * max(
+        np.trace(gram) / len(gram), np.finfo(float).tiny
+    )
+    try:
+        factor = linalg.cho_factor(gram)
+    except linalg.LinAlgError:
+        design, target = system()
+        return linalg.lstsq(
+            design.astype(np.float64), target.astype(np.float64), cond=None
+        )[0]
+    return linalg.cho_solve(factor, rhs)
+
+
+def minibatch_search(
+    X,
+    Y,
+    params,
+    parametrization,
+    *,
+    intercept_direction=None,
+    sample_weight=None,
+    batch_size=_BATCH_SIZE,
+    learning_rate=_LEARNING_RATE,
+    max_steps=5000,
+    check_every=50,
+    stop_residual=2e-2,
+    patience=3,
+    decay=0.3,
+    n_decays=3,
+    n_replacements=2,
+    dtype=np.float32,
+    n_jobs=1,
+    fixed_columns=None,
+    random_state=None,
+    verbose=0,
+):
+    """Adam on the reduced loss of random batches, until a polish can take over.
+
+    Every ``check_every`` steps the relative residual (the root of the reduced loss
+    over the loss of predicting zero) of one fixed evaluation set of
+    ``batch_size`` examples is measured.  When it has not fallen by 1 % for
+    ``patience`` checks in a row, the step size is cut by ``decay`` (Adam's steps
+    hover at a noise floor set by the step size), at most ``n_decays`` times.  The
+    search stops when the residual is at most ``stop_residual``, when it stalls
+    after the last cut, or after ``max_steps`` steps.  The parameters of the best
+    check are returned.
+
+    A search that stalls above ``stop_residual`` has often left a real head
+    unfound, with one learned head doing little (12 heads of all-MiniLM-L6-v2).
+    Then, up to ``n_replacements`` times, the head whose removal raises the
+    evaluation residual least (:func:`head_contributions`) is replaced when it
+    explains less than all heads leave unexplained (its removal raises the
+    residual by less than a factor sqrt(2)): one head
+    is searched alone on what the other heads leave unexplained (a one-head
+    search, which finds its head reliably), put in its place, and the search of
+    all heads resumes from there at ``decay`` times the step size.  A
+    replacement is kept only when the resumed search ends lower.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, k, d)
+    Y : ndarray of shape (n, k, d_out)
+    params : ndarray of shape (p,)
+        Start (:class:`FactoredHeads` parameters).
+    parametrization : FactoredHeads
+    intercept_direction : ndarray of shape (d,) or None
+        See :func:`batch_loss_gradient`.
+    sample_weight : ndarray of shape (n,) or None
+        Batches are drawn with probabilities proportional to the weights (with
+        replacement), so each batch's loss estimates the weighted loss.
+    batch_size : int, default=256
+        Examples per step (at most n); each batch needs more tokens ``batch_size *
+        k`` than eliminated columns ``m r + 1``.
+    learning_rate : float, default=0.1
+        Adam's step size relative to the root mean square of the start's
+        parameters (Adam moves each parameter by about its step size: this way
+        the search does not depend on the parameters' scale).
+    max_steps : int, default=5000
+    check_every : int, default=50
+    stop_residual : float, default=2e-2
+    patience : int, default=3
+    decay : float, default=0.3
+    n_decays : int, default=3
+    n_replacements : int, default=2
+        Weakest-head replacements after a stalled search (0: none; nothing is
+        replaced for one head, when the search reaches ``stop_residual``, or
+        when every head explains more than what is left).
+    dtype : dtype, default=numpy.float32
+        Precision of the products.
+    n_jobs : int, default=1
+        Threads for each batch (see :func:`batch_loss_gradient`).
+    fixed_columns : ndarray of shape (n, k, c) or None
+        Per-token columns eliminated with the output factors on every batch (see
+        :func:`batch_loss_gradient`); e.g. the other heads' shares of a one-head
+        problem (:func:`skattn.solvers.search_head`).
+    random_state : int, RandomState instance or None
+        The batches.
+    verbose : int, default=0
+        1 prints one line per check.
+
+    Returns
+    -------
+    params : ndarray of shape (p,)
+    info : dict
+        ``n_steps``, ``n_decays`` (step-size cuts), ``residuals`` (relative
+        residual at each check, the start first), ``residual`` (of the returned
+        parameters), ``stop_reason`` (``"residual"``, ``"no_decrease"`` or
+        ``"max_iter"``) and ``replacements`` (one dict per replacement tried:
+        ``head``, ``residual_without`` the head, ``residual_before``,
+        ``residual_after`` the resumed search, ``kept``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(2000, 4, 6))
+    >>> par = FactoredHeads(2, 6, 2)
+    >>> truth = rng.normal(size=par.size) / 2
+    >>> Q, K, V = par.factors(truth)
+    >>> Y = forward(X, par.attention(truth), V @ rng.normal(size=(2, 2, 6)))
+    >>> p, info = minibatch_search(X, Y, rng.normal(size=par.size) / 2, par,
+    ...                            batch_size=64, random_state=0)
+    >>> bool(info["residual"] < info["residuals"][0] / 2)
+    True
+    """
+    rng = check_random_state(random_state)
+    n = X.shape[0]
+    batch_size = min(int(batch_size), n)
+    dtype = np.dtype(dtype)
+    probabilities = None
+    if sample_weight is not None:
+        probabilities = np.asarray(sample_weight, dtype=float)
+        probabilities = probabilities / probabilities.sum()
+
+    def draw(size=batch_size):
+        return np.sort(
+            rng.choice(n, size=size, replace=probabilities is not None, p=probabilities)
+        )
+
+    evaluation = draw()
+    X_eval = X[evaluation].astype(dtype, copy=False)
+    Y_eval = Y[evaluation].astype(dtype, copy=False)
+    fixed = None if fixed_columns is None else np.asarray(fixed_columns)
+    F_eval = None if fixed is None else fixed[evaluation].astype(dtype, copy=False)
+
+    def check(p):
+        loss, _, zero = batch_loss_gradient(
+            X_eval, Y_eval, p, parametrization, intercept_direction, n_jobs, F_eval
+        )
+        return math.sqrt(loss / zero) if zero > 0 else 0.0
+
+    params = np.array(params, dtype=np.float64, copy=True)
+    step_size = learning_rate * math.sqrt(float(np.mean(params**2)))
+    best_residual = check(params)
+    residuals = [best_residual]
+    if verbose:
+        print(f"minibatch search: start residual {best_residual:.4g}")
+
+    def adam(params, best_residual, step_size, max_steps):
+        """Adam with step-size cuts: ``(best, residual, steps, cuts, reason)``."""
+        best = params.copy()
+        first = np.zeros_like(params)
+        second = np.zeros_like(params)
+        stalled, n_cuts, stop_reason, step, t = 0, 0, "max_iter", 0, 0
+        while step < max_steps and best_residual > stop_residual:
+            rows = draw()
+            _, gradient, _ = batch_loss_gradient(
+                X[rows].astype(dtype, copy=False),
+                Y[rows].astype(dtype, copy=False),
+                params,
+                parametrization,
+                intercept_direction,
+                n_jobs,
+                None if fixed is None else fixed[rows].astype(dtype, copy=False),
+            )
+            step, t = step + 1, t + 1
+            first = _BETA1 * first + (1 - _BETA1) * gradient
+            second = _BETA2 * second + (1 - _BETA2) * gradient * gradient
+            params -= (
+                step_size
+                * (first / (1 - _BETA1**t))
+                / (np.sqrt(second / (1 - _BETA2**t)) + _EPSILON)
+            )
+            if step % check_every:
+                continue
+            residual = check(params)
+            residuals.append(residual)
+            if verbose:
+                print(f"minibatch search: step {step} residual {residual:.4g}")
+            if residual < (1 - _PROGRESS) * best_residual:
+                stalled = 0
+            else:
+                stalled += 1
+            if residual < best_residual:
+                best, best_residual = params.copy(), residual
+            if stalled >= patience:
+                if n_cuts == n_decays:
+                    stop_reason = "no_decrease"
+                    break
+                n_cuts, stalled = n_cuts + 1, 0
+                step_size *= decay
+                # Adam afresh from the best point: its moments, grown on the large
+                # early gradients, would shrink the smaller steps further
+                params, first, second, t = best.copy(), 0 * first, 0 * second, 0
+        if best_residual <= stop_residual:
+            stop_reason = "residual"
+        return best, best_residual, step, n_cuts, stop_reason
+
+    best, best_residual, n_steps, n_cuts, stop_reason = adam(
+        params, best_residual, step_size, max_steps
+    )
+    replacements = []
+    while (
+        len(replacements) < n_replacements
+        and stop_reason == "no_decrease"
+        and parametrization.n_heads > 1
+        and n_steps < max_steps
+    ):
+        residual, contributions = head_contributions(
+            X_eval, Y_eval, best, parametrization, intercept_direction
+        )
+        head = int(np.argmin(contributions))
+        without = float(contributions[head])
+        if without >= _REPLACE_BELOW * residual:
+            break  # every head explains more than is left: nothing to replace
+        candidate = _replace_head(
+            X,
+            Y,
+            best,
+            parametrization,
+            head,
+            rows=draw(min(n, _REPLACEMENT_BATCHES * batch_size)),
+            intercept_direction=intercept_direction,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            random_state=rng,
+            dtype=dtype,
+            n_jobs=n_jobs,
+        )
+        start_residual = check(candidate)
+        if verbose:
+            print(
+                f"minibatch search: replacing head {head} (residual without it "
+                f"{without:.4g}); all heads with the new one {start_residual:.4g}"
+            )
+        searched, residual, steps, cuts, reason = adam(
+            candidate, start_residual, decay * step_size, max_steps - n_steps
+        )
+        n_steps, n_cuts = n_steps + steps, n_cuts + cuts
+        kept = residual < best_residual
+        replacements.append(
+            {
+                "head": int(head),
+                "residual_without": float(without),
+                "residual_before": float(best_residual),
+                "residual_after": float(residual),
+                "kept": bool(kept),
+            }
+        )
+        if not kept:
+            break
+        best, best_residual, stop_reason = searched, residual, reason
+    info = {
+        "n_steps": n_steps,
+        "n_decays": n_cuts,
+        "residuals": residuals,
+        "residual": best_residual,
+        "stop_reason": stop_reason,
+        "replacements": replacements,
+    }
+    return best, info
+
+
+def head_contributions(X, Y, params, parametrization, intercept_direction=None):
+    """How much each head explains: the relative residual without it.
+
+    The relative residual of the batch (output factors and intercept eliminated,
+    as :func:`batch_loss_gradient`), and for each head that of the design
+    without the head's columns.  A head whose removal hardly raises the residual
+    contributes little: after a stalled search, usually a head that found no real
+    one.
+
+    Parameters
+    ----------
+    X : ndarray of shape (b, k, d)
+    Y : ndarray of shape (b, k, d_out)
+    params : ndarray of shape (p,)
+    parametrization : FactoredHeads
+    intercept_direction : ndarray of shape (d,) or None
+
+    Returns
+    -------
+    residual : float
+        ``||A O - Y|| / ||Y||`` at the best ``O``.
+    without : ndarray of shape (m,)
+        The same with head ``i``'s columns left out of ``A``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 4, 6))
+    >>> par = FactoredHeads(2, 6, 2)
+    >>> p = rng.normal(size=par.size)
+    >>> Q, K, V = par.factors(p)
+    >>> O = rng.normal(size=(2, 2, 6))
+    >>> O[1] *= 0.01  # head 1 hardly reaches the outputs
+    >>> Y = forward(X, par.attention(p), V @ O)
+    >>> residual, without = head_contributions(X, Y, p, par)
+    >>> bool(residual < 1e-8), int(np.argmin(without))
+    (True, 1)
+    """
+    b, k, _ = X.shape
+    cache = parametrization.cache(X, params)
+    patterns = softmax(parametrization.logits(X, params, cache), axis=-1)
+    values = parametrization.values(X, params, cache)
+    m, r = values.shape[1], values.shape[3]
+    design = _design(patterns, values, intercept_direction is not None)
+    target = Y.reshape(b * k, Y.shape[2]).astype(design.dtype, copy=False)
+    norm = max(float(np.linalg.norm(target)), np.finfo(float).tiny)
+
+    def relative(columns):
+        part = design[:, columns]
+        residual = part @ _least_squares(part, target) - target
+        return float(np.linalg.norm(residual)) / norm
+
+    everything = np.arange(design.shape[1])
+    without = [
+        relative(np.setdiff1d(everything, np.arange(i * r, (i + 1) * r)))
+        for i in range(m)
+    ]
+    return relative(everything), np.array(without)
+
+
+def _replace_head(
+    X,
+    Y,
+    params,
+    parametrization,
+    head,
+    *,
+    rows,
+    intercept_direction,
+    batch_size,
+    learning_rate,
+    random_state,
+    dtype,
+    n_jobs=1,
+):
+    """``params`` with head ``head`` searched afresh on what the others leave.
+
+    On the sequences ``rows``, the other heads' design (and the intercept) is
+    fitted to ``Y`` by least squares; one head is searched from a random start
+    on the residual, with no intercept (the residual has none left), and takes
+    ``head``'s place.
+    """
+    rng = random_state
+    m = parametrization.n_heads
+    Xr = X[rows].astype(dtype, copy=False)
+    Yr = Y[rows].astype(dtype, copy=False)
+    b, k, _ = Xr.shape
+    low = params.astype(dtype)
+    cache = parametrization.cache(Xr, low)
+    patterns = softmax(parametrization.logits(Xr, low, cache), axis=-1)
+    values = parametrization.values(Xr, low, cache)
+    others = np.delete(np.arange(m), head)
+    design = _design(
+        patterns[:, others], values[:, others], intercept_direction is not None
+    )
+    target = Yr.reshape(b * k, -1)
+    rest = (target - design @ _least_squares(design, target)).reshape(Yr.shape)
+    return _search_alone(
+        Xr,
+        rest,
+        params,
+        parametrization,
+        head,
+        rng,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        dtype=dtype,
+        n_jobs=n_jobs,
+    )[0]
+
+
+def _search_alone(X, Y, params, parametrization, head, random_state, **options):
+    """``params`` with head ``head`` replaced by one head searched from a random
+    start on ``(X, Y)`` (:func:`minibatch_search` with ``options``, no
+    replacements): ``(params, info)``, ``info`` the search's."""
+    rng = random_state
+    d, r = parametrization.n_features, parametrization.rank
+    single = type(parametrization)(1, d, r)
+    start = single.from_attention(
+        random_attention(1, d, rng), rng.normal(scale=1.0 / d, size=(1, d, r))
+    )
+    found, info = minibatch_search(
+        X, Y, start, single, n_replacements=0, random_state=rng, **options
+    )
+    factors = [factor.copy() for factor in parametrization.factors(params)]
+    for factor, new in zip(factors, single.factors(found), strict=True):
+        factor[head] = new[0]
+    return np.concatenate([factor.ravel() for factor in factors]), info

@@ -1,0 +1,180 @@
+"""Planted layers, sweep settings and fault injections shared by several test
+modules.
+
+Each test module imports what it needs (``from _helpers import planted``); a
+helper used by one module only stays in that module.
+"""
+
+import numpy as np
+
+from skattn import (
+    GradientAttentionRegressor,
+    MultiHeadAttentionRegressor,
+    make_attention_regression,
+)
+from skattn.layer._math import forward
+
+
+def planted(
+    n, k, d, m, d_out=None, scale=2.0, seed=0, gaussian=False, rank=None, noise=0.0
+):
+    """Data from a random layer: ``||Theta_i||_F = scale``, ``W ~ N(0, 1/d)``.
+
+    Boolean tokens (Gaussian with ``gaussian=True``); heads of rank ``rank``
+    (full rank when None); outputs noise-free, or with Gaussian noise of standard
+    deviation ``noise``.  Returns ``(X, Y, attention, projection)``.
+    """
+    rng = np.random.default_rng(seed)
+    d_out = d if d_out is None else d_out
+    if rank is None:
+        attention = rng.normal(size=(m, d, d))
+    else:
+        attention = rng.normal(size=(m, d, rank)) @ rng.normal(size=(m, rank, d))
+    attention *= scale / np.linalg.norm(attention, axis=(1, 2), keepdims=True)
+    projection = rng.normal(size=(m, d, d_out)) / np.sqrt(d)
+    if gaussian:
+        X = rng.normal(size=(n, k, d))
+    else:
+        X = rng.choice([-1.0, 1.0], size=(n, k, d))
+    Y = forward(X, attention, projection)
+    if noise:
+        Y = Y + noise * rng.normal(size=(n, k, d_out))
+    return X, Y, attention, projection
+
+
+def phased_planted(
+    n, k, d, m, *, d_out=None, distribution="boolean", scale=2.0, seed=0
+):
+    """A planted layer, same convention as ``make_attention_regression``.
+
+    ``||Theta_i||_F = scale`` (the std of the logit between two independent tokens),
+    ``W`` entries ~ N(0, 1/d).
+    """
+    rng = np.random.default_rng(seed)
+    d_out = d if d_out is None else d_out
+    G = rng.normal(size=(m, d, d))
+    theta = scale * G / np.linalg.norm(G, axis=(1, 2), keepdims=True)
+    W = rng.normal(size=(m, d, d_out)) / np.sqrt(d)
+    if distribution == "boolean":
+        X = rng.choice([-1.0, 1.0], size=(n, k, d))
+    else:
+        X = rng.normal(size=(n, k, d))
+    return X, forward(X, theta, W), theta, W
+
+
+def relative(a, b):
+    """The relative error ``||a - b|| / ||b||``."""
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def factored_planted(n, k, d, m, r, d_out, seed=0, intercept=False):
+    """Planted low-rank heads with W_i = V_i O_i on tokens [x, 1] (with an
+    intercept that no rank-r W_i holds) or on Boolean x."""
+    rng = np.random.default_rng(seed)
+    X = rng.choice([-1.0, 1.0], size=(n, k, d))
+    if intercept:
+        X = np.concatenate([X, np.ones((n, k, 1))], axis=2)
+        d += 1
+    Q, K, V = (rng.normal(size=(m, d, r)) / np.sqrt(d) for _ in range(3))
+    out = rng.normal(size=(m, r, d_out))
+    projection = V @ out
+    if intercept:
+        projection[0, -1] += rng.normal(size=d_out)
+    Y = forward(X, Q @ np.swapaxes(K, 1, 2), projection)
+    return X, Y, np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+
+
+def search_planted(n, k, d, m, r, d_out, seed=0, intercept=False):
+    """Low-rank heads with W_i = V_i O_i (and an intercept on tokens [x, 1]), for
+    the minibatch search: Gaussian tokens, parameters of ``FactoredHeads``."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, k, d))
+    if intercept:
+        X = np.concatenate([X, np.ones((n, k, 1))], axis=2)
+        d += 1
+    Q, K, V = (rng.normal(size=(m, d, r)) / np.sqrt(d) for _ in range(3))
+    projection = V @ rng.normal(size=(m, r, d_out))
+    if intercept:
+        projection[0, -1] += rng.normal(size=d_out)
+    Y = forward(X, 2 * Q @ np.swapaxes(K, 1, 2), projection)
+    scale = np.sqrt(2)
+    return X, Y, np.concatenate([scale * Q.ravel(), scale * K.ravel(), V.ravel()])
+
+
+def refine_planted(n, k, d, m, r, d_out, seed=0, intercept=True, scale=1.0):
+    """Low-rank heads ``W_i = V_i O_i`` on Gaussian tokens ``[x, 1]`` (with an
+    output intercept) or on ``x``, for the per-head refinement: tokens, outputs,
+    parameters, output factors."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, k, d))
+    if intercept:
+        X = np.concatenate([X, np.ones((n, k, 1))], axis=2)
+        d += 1
+    Q, K = (scale * rng.normal(size=(m, d, r)) / d**0.25 for _ in range(2))
+    V = rng.normal(size=(m, d, r))
+    factors = rng.normal(size=(m, r, d_out))
+    projection = V @ factors
+    if intercept:
+        projection[0, -1] += rng.normal(size=d_out)
+    Y = forward(X, Q @ np.swapaxes(K, 1, 2), projection)
+    return X, Y, np.concatenate([Q.ravel(), K.ravel(), V.ravel()]), factors
+
+
+def fail_problems(monkeypatch, fails, residual=1.0, end=None):
+    """Make the problems of the heads for which ``fails(head)`` is true report a
+    relative residual of ``residual`` (not converged; 1: far, 1e-5: near); they
+    are solved as usual, and with ``end(q, k, v)`` their ends replaced."""
+    import skattn.solvers.stages._refine as decoupled
+
+    solve = decoupled._solve_head
+
+    def solve_or_fail(X, shares, head, *args, **kwargs):
+        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
+        if fails(head):
+            info["relative_residual"] = residual
+            if end is not None:
+                q, kk, values = end(q, kk, values)
+        return q, kk, values, info
+
+    monkeypatch.setattr(decoupled, "_solve_head", solve_or_fail)
+
+
+def nudged(scale, seed):
+    """An ``end`` for :func:`fail_problems`: ``Q`` moved by ``scale`` noise."""
+    rng = np.random.default_rng(seed)
+    return lambda q, k, v: (q + scale * rng.normal(size=q.shape), k, v)
+
+
+def two_heads_regression(k, d):
+    """``(X, y, layer)`` of a planted 2-head layer on ``k`` tokens of ``d``
+    features, eight outputs per token, that the phased learner fits in a fraction
+    of a second (the scikit-learn machinery and the scorers)."""
+    return make_attention_regression(
+        1500, k, d, 2, n_outputs=8, random_state=0, return_layer=True
+    )
+
+
+def one_head_regression(k, d):
+    """``(X, y, layer)`` of a planted 1-head layer on ``k`` tokens of ``d``
+    features that the gradient learner recovers exactly."""
+    return make_attention_regression(300, k, d, 1, random_state=0, return_layer=True)
+
+
+# The sweeps' tiny fits: one head, two tokens of four features, eight outputs per
+# token (``planted=SWEEP_PLANTED``).
+SWEEP_PLANTED = {"n_heads": 1, "n_tokens": 2, "n_features": 4, "n_outputs": 8}
+
+
+def sweep_learners():
+    """The phased and gradient learners of a sweep, sized by the planted layer (the
+    gradient one stopped after ten iterations, so with a ConvergenceWarning)."""
+    return {
+        "phased": MultiHeadAttentionRegressor(n_heads="planted"),
+        "gradient": GradientAttentionRegressor(n_heads="planted", max_iter=10),
+    }
+
+
+def no_fit(*args, **kwargs):
+    """A fault injection for ``_sweep._run_cell``: bad input must stop a sweep
+    before any fit starts."""
+    raise AssertionError("a fit started before the input was checked")
