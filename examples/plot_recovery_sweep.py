@@ -49,12 +49,16 @@ results = recovery_sweep(
     progress=False,
 )
 # Beside the success rate, the precision each fit reached (the larger parameter
-# error, median over fits) and why the fits stopped.  Inside a sweep the gradient
-# baseline trains to its precision floor (``tighten_tol=True``: ``tol=0``).
+# error, median over fits), why the fits stopped, and how many failed (with
+# ``polish=False`` a fit whose phases certify too few rows raises: there is no
+# phased estimate at that tolerance; the reason is in the column ``error``).
+# Inside a sweep the gradient baseline trains to its precision floor
+# (``tighten_tol=True``: ``tol=0``).
 summary = results.groupby(["learner", "n_heads"]).agg(
     success=("success", "mean"),
     precision=("precision", "median"),
-    stopped=("stop_reason", lambda r: ", ".join(sorted(set(r)))),
+    stopped=("stop_reason", lambda r: ", ".join(sorted(set(r.dropna())))),
+    failed=("status", lambda s: int((s != "ok").sum())),
 )
 print(summary)
 

@@ -6,28 +6,142 @@ each phase did and how well each learner recovered the layer.  It exits with sta
 when the phased learner fails to recover the layer.
 
 ``skattn fit X.npy y.npy --n-tokens K --n-heads M --out layer.npz`` learns a layer
-from arrays on disk and saves its parameters.
+from arrays on disk and saves it to an ``.npz`` file (:func:`save_layer`), which
+:func:`load_layer` reads back as an :class:`~skattn.AttentionLayer`.
 
 ``skattn sweep CONFIG.toml`` runs :func:`skattn.experiments.recovery_sweep` over the
-grid of a TOML config (see :mod:`skattn.experiments._config`), on local processes or
-the config's Dask scheduler, writing one row per fit to the config's output file;
-rerun it to resume.
+grid of a TOML config (see :func:`skattn.experiments.load_sweep_config` and the user
+guide's *Experiments at scale*), on local processes or the config's Dask scheduler,
+writing one row per fit to the config's output file; rerun it to resume.  It exits
+with status 1 when a cell failed, printing each failed cell's reason.
+
+Bad input never ends in a Python traceback: argparse refuses malformed options
+(status 2, with the usage), and any other error -- a missing or unreadable file, an
+output folder that does not exist, an invalid config -- is one line ``skattn:
+error: ...`` on stderr with status 1, found before any fit starts where it can be.
 """
 
 import argparse
+import inspect
+import math
+import os
 import sys
+import tempfile
 import time
+import warnings
+from numbers import Integral
+from pathlib import Path
 
 import numpy as np
 
 # Recovery threshold of ``skattn demo`` (head-matched relative parameter error).
 RECOVERY_TOLERANCE = 1e-6
+# Arrays of a layer file (see save_layer): the parameters of AttentionLayer.
+LAYER_FILE_ARRAYS = (
+    "attention",
+    "projection",
+    "key_bias",
+    "intercept",
+    "n_tokens",
+    "head_rank",
+)
+# Options of ``skattn fit`` passed to MultiHeadAttentionRegressor: option -> parameter.
+FIT_OPTIONS = {
+    "n_tokens": "n_tokens",
+    "n_heads": "n_heads",
+    "distribution": "input_distribution",
+    "fit_intercept": "fit_intercept",
+    "head_rank": "head_rank",
+    "init": "init",
+    "certify_tol": "certify_tol",
+    "certify_tol_final": "certify_tol_final",
+    "polish_tol": "polish_tol",
+    "polish_max_iter": "polish_max_iter",
+    "seed": "random_state",
+}
+# Failed cells of a sweep listed one by one; beyond, a count and the results file.
+_MAX_FAILED_SHOWN = 20
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows every option's default (flags and options without one
+    excepted: their help says what absence means)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _error(message):
+    """The ``SystemExit`` of bad input: one line ``skattn: error: ...``, status 1."""
+    return SystemExit("skattn: error: " + " ".join(str(message).split()))
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings as one line each, without the source line that looks like a
+    traceback."""
+    stream = sys.stderr if file is None else file
+    print(f"skattn: warning: {category.__name__}: {message}", file=stream)
+
+
+def _number(kind, text, check, expected):
+    """An argparse type: ``kind(text)`` when ``check`` holds, else argparse's error."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not check(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def _positive_int(text):
+    return _number(int, text, lambda v: v >= 1, "a positive integer")
+
+
+def _non_negative_int(text):
+    return _number(int, text, lambda v: v >= 0, "a non-negative integer")
+
+
+def _positive_float(text):
+    check = lambda v: math.isfinite(v) and v > 0  # noqa: E731
+    return _number(float, text, check, "a positive number")
+
+
+def _non_negative_float(text):
+    check = lambda v: math.isfinite(v) and v >= 0  # noqa: E731
+    return _number(float, text, check, "a non-negative number")
+
+
+def _n_heads(text):
+    if text == "auto":
+        return text
+    return _number(int, text, lambda v: v >= 1, "a positive integer or 'auto'")
+
+
+def _npz_path(text):
+    if Path(text).suffix.lower() != ".npz":
+        raise argparse.ArgumentTypeError(
+            f"expected a file name ending in .npz (the layer is saved as a NumPy "
+            f".npz archive, under exactly this name), got {text!r}"
+        )
+    return text
+
+
+def _regressor_defaults():
+    """MultiHeadAttentionRegressor's defaults, written once (in its signature)."""
+    from .estimators import MultiHeadAttentionRegressor
+
+    signature = inspect.signature(MultiHeadAttentionRegressor)
+    return {name: p.default for name, p in signature.parameters.items()}
 
 
 def _parser():
     parser = argparse.ArgumentParser(
         prog="skattn",
         description="Learn multi-head attention layers from examples.",
+        formatter_class=_HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -36,27 +150,38 @@ def _parser():
         help="plant a layer, sample, learn it back, print the recovery table",
         description="Plant a multi-head attention layer, sample examples, fit the "
         "phased learner and the gradient baseline, and print the recovery table.",
+        formatter_class=_HelpFormatter,
     )
-    demo.add_argument("--heads", type=int, default=2, help="heads m (default 2)")
-    demo.add_argument("--tokens", type=int, default=4, help="tokens k (default 4)")
+    demo.add_argument("--heads", type=_positive_int, default=2, help="heads m")
+    demo.add_argument("--tokens", type=_positive_int, default=4, help="tokens k")
     demo.add_argument(
-        "--features", type=int, default=8, help="features per token d (default 8)"
+        "--features", type=_positive_int, default=8, help="features per token d"
     )
     demo.add_argument(
         "--outputs",
-        type=int,
+        type=_positive_int,
         default=None,
         help="output features per token d_out (default: 2d)",
     )
     demo.add_argument(
-        "--samples", type=int, default=20000, help="training examples (default 20000)"
+        "--samples", type=_positive_int, default=20000, help="training examples"
     )
     demo.add_argument(
-        "--distribution", choices=["boolean", "gaussian"], default="boolean"
+        "--distribution",
+        choices=["boolean", "gaussian"],
+        default="boolean",
+        help="distribution of the input tokens",
     )
-    demo.add_argument("--scale", type=float, default=2.0, help="attention scale")
-    demo.add_argument("--noise", type=float, default=0.0, help="label noise std")
-    demo.add_argument("--seed", type=int, default=0, help="random seed")
+    demo.add_argument(
+        "--scale",
+        type=_non_negative_float,
+        default=2.0,
+        help="attention scale ||Theta_i||_F of the planted heads",
+    )
+    demo.add_argument(
+        "--noise", type=_non_negative_float, default=0.0, help="label noise std"
+    )
+    demo.add_argument("--seed", type=_non_negative_int, default=0, help="random seed")
     demo.add_argument(
         "--no-gradient", action="store_true", help="skip the gradient baseline"
     )
@@ -65,26 +190,93 @@ def _parser():
     )
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
 
+    defaults = _regressor_defaults()
     fit = sub.add_parser(
         "fit",
         help="learn a layer from .npy/.npz arrays and save it",
         description="Fit MultiHeadAttentionRegressor to X and y read from .npy files "
-        "(or one .npz holding arrays 'X' and 'y') and save the learned layer "
-        "(attention, projection) to an .npz file.",
+        "(or one .npz holding arrays 'X' and 'y') and save the learned layer to an "
+        ".npz file with the arrays attention, projection, key_bias, intercept and "
+        "n_tokens (and head_rank with --head-rank); load it back with "
+        "skattn.cli.load_layer(path), an AttentionLayer.",
+        formatter_class=_HelpFormatter,
     )
     fit.add_argument("X", help="X.npy, or data.npz with arrays X and y")
     fit.add_argument("y", nargs="?", help="y.npy (omit when X is an .npz)")
-    fit.add_argument("--n-tokens", type=int, required=True)
-    fit.add_argument("--n-heads", default="1", help="an integer or 'auto'")
+    fit.add_argument(
+        "--n-tokens",
+        type=_positive_int,
+        required=True,
+        help="tokens per sequence k (X has k * d columns)",
+    )
+    fit.add_argument(
+        "--n-heads",
+        type=_n_heads,
+        default=defaults["n_heads"],
+        help="heads m: an integer, or 'auto' to select it",
+    )
     fit.add_argument(
         "--distribution",
         choices=["boolean", "gaussian"],
-        default="gaussian",
-        help="'boolean' also checks that X is +-1 (default: gaussian, any real X)",
+        default=defaults["input_distribution"],
+        help="'boolean' also checks that X is +-1; 'gaussian': any real X",
     )
-    fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--out", default="layer.npz", help="output file (.npz)")
-    fit.add_argument("--quiet", action="store_true")
+    fit.add_argument(
+        "--fit-intercept",
+        action="store_true",
+        help="also learn key biases u_i and an output intercept c",
+    )
+    fit.add_argument(
+        "--head-rank",
+        type=_positive_int,
+        default=defaults["head_rank"],
+        help="learn heads of this rank (the head dimension of a transformer); "
+        "needs an integer --n-heads (default: full rank)",
+    )
+    fit.add_argument(
+        "--init",
+        choices=["auto", "phased", "random"],
+        default=defaults["init"],
+        help="where the polish starts: the phased estimate or random starts",
+    )
+    fit.add_argument(
+        "--certify-tol",
+        type=_positive_float,
+        default=defaults["certify_tol"],
+        help="relative residual certifying a row in the first round (raise it "
+        "when too few rows certify)",
+    )
+    fit.add_argument(
+        "--certify-tol-final",
+        type=_positive_float,
+        default=defaults["certify_tol_final"],
+        help="certification tolerance of the last round",
+    )
+    fit.add_argument(
+        "--polish-tol",
+        type=_positive_float,
+        default=defaults["polish_tol"],
+        help="relative tolerance of the polish",
+    )
+    fit.add_argument(
+        "--polish-max-iter",
+        type=_positive_int,
+        default=defaults["polish_max_iter"],
+        help="iterations of the polish",
+    )
+    fit.add_argument(
+        "--seed",
+        type=_non_negative_int,
+        default=0,
+        help="random_state of the learner",
+    )
+    fit.add_argument(
+        "--out",
+        type=_npz_path,
+        default="layer.npz",
+        help="output file, written under exactly this name; must end in .npz",
+    )
+    fit.add_argument("--quiet", action="store_true", help="no progress bars")
 
     sweep = sub.add_parser(
         "sweep",
@@ -92,7 +284,12 @@ def _parser():
         description="Fit the config's learners on every cell of its grid (planted "
         "layer x n_samples x noise x seed) through joblib, on local processes or "
         "the config's Dask scheduler; append one row per fit to the config's "
-        "output file (.csv or .parquet) and skip the cells already there.",
+        "output file (.csv or .parquet) and skip the cells already there. The "
+        "config is checked, every learner's parameters and the planted layers "
+        "included, before any fit. Exits with status 1 when a cell failed, "
+        "printing each failed cell's reason. The config's keys: the user guide, "
+        "'Experiments at scale'.",
+        formatter_class=_HelpFormatter,
     )
     sweep.add_argument("config", help="CONFIG.toml")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -111,6 +308,8 @@ def _demo(args):
     from .metrics import parameter_error, prediction_error
     from .phased import format_reports
 
+    if args.plot is not None:
+        _check_output(args.plot, "--plot", ".png")
     n_outputs = args.outputs or 2 * args.features
     rng = np.random.default_rng(args.seed)
     layer = make_attention_layer(
@@ -211,71 +410,326 @@ def _demo(args):
     return 0
 
 
-def _load_array(path, load):
-    """``load()`` of a .npy/.npz file; never unpickles (``allow_pickle=False``)."""
+def _load_error(path, what, exc):
+    """The error of a file that ``np.load`` cannot read, naming it."""
+    if isinstance(exc, FileNotFoundError):
+        return _error(f"{what} file {str(path)!r} does not exist.")
+    if isinstance(exc, IsADirectoryError):
+        return _error(f"{what} {str(path)!r} is a folder, not a .npy or .npz file.")
+    if isinstance(exc, OSError):
+        return _error(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}.")
+    return _error(
+        f"{str(path)!r} is not a numeric array file (.npy or .npz) "
+        f"({type(exc).__name__}: {exc}); skattn never loads pickled data "
+        f"(unpickling can run code)."
+    )
+
+
+def _load(path, what):
+    """``np.load(path)`` (an array or an NpzFile); never unpickles."""
+    if Path(path).is_dir():
+        raise _error(f"{what} {str(path)!r} is a folder, not a .npy or .npz file.")
     try:
-        return load()
-    except ValueError as exc:
-        raise SystemExit(
-            f"skattn fit: {path} is not a numeric array file ({exc}); skattn "
-            f"never loads pickled data (unpickling can run code)"
-        ) from exc
+        return np.load(path, allow_pickle=False)
+    except Exception as exc:  # untrusted bytes: any reader error is bad input
+        raise _load_error(path, what, exc) from exc
+
+
+def _member(data, name, path):
+    try:
+        return data[name]
+    except Exception as exc:
+        raise _load_error(path, f"array {name!r} of", exc) from exc
 
 
 def _load_xy(path_x, path_y):
-    if path_x.endswith(".npz"):
-        if path_y is not None:
-            raise SystemExit(
-                "skattn fit: pass either data.npz or X.npy y.npy, not both"
-            )
-        with _load_array(path_x, lambda: np.load(path_x, allow_pickle=False)) as data:
+    """X and y from ``X.npy y.npy`` or one ``data.npz`` with arrays X and y."""
+    data = _load(path_x, "X")
+    if not isinstance(data, np.ndarray):  # an .npz archive
+        with data:
+            if path_y is not None:
+                raise _error(
+                    f"{path_x} is an .npz archive (holding X and y); pass either "
+                    f"data.npz or X.npy y.npy, not both."
+                )
             missing = {"X", "y"} - set(data.files)
             if missing:
-                raise SystemExit(
-                    f"skattn fit: {path_x} lacks array(s) {sorted(missing)}; save it "
-                    f"with np.savez(path, X=X, y=y)"
+                raise _error(
+                    f"{path_x} lacks array(s) {sorted(missing)} (it holds "
+                    f"{sorted(data.files)}); save it with np.savez(path, X=X, y=y)."
                 )
-            return tuple(_load_array(path_x, lambda n=n: data[n]) for n in "Xy")
+            return _member(data, "X", path_x), _member(data, "y", path_x)
     if path_y is None:
-        raise SystemExit("skattn fit: y.npy is missing (or pass one .npz with X and y)")
-    return tuple(
-        _load_array(p, lambda p=p: np.load(p, allow_pickle=False))
-        for p in (path_x, path_y)
+        raise _error(
+            f"y.npy is missing: pass X.npy y.npy, or one .npz with arrays X and y "
+            f"({path_x} holds a single array)."
+        )
+    y = _load(path_y, "y")
+    if not isinstance(y, np.ndarray):
+        y.close()
+        raise _error(f"y {path_y!r} is an .npz archive; pass y as a .npy array.")
+    return data, y
+
+
+def _check_output(path, option="--out", suffix=".npz"):
+    """Refuse an output path that cannot be written, before anything is fitted."""
+    out = Path(path)
+    if out.is_dir():
+        raise _error(
+            f"{option} {path!r} is a folder; give a file name ending in {suffix}."
+        )
+    folder = out.parent
+    if not folder.is_dir():
+        raise _error(
+            f"{option} {path!r}: the folder {str(folder)!r} does not exist; create "
+            f"it first."
+        )
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".skattn-probe-"):
+            pass
+    except OSError as exc:
+        raise _error(
+            f"{option} {path!r} cannot be written in {str(folder)!r} "
+            f"({exc.strerror or exc}); choose another path."
+        ) from exc
+
+
+def save_layer(layer, path):
+    """Save a layer, or a fitted estimator's layer, to an ``.npz`` file.
+
+    The file is a NumPy ``.npz`` archive (no pickles) holding the arguments of
+    :class:`~skattn.AttentionLayer`: ``attention`` (n_heads, d, d), ``projection``
+    (n_heads, d, d_out), ``key_bias`` (n_heads, d; zeros without biases),
+    ``intercept`` (d_out,; zeros without), and ``n_tokens`` and ``head_rank`` (0-d
+    integer arrays) when known.  :func:`load_layer` reads it back.  It is
+    written under exactly the given name, atomically (a temporary file renamed
+    over it).  ``skattn fit`` writes its layer with this function.
+
+    Parameters
+    ----------
+    layer : AttentionLayer or fitted estimator
+        What to save (see :func:`skattn.layer.as_layer`).
+    path : str or path-like
+        The file to write; its name must end in ``.npz``.  Overwritten if it
+        exists.
+
+    Returns
+    -------
+    path : pathlib.Path
+        The file written.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` does not end in ``.npz``, or its folder does not exist.
+
+    See Also
+    --------
+    load_layer : read the file back.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> from skattn import AttentionLayer
+    >>> from skattn.cli import load_layer, save_layer
+    >>> layer = AttentionLayer(np.zeros((1, 2, 2)), np.ones((1, 2, 3)), n_tokens=4)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = save_layer(layer, os.path.join(tmp, "layer.npz"))
+    ...     with np.load(path) as data:
+    ...         print(sorted(data.files))
+    ...     print(load_layer(path).n_tokens)
+    ['attention', 'intercept', 'key_bias', 'n_tokens', 'projection']
+    4
+    """
+    from .layer import as_layer
+
+    path = Path(path)
+    if path.suffix.lower() != ".npz":
+        raise ValueError(
+            f"path={str(path)!r} must end in .npz: the layer is saved as a NumPy "
+            f".npz archive, under exactly the given name."
+        )
+    if not path.parent.is_dir():
+        raise ValueError(
+            f"path={str(path)!r}: the folder {str(path.parent)!r} does not exist; "
+            f"create it first."
+        )
+    learned = as_layer(layer)
+    attention, projection, key_bias, intercept, n_tokens = learned._arrays()
+    arrays = {
+        "attention": attention,
+        "projection": projection,
+        "key_bias": key_bias,
+        "intercept": intercept,
+    }
+    head_rank = learned.head_rank
+    if head_rank is None:
+        head_rank = getattr(layer, "head_rank", None)
+    for name, value in (("n_tokens", n_tokens), ("head_rank", head_rank)):
+        if isinstance(value, Integral) and not isinstance(value, bool):
+            arrays[name] = np.asarray(int(value))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            np.savez(file, **arrays)  # a file object: no .npz appended to the name
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _file_int(data, name, path):
+    """A 0-d integer array of a layer file as an int (``None`` when absent)."""
+    if name not in data.files:
+        return None
+    value = data[name]
+    if value.shape != () or value.dtype.kind not in "iu" or int(value) < 1:
+        raise ValueError(
+            f"{str(path)!r}: {name} must be a positive integer (a 0-d integer "
+            f"array), got {value!r}."
+        )
+    return int(value)
+
+
+def load_layer(path):
+    """Read a layer saved by ``skattn fit`` or :func:`save_layer`.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The ``.npz`` file: arrays ``attention`` and ``projection``, and optionally
+        ``key_bias``, ``intercept``, ``n_tokens`` and ``head_rank`` (see
+        :func:`save_layer`).  Loaded with ``allow_pickle=False``: nothing in the
+        file can run code.
+
+    Returns
+    -------
+    layer : AttentionLayer
+        The saved layer; its ``transform`` equals the fitted estimator's
+        ``predict``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If it is a folder, not an ``.npz`` archive (random bytes, a pickle, a
+        single ``.npy`` array), lacks ``attention`` or ``projection``, or holds
+        arrays of shapes that do not make a layer; the message names the file.
+
+    See Also
+    --------
+    save_layer : write such a file.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> from skattn import MultiHeadAttentionRegressor, make_attention_regression
+    >>> from skattn.cli import load_layer, save_layer
+    >>> X, y = make_attention_regression(500, 2, 3, 1, random_state=0)
+    >>> est = MultiHeadAttentionRegressor(n_tokens=2).fit(X, y)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     layer = load_layer(save_layer(est, os.path.join(tmp, "layer.npz")))
+    >>> bool(np.allclose(layer.transform(X), est.predict(X)))
+    True
+    """
+    from .layer import AttentionLayer
+
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a folder, not a layer file (.npz).")
+    expected = (
+        "expected the .npz archive that skattn fit or skattn.cli.save_layer writes "
+        "(arrays attention, projection, key_bias, intercept, n_tokens)"
     )
+    try:
+        data = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # untrusted bytes: any reader error is bad input
+        raise ValueError(
+            f"{str(path)!r} cannot be read as a layer file ({type(exc).__name__}: "
+            f"{exc}); {expected}."
+        ) from exc
+    if isinstance(data, np.ndarray):
+        raise ValueError(f"{str(path)!r} holds a single array; {expected}.")
+    with data:
+        missing = [name for name in ("attention", "projection") if name not in data]
+        if missing:
+            raise ValueError(
+                f"{str(path)!r} lacks the array(s) {missing} (it holds "
+                f"{sorted(data.files)}); {expected}."
+            )
+        try:
+            arrays = {n: data[n] for n in LAYER_FILE_ARRAYS[:4] if n in data.files}
+            n_tokens = _file_int(data, "n_tokens", path)
+            head_rank = _file_int(data, "head_rank", path)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ValueError(
+                f"{str(path)!r} cannot be read as a layer file "
+                f"({type(exc).__name__}: {exc}); {expected}."
+            ) from exc
+    layer = AttentionLayer(
+        arrays["attention"],
+        arrays["projection"],
+        key_bias=arrays.get("key_bias"),
+        intercept=arrays.get("intercept"),
+        n_tokens=n_tokens,
+        head_rank=head_rank,
+    )
+    try:
+        layer._parameters()  # shapes and finiteness, now rather than at transform
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r} does not hold a valid layer: {exc}") from exc
+    return layer
 
 
 def _fit(args):
     from .estimators import MultiHeadAttentionRegressor
 
+    params = {FIT_OPTIONS[name]: getattr(args, name) for name in FIT_OPTIONS}
+    learner = MultiHeadAttentionRegressor(**params, verbose=0 if args.quiet else 1)
+    learner._validate_params()  # a ValueError naming the parameter, before any I/O
+    if args.n_heads == "auto" and args.head_rank is not None:
+        raise _error(
+            "--head-rank needs an integer --n-heads (--n-heads auto searches "
+            "full-rank heads)."
+        )
+    _check_output(args.out)
     X, y = _load_xy(args.X, args.y)
-    n_heads = "auto" if args.n_heads == "auto" else int(args.n_heads)
-    learner = MultiHeadAttentionRegressor(
-        n_heads=n_heads,
-        n_tokens=args.n_tokens,
-        input_distribution=args.distribution,
-        random_state=args.seed,
-        verbose=0 if args.quiet else 1,
-    )
     try:
         seconds = _timed_fit(learner, X, y)
-    except ValueError as exc:
-        raise SystemExit(f"skattn fit: {exc}") from exc
-    np.savez(args.out, attention=learner.attention_, projection=learner.projection_)
+    except (ValueError, TypeError) as exc:
+        raise _error(f"the fit failed: {exc}") from exc
+    path = save_layer(learner, args.out)
     print(
         f"Learned {learner.attention_.shape[0]} head(s) in {seconds:.1f} s; training "
-        f"R2 {learner.score(X, y):.6f}; saved attention and projection to {args.out}"
+        f"R2 {learner.score(X, y):.6f}; saved the layer (attention, projection, "
+        f"key_bias, intercept, n_tokens) to {path}; load it with "
+        f"skattn.cli.load_layer({str(path)!r})."
     )
     return 0
+
+
+def _cell_text(row):
+    from .experiments._sweep import SETTING_COLUMNS
+
+    return " ".join(f"{key}={row[key]}" for key in SETTING_COLUMNS)
 
 
 def _sweep(args):
     from .experiments import load_sweep_config, recovery_sweep
 
-    try:
-        kwargs = load_sweep_config(args.config)
+    kwargs = load_sweep_config(args.config)  # its errors name the config
+    try:  # checks the planted layers and the learners' parameters before any fit
         results = recovery_sweep(**kwargs, progress=not args.quiet)
-    except (ValueError, TypeError, ImportError) as exc:
-        raise SystemExit(f"skattn sweep: {exc}") from exc
+    except ValueError as exc:
+        raise _error(f"{args.config}: {exc}") from exc
     ok = results["status"] == "ok"
     print(
         f"{len(results)} cells ({results.attrs['n_fitted']} fitted now, "
@@ -290,7 +744,28 @@ def _sweep(args):
             f"{group['precision'].median():.1e}; stopped: "
             + (", ".join(f"{reason} {n}" for reason, n in stops.items()) or "-")
         )
-    return 0
+    failed = results[~ok]
+    if failed.empty:
+        return 0
+    print(
+        f"skattn: error: {len(failed)} of {len(results)} cells failed:",
+        file=sys.stderr,
+    )
+    for _, row in failed.head(_MAX_FAILED_SHOWN).iterrows():
+        reason = " ".join(str(row["error"]).split())
+        print(f"  {_cell_text(row)}: {reason}", file=sys.stderr)
+    if len(failed) > _MAX_FAILED_SHOWN:
+        print(
+            f"  ... and {len(failed) - _MAX_FAILED_SHOWN} more (column error of "
+            f"{kwargs['output']}).",
+            file=sys.stderr,
+        )
+    print(
+        "Fix the cause and rerun with retry_failed = true in the config to fit the "
+        "failed cells again.",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def main(argv=None):
@@ -305,7 +780,15 @@ def main(argv=None):
     Returns
     -------
     status : int
-        0 on success; 1 when ``skattn demo`` did not recover the planted layer.
+        0 on success; 1 when ``skattn demo`` did not recover the planted layer or
+        a cell of ``skattn sweep`` failed.
+
+    Raises
+    ------
+    SystemExit
+        On bad input: status 2 with argparse's usage for a malformed option,
+        else the one-line message ``skattn: error: ...`` (status 1 when it
+        reaches the interpreter).
 
     Examples
     --------
@@ -315,10 +798,18 @@ def main(argv=None):
     Planted layer: m=1 heads, ...
     Recovered: parameter errors below 1e-06.
     0
+    >>> main(["fit", "missing.npy", "y.npy", "--n-tokens", "2"])
+    Traceback (most recent call last):
+    ...
+    SystemExit: skattn: error: X file 'missing.npy' does not exist.
     """
     args = _parser().parse_args(argv)
-    if args.command == "demo":
-        return _demo(args)
-    if args.command == "sweep":
-        return _sweep(args)
-    return _fit(args)
+    command = {"demo": _demo, "fit": _fit, "sweep": _sweep}[args.command]
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            return command(args)
+        except ValueError as exc:  # bad input that the library named
+            raise _error(exc) from exc
+        except (OSError, ImportError) as exc:  # a file, a folder, a missing extra
+            raise _error(f"{type(exc).__name__}: {exc}") from exc

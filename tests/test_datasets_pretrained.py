@@ -221,3 +221,54 @@ def test_load_bert_attention_bad_checkpoint(tmp_path, edit, error, match):
     if what == "heads":  # without config.json, n_heads=None is an error too
         with pytest.raises(ValueError, match="num_attention_heads"):
             load_bert_attention(path, n_tokens=4)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ("{not json", r"config.json cannot be read as JSON \(JSONDecodeError: "),
+        (b"\xff\xfe\x00", r"config.json cannot be read as JSON \(UnicodeDecodeError"),
+        ("[2, 4]", "config.json holds a JSON list, not an object; expected the "),
+        (
+            '{"num_attention_heads": "two"}',
+            "config.json: num_attention_heads must be a positive integer, got 'two'",
+        ),
+        ('{"num_attention_heads": 2.5}', "num_attention_heads must be a positive"),
+        ('{"num_attention_heads": true}', "num_attention_heads must be a positive"),
+        ('{"num_attention_heads": 0}', "num_attention_heads must be a positive"),
+        ('{"layer_norm_eps": "tiny"}', "layer_norm_eps must be a positive number"),
+        ('{"num_hidden_layers": -1}', "num_hidden_layers must be a non-negative"),
+        ('{"position_embedding_type": 3}', "position_embedding_type must be a string"),
+    ],
+)
+def test_a_malformed_config_json_names_the_file_and_key(tmp_path, config, match):
+    path = tmp_path / "model.safetensors"
+    safetensors_numpy.save_file(_tiny_checkpoint(), str(path))
+    (tmp_path / "config.json").write_bytes(
+        config if isinstance(config, bytes) else config.encode()
+    )
+    for n_heads in (None, 2):  # the file is read (and refused) either way
+        with pytest.raises(ValueError, match=match) as info:
+            load_bert_attention(path, n_heads=n_heads, n_tokens=4)
+        assert str(tmp_path / "config.json") in str(info.value)
+
+
+def test_a_config_json_of_the_right_kinds_is_read(tmp_path):
+    path = tmp_path / "model.safetensors"
+    safetensors_numpy.save_file(_tiny_checkpoint(), str(path))
+    (tmp_path / "config.json").write_text(
+        '{"num_attention_heads": 2, "num_key_value_heads": null, "hidden_act": '
+        '"gelu", "layer_norm_eps": 1e-12, "position_embedding_type": "absolute"}'
+    )
+    layer, _ = load_bert_attention(path, n_tokens=4)
+    assert layer.n_heads == 2
+
+
+def test_a_folder_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="is a folder, but a checkpoint is a "):
+        load_bert_attention(tmp_path, n_heads=2)
+    safetensors_numpy.save_file(_tiny_checkpoint(), str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"it holds \['model.safetensors'\]: pass "):
+        load_bert_attention(tmp_path, n_heads=2)
+    with pytest.raises(FileNotFoundError):
+        load_bert_attention(tmp_path / "absent.safetensors", n_heads=2)

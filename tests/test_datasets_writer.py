@@ -63,6 +63,72 @@ def test_bad_paths_are_refused(tmp_path):
         open_attention_regression(tmp_path / "absent.zarr")
 
 
+def _make(path, what):
+    """A file or folder at ``path`` that is not a dataset of
+    write_attention_regression."""
+    if what == "empty folder":
+        path.mkdir()
+    elif what == "random bytes":
+        path.write_bytes(np.random.default_rng(0).bytes(2000))
+    elif what == "other zarr group":
+        group = pytest.importorskip("zarr").open_group(str(path), mode="w")
+        group.create_array("Z", shape=(3, 2), dtype="f8")
+    elif what == "other h5":
+        with pytest.importorskip("h5py").File(path, "w") as file:
+            file["Z"] = np.ones(3)
+    elif what == "X only":
+        path.mkdir()
+        np.save(path / "X.npy", np.ones((3, 2)))
+    elif what == "1-D y":
+        with pytest.importorskip("h5py").File(path, "w") as file:
+            file["X"], file["y"] = np.ones((3, 2)), np.ones(3)
+
+
+@pytest.mark.parametrize(
+    ("name", "what", "match"),
+    [
+        (
+            "data.zarr",
+            "empty folder",
+            "is an empty folder, not a zarr group: the arrays X and y are missing",
+        ),
+        ("data.zarr", "random bytes", "cannot be opened as a zarr group"),
+        (
+            "data.zarr",
+            "other zarr group",
+            r"is a zarr group without the array\(s\) \['X', 'y'\] \(it holds "
+            r"\['Z'\]\)",
+        ),
+        (
+            "data.h5",
+            "random bytes",
+            r"cannot be opened as an HDF5 file \(OSError: .*expected the arrays X and "
+            r"y",
+        ),
+        ("data.h5", "empty folder", "cannot be opened as an HDF5 file"),
+        (
+            "data.hdf5",
+            "other h5",
+            r"is an HDF5 file without the array\(s\) \['X', 'y'\]",
+        ),
+        ("data.h5", "1-D y", r"y must be a 2-D array \(n_samples, width\)"),
+        ("data.npy", "empty folder", "lacks X.npy and y.npy; a .npy dataset is a"),
+        ("data.npy", "X only", "lacks y.npy"),
+        ("data.npy", "random bytes", "is a file, but a .npy dataset is a folder"),
+    ],
+)
+def test_what_is_not_a_dataset_is_named(tmp_path, name, what, match):
+    if name.endswith(".zarr"):
+        pytest.importorskip("zarr")
+    if name.endswith((".h5", ".hdf5")):
+        pytest.importorskip("h5py")
+    path = tmp_path / name
+    _make(path, what)
+    with pytest.raises(ValueError, match=match) as info:
+        open_attention_regression(path)
+    assert f"path={str(path)!r}" in str(info.value)
+
+
 def test_missing_zarr_names_the_extra(tmp_path, monkeypatch):
     import sys
 

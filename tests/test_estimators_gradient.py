@@ -2,6 +2,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse
 from sklearn.exceptions import ConvergenceWarning
 
 import skattn.solvers.kernels._loss as optimize
@@ -54,7 +55,9 @@ def test_objective_gradient_matches_finite_differences(alpha):
     attention = rng.normal(size=(2, 4, 4))
     projection = rng.normal(size=(2, 4, 2))
     # chunk_size=3 also exercises the chunked accumulation
-    loss, g_att, g_proj = _penalized_loss_gradient(X, Y, attention, projection, weight, alpha, 3)
+    loss, g_att, g_proj = _penalized_loss_gradient(
+        X, Y, attention, projection, weight, alpha, 3
+    )
     unknowns = _Unknowns(2, 4, 2)
     params = unknowns.pack(attention, projection)
 
@@ -91,7 +94,9 @@ def test_weighted_objective_equals_repeated_samples():
     Y = rng.normal(size=(20, 3, 2))
     weight = rng.integers(0, 4, size=20)
     attention, projection = rng.normal(size=(2, 2, 2)), rng.normal(size=(2, 2, 2))
-    weighted = _penalized_loss_gradient(X, Y, attention, projection, weight.astype(float), 0.2)
+    weighted = _penalized_loss_gradient(
+        X, Y, attention, projection, weight.astype(float), 0.2
+    )
     repeated = _penalized_loss_gradient(
         np.repeat(X, weight, axis=0),
         np.repeat(Y, weight, axis=0),
@@ -170,7 +175,14 @@ def test_partial_fit_reaches_the_loss_of_fit_on_the_union():
 
 
 def test_partial_fit_only_with_adam_and_checks_widths():
-    assert not hasattr(GradientAttentionRegressor(optimizer="lbfgs"), "partial_fit")
+    lbfgs = GradientAttentionRegressor(optimizer="lbfgs")
+    assert not hasattr(lbfgs, "partial_fit")
+    with pytest.raises(
+        AttributeError,
+        match=r"partial_fit needs optimizer='adam' .*optimizer='lbfgs'.*"
+        r"GradientAttentionRegressor\(optimizer='adam'\)",
+    ):
+        lbfgs.partial_fit(np.ones((2, 2)), np.ones((2, 2)))
     X, y, _, _ = plant(40, d=3, k=2, m=1, d_out=2, seed=9)
     reg = GradientAttentionRegressor(n_tokens=2, optimizer="adam", random_state=0)
     reg.partial_fit(X, y)
@@ -333,6 +345,35 @@ def test_bad_data_raise():
         reg.fit(X, y[:, :3])
 
 
+def test_ragged_sparse_and_huge_data_raise_clear_errors():
+    X, y, _, _ = plant(20, d=3, k=2, m=1, d_out=2, seed=18)
+    reg = GradientAttentionRegressor(n_tokens=2, max_iter=3)
+    rows = [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0]]
+    with pytest.raises(ValueError, match=r"X is a ragged list: its rows have lengths"):
+        reg.fit(rows, [[1.0, 2.0], [3.0, 4.0]])
+    with pytest.raises(ValueError, match=r"y is a ragged list: .*\(n_samples, n_tok"):
+        reg.fit(np.ones((2, 4)), [[1.0, 2.0], [3.0]])
+    with pytest.raises(TypeError, match=r"y is a sparse csr_matrix.*y.toarray\(\)"):
+        reg.fit(X, scipy.sparse.csr_matrix(y))
+    rescale_x = r"X has entries up to 1e\+200 .*Rescale X \(e.g. with sklearn\."
+    with pytest.raises(ValueError, match=rescale_x):
+        reg.fit(X * 1e200, y)
+    rescale_y = r"y has entries up to .*Rescale y \(e.g. with sklearn.compose.Transf"
+    with pytest.raises(ValueError, match=rescale_y):
+        reg.fit(X, y * 1e200)
+    # the same checks in partial_fit, on the later batches too
+    adam = GradientAttentionRegressor(n_tokens=2, optimizer="adam", random_state=0)
+    with pytest.raises(ValueError, match=rescale_y):
+        adam.partial_fit(X, y * 1e200)
+    adam.partial_fit(X, y)
+    with pytest.raises(TypeError, match="y is a sparse"):
+        adam.partial_fit(X, scipy.sparse.csr_matrix(y))
+    with pytest.raises(ValueError, match=rescale_x):
+        adam.partial_fit(X * 1e200, y)
+    with pytest.raises(ValueError, match="y is a ragged list"):
+        adam.partial_fit(X[:2], [[1.0, 2.0, 3.0, 4.0], [1.0]])
+
+
 def test_fit_in_chunks_matches_fit_in_one_piece(monkeypatch):
     X, y, _, _ = plant(100, d=4, k=3, m=2, d_out=3, seed=19)
     params = dict(n_heads=2, n_tokens=3, max_iter=30, tol=0.0, random_state=0)
@@ -379,7 +420,9 @@ def test_low_rank_factor_gradient_matches_finite_differences():
     params = rng.normal(size=unknowns.size)
 
     def objective(p):
-        loss, g_att, g_proj = _penalized_loss_gradient(X, Y, *unknowns.unpack(p), None, 0.1, None)
+        loss, g_att, g_proj = _penalized_loss_gradient(
+            X, Y, *unknowns.unpack(p), None, 0.1, None
+        )
         return loss, unknowns.gradient(p, g_att, g_proj)
 
     _, grad = objective(params)

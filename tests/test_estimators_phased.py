@@ -16,7 +16,9 @@ from skattn import (
     prediction_error,
 )
 from skattn.datasets import sample_inputs
+from skattn.estimators._phased import MIN_HELD_OUT, _check_auto_samples
 from skattn.phased import CertificationError, CertificationWarning
+from skattn.phased._model_selection import split_indices
 
 
 def _planted(m, d=8, k=4, d_out=16, n=20000, distribution="boolean", seed=0, **kw):
@@ -132,9 +134,24 @@ def test_too_few_outputs_for_phase_two():
 
 
 def test_warns_when_certification_can_be_ambiguous():
+    # the phases' estimate is the result (polish=False): warned at the user's line
     X, y, _ = _planted(2, d=8, k=4, d_out=8, n=20000)
-    with pytest.warns(UserWarning, match=r"d_out > m k"):
-        MultiHeadAttentionRegressor(n_heads=2, n_tokens=4, random_state=0).fit(X, y)
+    est = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, polish=False, random_state=0
+    )
+    with pytest.warns(UserWarning, match=r"d_out > m k") as caught:
+        est.fit(X, y)
+    assert any(w.filename == __file__ for w in caught)
+
+
+def test_an_exact_polish_makes_the_phases_warnings_notes():
+    X, y, _ = _planted(2, d=8, k=4, d_out=8, n=20000)
+    est = MultiHeadAttentionRegressor(n_heads=2, n_tokens=4, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est.fit(X, y)
+    notes = [r.info["notes"] for r in est.phase_report_ if "notes" in r.info]
+    assert any("d_out > m k" in note for note in notes[0])
 
 
 def test_boolean_distribution_rejects_real_tokens():
@@ -164,7 +181,9 @@ def test_too_few_certified_rows_names_the_tolerance():
 def test_weak_hull_evidence_warns():
     """Three heads on k = 4 tokens: rows where all agree are too rare (measured)."""
     X, y, _ = _planted(3, n=5000)
-    est = MultiHeadAttentionRegressor(n_heads=3, n_tokens=4, random_state=0)
+    est = MultiHeadAttentionRegressor(
+        n_heads=3, n_tokens=4, polish=False, random_state=0
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         with pytest.warns(ConvergenceWarning, match="Weak spectral evidence"):
@@ -288,8 +307,11 @@ def test_auto_init_skips_phases_when_d_out_is_below_k():
         2000, 6, 4, 1, n_outputs=4, random_state=0, return_layer=True
     )
     est = MultiHeadAttentionRegressor(n_heads=1, n_tokens=6, random_state=0)
-    with pytest.warns(UserWarning, match="Phases 1-5 of Chen & Li were skipped"):
+    with warnings.catch_warnings():
+        # the fit is exact, so skipping the phases is a note, not a warning
+        warnings.simplefilter("error")
         est.fit(X, y)
+    assert "Phases 1-5 of Chen & Li were skipped" in _starts(est)[0]["notes"][0]
     assert _starts(est)[0]["init"] == "random"
     assert "n_outputs_per_token >= n_tokens" in _starts(est)[0]["reason"]
     assert parameter_error(layer, est).attention_error < 1e-8
@@ -317,6 +339,45 @@ def test_head_rank_needs_integer_n_heads():
     est = MultiHeadAttentionRegressor(n_heads="auto", n_tokens=4, head_rank=2)
     with pytest.raises(ValueError, match="head_rank needs an integer n_heads"):
         est.fit(X, y)
+
+
+def test_auto_heads_needs_ten_held_out_examples():
+    X, y, _ = _data(n=3)
+    est = MultiHeadAttentionRegressor(n_heads="auto", n_tokens=4, random_state=0)
+    with pytest.raises(
+        ValueError,
+        match=r"n_heads='auto' .*3 sample\(s\) leave 1 held out, too few for its "
+        r"paired test \(at least 10\)\. Pass at least 48 samples .*or an integer "
+        r"n_heads",
+    ):
+        est.fit(X, y)
+    # the count is the head search's own split, for any validation_fraction
+    for fraction in (0.2, 0.5, 0.01, 0.9, 0.999):
+        with pytest.raises(ValueError, match="Pass at least") as info:
+            _check_auto_samples(3, fraction)
+        needed = int(str(info.value).split("Pass at least ")[1].split()[0])
+        assert len(split_indices(needed, fraction)[1]) >= MIN_HELD_OUT
+        assert len(split_indices(needed - 1, fraction)[1]) < MIN_HELD_OUT
+        _check_auto_samples(needed, fraction)
+    # one token: no search (the layer is linear), so any number of samples
+    X1, y1 = X[:, :6], y[:, :12]
+    MultiHeadAttentionRegressor(n_heads="auto", n_tokens=1).fit(X1, y1)
+
+
+@pytest.mark.parametrize("scale", [1e100, 1e200])
+def test_values_too_large_for_float64_are_rejected_up_front(scale):
+    X, y, _ = _data(n=300)
+    est = MultiHeadAttentionRegressor(n_tokens=4, random_state=0)
+    # X of 1e100 made the phases' eigensolver fail (LinAlgError); fourth powers
+    with pytest.raises(
+        ValueError,
+        match=r"X has entries up to 1e\+\d+ .*sums products of 4 of them.*Rescale X "
+        r"\(e.g. with sklearn.preprocessing.StandardScaler\)",
+    ):
+        est.fit(X * scale, y)
+    if scale > 1e160:  # y of 1e200 fitted to a score of NaN behind two warnings
+        with pytest.raises(ValueError, match=r"y has entries up to .*Rescale y"):
+            est.fit(X, y * scale)
 
 
 @pytest.mark.parametrize("solver", ["dense", "matrix-free"])

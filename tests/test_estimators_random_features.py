@@ -1,5 +1,8 @@
+import warnings
+
 import numpy as np
 import pytest
+import scipy.sparse
 from sklearn.base import clone
 from sklearn.kernel_approximation import RBFSampler
 from sklearn.linear_model import Ridge, RidgeCV
@@ -287,6 +290,66 @@ def test_errors(Estimator):
         method(X.reshape(10, 2, 3))
     with pytest.raises(ValueError, match="features"):
         method(X[:, :4])
+
+
+def test_leave_one_out_needs_two_samples():
+    X = np.random.default_rng(9).normal(size=(3, 6))
+    y = np.array([1.0, 2.0, 3.0])
+    est = RandomFeatureAttentionRegressor(n_heads=3, n_tokens=3, random_state=0)
+    match = r"leave-one-out .*at least 2 samples with a positive weight; got 1 sample"
+    with pytest.raises(ValueError, match=match + r"\. Pass more samples, or a fixed"):
+        est.fit(X[:1], y[:1])  # its leave-one-out errors were all 0
+    with pytest.raises(ValueError, match=match + " with a positive weight"):
+        est.fit(X, y, sample_weight=[0.0, 2.0, 0.0])
+    assert est.set_params(alpha=1.0).fit(X[:1], y[:1]).predict(X[:1]) == y[0]
+    assert len(est.set_params(alpha=None).fit(X[:2], y[:2]).loo_errors_) == 19
+
+
+def test_per_token_targets_are_an_error_or_a_warning():
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(30, 3, 2)), rng.normal(size=(30, 3, 4))
+    est = RandomFeatureAttentionRegressor(n_heads=3, random_state=0)
+    # 3-D y: one output vector per token, unambiguously
+    with pytest.raises(
+        ValueError,
+        match=r"y has shape \(30, 3, 4\), one output vector per token, but "
+        r"RandomFeatureAttentionRegressor predicts one output vector per sequence",
+    ):
+        est.fit(X, y)
+    # n_tokens * d_out columns: per-token outputs, or 12 outputs per sequence
+    with pytest.warns(UserWarning, match=r"y has 12 columns, a multiple of n_tokens="):
+        est.fit(X, y.reshape(30, -1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est.fit(X, y[:, 0])  # the query token's outputs
+        est.fit(X, y.reshape(30, -1)[:, :5])  # not a multiple of 3
+        est.fit(X.reshape(30, -1), y.reshape(30, -1))  # one token: nothing to mix up
+
+
+def test_sparse_ragged_and_huge_input_raise_clear_errors():
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(-1, 1, size=(30, 6)), rng.normal(size=(30, 2))
+    est = RandomFeatureAttentionRegressor(n_heads=3, n_tokens=3, random_state=0)
+    with pytest.raises(TypeError, match=r"y is a sparse csr_matrix.*one output vector"):
+        est.fit(X, scipy.sparse.csr_matrix(y))
+    with pytest.raises(ValueError, match=r"X is a ragged list: its rows have lengths"):
+        est.fit([[1.0, 2.0, 3.0], [1.0, 2.0]], [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"y is a ragged list"):
+        est.fit(X[:2], [[1.0, 2.0], [1.0]])
+    # ReLU features grow like |x|^3, their Gram matrix like |x|^6
+    with pytest.raises(ValueError, match=r"X has entries up to .*e\+59 .*of 6"):
+        est.fit(X * 1e60, y)
+    with pytest.raises(ValueError, match=r"y has entries up to .*Rescale y"):
+        est.fit(X, y * 1e200)
+    softmax = clone(est).set_params(attention="softmax")
+    assert np.all(np.isfinite(softmax.fit(X * 1e60, y).predict(X * 1e60)))
+    with pytest.raises(ValueError, match=r"X has entries up to .*e\+199 .*of 2"):
+        softmax.fit(X * 1e200, y)
+    # the transformer alone: features of degree 3
+    features = RandomAttentionFeatures(n_heads=3, n_tokens=3, random_state=0)
+    assert np.all(np.isfinite(features.fit_transform(X * 1e60)))
+    with pytest.raises(ValueError, match=r"e\+119 .*products of 3 of them"):
+        features.fit(X * 1e120)
 
 
 def _relu_target(n, rng, n_features=6, n_keys=6):

@@ -90,14 +90,73 @@ def test_cli_sweep_runs_and_resumes(tmp_path, capsys):
             ('output = "results.csv"', 'output = "missing/results.csv"'),
             "does not exist",
         ),
+        (
+            (
+                'n_heads = "planted"\n',
+                'n_heads = "planted"\npolish_max_iter = "many"\n',
+            ),
+            r"learners\['phased'\] \(in the cells of n_heads=1, n_tokens=2\): The "
+            r"'polish_max_iter' parameter of MultiHeadAttentionRegressor must be an "
+            r"int",
+        ),
+        (
+            ('n_heads = "planted"\n', 'n_heads = "planted"\ninit = "zeros"\n'),
+            "The 'init' parameter of MultiHeadAttentionRegressor",
+        ),
+        (
+            ("n_outputs = 8", 'n_outputs = 8\ndistribution = "uniform"'),
+            r"planted\['distribution'\]='uniform': The 'distribution' parameter of "
+            r"make_attention_regression must be a str among",
+        ),
+        (
+            ("n_outputs = 8", "n_outputs = 8\nattention_scale = -2.0"),
+            r"planted\['attention_scale'\]=-2.0",
+        ),
+        (("n_outputs = 8", "n_outputs = [8, 0]"), "n_outputs'] must hold positive"),
+        (("seeds = 2", "seeds = [4294967296]"), "seeds must hold ints up to"),
+        (
+            ("n_jobs = 1", "n_jobs = 0"),
+            r"n_jobs must be a non-zero integer \(-1: all .*got 0",
+        ),
+        (("n_test = 50", 'n_test = "50"'), "n_test must be a positive integer"),
+        (('output = "results.csv"', "output = 3"), "output must be a file name"),
+        (("n_test = 50", "n_test = 50\nretry_failed = 1"), "retry_failed must be true"),
     ],
 )
-def test_cli_sweep_refuses_a_bad_config(tmp_path, monkeypatch, edit, match):
+def test_cli_sweep_refuses_a_bad_config(tmp_path, monkeypatch, capsys, edit, match):
     monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
     config = tmp_path / "sweep.toml"
     config.write_text(CONFIG.replace(*edit))
-    with pytest.raises(SystemExit, match=match):
+    with pytest.raises(SystemExit, match=match) as info:
         main(["sweep", str(config), "--quiet"])
+    message = info.value.code  # printed by the interpreter, with exit status 1
+    assert message.startswith("skattn: error: ") and "\n" not in message
+    assert not (tmp_path / "results.csv").exists()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_cli_sweep_with_failed_cells_exits_1_naming_each(tmp_path, capsys):
+    # 3 examples are too few for phases 2-4 to certify: init="phased" fails there
+    config = tmp_path / "sweep.toml"
+    config.write_text(
+        CONFIG.replace("n_samples = [100, 200]", "n_samples = [3, 100]").replace(
+            'n_heads = "planted"\n', 'n_heads = "planted"\ninit = "phased"\n'
+        )
+    )
+    assert main(["sweep", str(config), "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "4 cells (4 fitted now, 0 from" in captured.out
+    assert "2 failed." in captured.out
+    err = captured.err.splitlines()
+    assert err[0] == "skattn: error: 2 of 4 cells failed:"
+    for line, seed in zip(err[1:3], (0, 1), strict=True):
+        assert line.startswith("  learner=phased estimator=MultiHeadAttentionRegressor")
+        assert f"n_samples=3 noise=0.0 seed={seed}: CertificationError: " in line
+    assert "retry_failed = true" in err[3]
+    assert "Traceback" not in captured.err
+    # the failed cells stay failed on a rerun that does not retry them: still 1
+    assert main(["sweep", str(config), "--quiet"]) == 1
+    assert "(0 fitted now, 4 from" in capsys.readouterr().out
 
 
 def test_the_config_example_of_the_docs_loads(tmp_path):

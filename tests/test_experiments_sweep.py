@@ -261,6 +261,30 @@ def test_a_result_file_of_another_version_is_refused(tmp_path, monkeypatch):
         ({"learners": {"x": object()}}, "must be a scikit-learn estimator"),
         ({"output": "results.txt"}, r"must end in \.csv or \.parquet"),
         ({"output": "/no/such/folder/results.csv"}, "does not exist"),
+        (
+            {"learners": {"g": GradientAttentionRegressor(max_iter="many")}},
+            r"learners\['g'\] \(in the cells of n_tokens=4\): The 'max_iter' "
+            r"parameter of GradientAttentionRegressor must be an int",
+        ),
+        (
+            {"learners": {"p": MultiHeadAttentionRegressor(polish_tol=-1.0)}},
+            r"learners\['p'\] .*The 'polish_tol' parameter",
+        ),
+        (
+            {"planted": {"distribution": "uniform"}},
+            r"planted\['distribution'\]='uniform': The 'distribution' parameter of "
+            r"make_attention_regression must be",
+        ),
+        (
+            {"planted": {"attention_scale": [1.0, -1.0]}},
+            r"planted\['attention_scale'\]=-1.0: The 'attention_scale' parameter",
+        ),
+        ({"planted": {"attention_scale": True}}, "not a boolean"),
+        ({"planted": {"structure": "sparse"}}, r"planted\['structure'\]='sparse'"),
+        ({"planted": {"n_heads": True}}, "must hold positive integers"),
+        ({"seeds": [2**40]}, "seeds must hold ints up to 4294967295"),
+        ({"n_jobs": 0}, "n_jobs must be a non-zero integer"),
+        ({"retry_failed": "yes"}, "retry_failed must be True or False"),
     ],
 )
 def test_bad_input_is_refused_before_any_fit(monkeypatch, kwargs, match):
@@ -268,6 +292,33 @@ def test_bad_input_is_refused_before_any_fit(monkeypatch, kwargs, match):
     args = {"learners": _learners(), "n_samples": 100, "progress": False, **kwargs}
     with pytest.raises((ValueError, TypeError), match=match):
         recovery_sweep(**args)
+
+
+def test_a_planted_layer_is_drawn_once_before_any_fit(monkeypatch):
+    # each value is valid, the layer they make is not: a distribution of 3 features
+    from skattn.datasets._distributions import BooleanTokens
+
+    monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
+    planted = {"n_tokens": 4, "n_features": 4, "distribution": BooleanTokens(4, 3)}
+    with pytest.raises(ValueError, match=r"the planted layer \{.*\} is invalid: "):
+        recovery_sweep(_learners(), n_samples=100, planted=planted, progress=False)
+
+
+def test_the_learners_are_checked_in_every_planted_cell(monkeypatch):
+    # a placeholder is filled in per cell before the learner validates its parameters
+    monkeypatch.setattr(_sweep, "_run_cell", _no_fit)
+    learner = MultiHeadAttentionRegressor(n_heads="planted", max_heads="planted")
+    with pytest.raises(ValueError, match="max_heads='planted'"):
+        recovery_sweep({"p": learner}, n_samples=100, progress=False)
+    # parameters that are valid for every cell pass, and then the fits start
+    with pytest.raises(AssertionError, match="a fit started"):
+        recovery_sweep(
+            {"p": MultiHeadAttentionRegressor(n_heads="planted", polish_tol=1e-8)},
+            n_samples=100,
+            planted={"n_heads": [1, 2], "n_tokens": 2},
+            n_jobs=1,
+            progress=False,
+        )
 
 
 def test_an_unreadable_output_file_is_refused(tmp_path, monkeypatch):

@@ -226,3 +226,34 @@ def test_check_layer_parameters_promotes_single_head():
     th, W = check_layer_parameters(np.eye(3), np.ones((3, 2)))
     assert th.shape == (1, 3, 3) and W.shape == (1, 3, 2)
     assert th.dtype == W.dtype == np.float64
+
+
+def test_factors_refuse_heads_of_higher_rank_than_head_rank():
+    rng = np.random.default_rng(0)
+    full = AttentionLayer(rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4, 4)))
+    # head_rank=1 used to truncate: max |Q K^T - Theta| of 1.1 without a word
+    declared = clone(full).set_params(head_rank=1)
+    match = (
+        r"head_rank=1 but the attention matrices have ranks \[4, 4\] \(singular "
+        r"values above 1e-08 times the largest\); factors of rank 1 would truncate "
+        r"them\. Pass head_rank >= 4 or head_rank=None\."
+    )
+    for call in (declared.factors, lambda: declared.fit(np.ones((2, 8)))):
+        with pytest.raises(ValueError, match=match):
+            call()
+    # heads of rank 1 up to rounding pass, and their factors are the heads
+    q, k, v = rng.normal(size=(3, 2, 4, 1))
+    theta = q @ k.transpose(0, 2, 1) + 1e-12 * rng.normal(size=(2, 4, 4))
+    low = AttentionLayer(theta, v @ rng.normal(size=(2, 1, 4)), head_rank=1)
+    query, key, _, _ = low.factors()
+    assert query.shape == (2, 4, 1)
+    np.testing.assert_allclose(query @ key.transpose(0, 2, 1), theta, atol=1e-10)
+    assert len(full.factors()[0][0, 0]) == 4  # head_rank=None: full rank
+
+
+def test_a_failed_refit_keeps_the_fitted_widths():
+    layer = random_layer(0, d=3).fit(np.ones((2, 6)))
+    with pytest.raises(ValueError, match="not a multiple of the layer's n_features"):
+        layer.fit(np.ones((2, 8)))  # validated the width (8) before failing
+    assert (layer.n_features_in_, layer.n_tokens_) == (6, 2)
+    assert layer.transform(np.ones((2, 6))).shape == (2, 8)

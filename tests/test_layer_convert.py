@@ -103,3 +103,11 @@ def test_check_projection_weights_rejects_bad_weights():
         check_projection_weights(eye, eye, eye, eye, 2, biases={"query": np.ones(3)})
     with pytest.raises(ValueError, match="n_heads must be a positive integer"):
         check_projection_weights(eye, eye, eye, eye, True)
+
+
+@pytest.mark.parametrize("n_heads", ["two", "2", 2.0, 0, None])
+def test_n_heads_of_a_checkpoint_must_be_a_positive_int(n_heads):
+    # e.g. a config.json's num_attention_heads passed on as it was read
+    eye = np.eye(4)
+    with pytest.raises(ValueError, match=r"n_heads must be a positive integer, got "):
+        check_projection_weights(eye, eye, eye, eye, n_heads)

@@ -1,17 +1,24 @@
-"""Token layout of X and y: flatten, unflatten, the number of tokens
-(``utils/_validation.py``)."""
+"""Token layout of X and y: flatten, unflatten, the number of tokens; ragged and
+sparse input, magnitudes, a fit's transaction (``utils/_validation.py``)."""
 
 import numpy as np
 import pytest
+import scipy.sparse
 
 from skattn.utils._validation import (
     _normalized_weights,
+    all_or_nothing,
+    as_array,
     check_finite,
     check_fitted_tokens,
+    check_magnitude,
     check_no_overflow,
+    check_target,
     flatten_tokens,
     layer_sequences,
+    ragged_description,
     resolve_n_tokens,
+    restore_on_error,
     unflatten_tokens,
 )
 
@@ -70,3 +77,82 @@ def test_normalized_weights_sum_to_one():
     w = _normalized_weights(3, [2, 0, 6])
     np.testing.assert_allclose(w, [0.25, 0.0, 0.75])
     assert w.dtype == np.float64
+
+
+def test_ragged_lists_are_described_where_they_differ():
+    assert ragged_description([[1.0, 2.0], [3.0, 4.0]]) is None
+    assert ragged_description([[1.0, 2.0, 3.0], [1.0], [2.0, 3.0]], "y") == (
+        "its rows have lengths 3 (y[0]), 1 (y[1]) and 2 (y[2])"
+    )
+    tokens = [[[1.0, 2.0], [3.0, 4.0]], [[1.0, 2.0], [3.0]]]
+    assert ragged_description(tokens) == (
+        "its tokens have lengths 2 (X[0][0]) and 1 (X[1][1])"
+    )
+    assert ragged_description([[1.0], 2.0]) == "X[0] is a sequence but X[1] is a number"
+    rows = [np.zeros(n) for n in range(2, 8)]  # more than 4 lengths: the first 4
+    assert ragged_description(rows).endswith("4 (X[2]), 5 (X[3]), ...")
+
+
+def test_as_array_names_the_ragged_rows_and_the_fix():
+    np.testing.assert_array_equal(as_array([[1, 2], [3, 4]], "X", ""), [[1, 2], [3, 4]])
+    with pytest.raises(
+        ValueError,
+        match=r"X is a ragged list: its rows have lengths 3 \(X\[0\]\) and 2 "
+        r"\(X\[1\]\); pass a 2-D array",
+    ):
+        as_array([[1.0, 2.0, 3.0], [1.0, 2.0]], "X", "a 2-D array")
+    # flatten_tokens, the entry of every X, says the shapes it accepts
+    with pytest.raises(ValueError, match=r"ragged list.*\(n_samples, n_tokens \* n_"):
+        flatten_tokens([[1.0, 2.0, 3.0], [1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"its tokens have lengths 2"):
+        flatten_tokens([[[1.0, 2.0]], [[1.0]]])
+
+
+def test_check_target_rejects_sparse_and_ragged_y():
+    y = np.ones((3, 2))
+    assert check_target(y, "Est", "") is y
+    np.testing.assert_array_equal(check_target([[1.0], [2.0]], "Est", ""), [[1], [2]])
+    with pytest.raises(TypeError, match=r"y is a sparse csr_matrix, but Est needs a "):
+        check_target(scipy.sparse.csr_matrix(y), "Est", "a 2-D array")
+    with pytest.raises(ValueError, match=r"y is a ragged list: its rows have lengths"):
+        check_target([[1.0, 2.0], [1.0]], "Est", "a 2-D array")
+
+
+def test_check_magnitude_rejects_sums_that_overflow_float64():
+    X = np.ones((10, 10))
+    assert check_magnitude(X, "X", 4, "Est") is X
+    assert check_magnitude(np.empty((0, 3)), "X", 2, "Est").size == 0
+    # the largest allowed value: (max / size) ** (1 / degree)
+    limit = (np.finfo(np.float64).max / 100) ** 0.25
+    check_magnitude(np.full((10, 10), limit * 0.99), "X", 4, "Est")
+    with pytest.raises(ValueError, match=r"X has entries up to 1e\+100 .*Est sums "):
+        check_magnitude(X * 1e100, "X", 4, "Est")
+    check_magnitude(X * 1e100, "X", 2, "Est")  # squares of 1e100 do not overflow
+    with pytest.raises(ValueError, match=r"Rescale y \(with a scaler\) first"):
+        check_magnitude(-X * 1e200, "y", 2, "Est", fix="with a scaler")
+
+
+class _Fitted:
+    def __init__(self):
+        self.coef_ = np.ones(2)
+        self.n_features_in_ = 2
+
+    @all_or_nothing
+    def fit(self, exc):
+        self.coef_ = np.zeros(5)
+        self.n_features_in_ = 5
+        self.new_ = True
+        raise exc
+
+
+@pytest.mark.parametrize("exc", [ValueError("bad"), KeyboardInterrupt()])
+def test_a_failed_fit_restores_every_attribute(exc):
+    est = _Fitted()
+    before = dict(vars(est))
+    with pytest.raises(type(exc)):
+        est.fit(exc)
+    assert vars(est).keys() == before.keys()
+    assert all(vars(est)[name] is value for name, value in before.items())
+    with restore_on_error(est):  # no exception: the block's changes stay
+        est.coef_ = None
+    assert est.coef_ is None

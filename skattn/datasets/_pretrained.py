@@ -274,6 +274,17 @@ def minilm_checkpoint_path():
 
 
 def _load_tensors(path):
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.safetensors"))
+        hint = (
+            f"; it holds {found}: pass e.g. {str(path / found[0])!r}"
+            if found
+            else "; pass the model.safetensors file of a BERT-style model"
+        )
+        raise ValueError(
+            f"{str(path)!r} is a folder, but a checkpoint is a .safetensors file{hint}."
+        )
     load_file = require(
         "safetensors.numpy",
         extra="pretrained",
@@ -293,10 +304,65 @@ def _load_tensors(path):
         ) from exc
 
 
+# Keys of config.json that skattn reads, and what each must be.
+_CONFIG_KEYS = {
+    "num_attention_heads": ("a positive integer", lambda v: _is_int(v, 1)),
+    "num_key_value_heads": ("a positive integer", lambda v: _is_int(v, 1)),
+    "num_hidden_layers": ("a non-negative integer", lambda v: _is_int(v, 0)),
+    "max_position_embeddings": ("a positive integer", lambda v: _is_int(v, 1)),
+    "layer_norm_eps": (
+        "a positive number",
+        lambda v: (
+            isinstance(v, numbers.Real)
+            and not isinstance(v, bool)
+            and np.isfinite(v)
+            and v > 0
+        ),
+    ),
+    "position_embedding_type": ("a string", lambda v: isinstance(v, str)),
+    "hidden_act": ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def _is_int(value, low):
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and value >= low
+    )
+
+
 def _read_config(path):
-    """The ``config.json`` next to a checkpoint as a dict (empty if there is none)."""
+    """The ``config.json`` next to a checkpoint as a dict (empty if there is none).
+
+    A file that is not a JSON object, or whose keys that skattn reads
+    (:data:`_CONFIG_KEYS`) have values of the wrong kind, is a ``ValueError``
+    naming the file, the key and what was expected.
+    """
     config = Path(path).with_name("config.json")
-    return json.loads(config.read_text()) if config.is_file() else {}
+    if not config.is_file():
+        return {}
+    expected = (
+        "expected the config.json of a BERT-style checkpoint, a JSON object such "
+        'as {"num_attention_heads": 12, "hidden_act": "gelu", ...}'
+    )
+    try:
+        values = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(
+            f"{config} cannot be read as JSON ({type(exc).__name__}: {exc}); "
+            f"{expected}."
+        ) from exc
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"{config} holds a JSON {type(values).__name__}, not an object; {expected}."
+        )
+    for key, (kind, check) in _CONFIG_KEYS.items():
+        if key in values and values[key] is not None and not check(values[key]):
+            raise ValueError(
+                f"{config}: {key} must be {kind}, got {values[key]!r}; fix the file."
+            )
+    return values
 
 
 def _n_heads_from_config(path, config):

@@ -75,6 +75,15 @@ def open_attention_regression(path):
 (n_samples, n_tokens * n_features)
     y : same type, of shape (n_samples, n_tokens * n_outputs)
 
+    Raises
+    ------
+    ValueError
+        If ``path`` does not exist, cannot be opened in its format (random
+        bytes, a file where a folder is expected), or does not hold the 2-D
+        arrays ``X`` and ``y`` with as many rows (an empty zarr folder, an HDF5
+        file of other datasets); the message names the file and what is
+        missing.
+
     Examples
     --------
     >>> import tempfile, os
@@ -90,12 +99,85 @@ def open_attention_regression(path):
     if not Path(path).exists():
         raise ValueError(f"path={str(path)!r} does not exist.")
     if fmt == "zarr":
-        group = _require("zarr", fmt).open_group(str(path), mode="r")
-        return group["X"], group["y"]
+        zarr = _require("zarr", fmt)
+        if Path(path).is_dir() and not any(Path(path).iterdir()):
+            raise ValueError(
+                f"path={str(path)!r} is an empty folder, not a zarr group: the "
+                f"arrays X and y are missing (expected them {_WRITTEN_BY})."
+            )
+        try:
+            group = zarr.open_group(str(path), mode="r")
+        except Exception as exc:  # zarr's errors vary by version and store
+            raise _unreadable(path, "a zarr group", exc) from exc
+        return _check_arrays(group, path, "a zarr group", lambda: None)
     if fmt == "hdf5":
-        file = _require("h5py", fmt).File(path, "r")
-        return file["X"], file["y"]
-    return tuple(_open_npy(Path(path) / f"{n}.npy") for n in ("X", "y"))
+        h5py = _require("h5py", fmt)
+        try:
+            file = h5py.File(path, "r")
+        except Exception as exc:  # OSError: not an HDF5 file, or unreadable
+            raise _unreadable(path, "an HDF5 file", exc) from exc
+        return _check_arrays(file, path, "an HDF5 file", file.close)
+    if not Path(path).is_dir():
+        raise ValueError(
+            f"path={str(path)!r} is a file, but a .npy dataset is a folder "
+            f"holding X.npy and y.npy (as write_attention_regression writes it)."
+        )
+    missing = [f"{n}.npy" for n in ("X", "y") if not (Path(path) / f"{n}.npy").exists()]
+    if missing:
+        raise ValueError(
+            f"path={str(path)!r} lacks {' and '.join(missing)}; a .npy dataset is a "
+            f"folder holding the arrays X.npy and y.npy (as "
+            f"write_attention_regression writes it)."
+        )
+    X, y = (_open_npy(Path(path) / f"{n}.npy") for n in ("X", "y"))
+    return _check_shapes(X, y, path, lambda: None)
+
+
+_WRITTEN_BY = "as write_attention_regression writes it"
+
+
+def _unreadable(path, kind, exc):
+    return ValueError(
+        f"path={str(path)!r} cannot be opened as {kind} ({type(exc).__name__}: "
+        f"{exc}); expected the arrays X and y {_WRITTEN_BY}."
+    )
+
+
+def _check_arrays(container, path, kind, close):
+    """``container["X"], container["y"]``, or a ValueError naming what is missing."""
+    try:
+        names = sorted(container.keys())
+    except Exception:  # pragma: no cover - a store that cannot list its members
+        names = []
+    missing = [n for n in ("X", "y") if n not in names]
+    if missing:
+        close()
+        held = f"it holds {names}" if names else "it is empty"
+        raise ValueError(
+            f"path={str(path)!r} is {kind} without the array(s) {missing} ({held}); "
+            f"expected the arrays X and y {_WRITTEN_BY}."
+        )
+    return _check_shapes(container["X"], container["y"], path, close)
+
+
+def _check_shapes(X, y, path, close):
+    """X and y must be 2-D arrays with as many rows."""
+    for name, arr in (("X", X), ("y", y)):
+        if len(getattr(arr, "shape", ())) != 2:
+            close()
+            raise ValueError(
+                f"path={str(path)!r}: {name} must be a 2-D array (n_samples, "
+                f"width), got {type(arr).__name__} of shape "
+                f"{getattr(arr, 'shape', None)}; expected the arrays X and y "
+                f"{_WRITTEN_BY}."
+            )
+    if X.shape[0] != y.shape[0]:
+        close()
+        raise ValueError(
+            f"path={str(path)!r}: X has {X.shape[0]} rows but y has {y.shape[0]}; "
+            f"expected the arrays X and y {_WRITTEN_BY}."
+        )
+    return X, y
 
 
 def _open_npy(path):

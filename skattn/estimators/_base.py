@@ -1,10 +1,12 @@
 """Shared machinery of skattn's regressors: token layout, validation, predict."""
 
+import functools
 from numbers import Integral
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils._param_validation import Interval
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import (
     _check_sample_weight,
     check_is_fitted,
@@ -16,11 +18,73 @@ from ..layer._math import forward
 from ..utils._batches import is_out_of_core, validate_batches
 from ..utils._validation import (
     check_fitted_tokens,
+    check_magnitude,
     check_no_overflow,
+    check_target,
     flatten_tokens,
     resolve_n_tokens,
     unflatten_tokens,
 )
+
+# The shape of y that the per-token regressors accept, as said by their errors.
+Y_SHAPES = "a 2-D array of shape (n_samples, n_tokens * n_outputs), token-major"
+
+# How to rescale a y too large for float64, as said by the errors.
+RESCALE_Y = (
+    "e.g. with sklearn.compose.TransformedTargetRegressor(regressor, "
+    "transformer=StandardScaler())"
+)
+
+
+def available_if_explained(check):
+    """scikit-learn's ``available_if``, raising the check's own AttributeError.
+
+    ``check(self)`` returns True or raises an AttributeError saying why the method
+    is missing.  ``available_if`` turns that into ``"This ... has no attribute
+    ..."`` (the reason only in the chained exception); here the reason is the
+    error itself.  ``hasattr`` is False all the same.
+
+    Examples
+    --------
+    >>> def _needs_adam(self):
+    ...     if self.optimizer != "adam":
+    ...         raise AttributeError("partial_fit needs optimizer='adam'.")
+    ...     return True
+    >>> class Est:
+    ...     optimizer = "lbfgs"
+    ...     @available_if_explained(_needs_adam)
+    ...     def partial_fit(self):
+    ...         return "one epoch"
+    >>> hasattr(Est(), "partial_fit")
+    False
+    >>> Est().partial_fit()
+    Traceback (most recent call last):
+    ...
+    AttributeError: partial_fit needs optimizer='adam'.
+    """
+
+    def decorator(fn):
+        return _ExplainedDescriptor(available_if(check)(fn))
+
+    return decorator
+
+
+class _ExplainedDescriptor:
+    """Wraps ``available_if``'s descriptor; see :func:`available_if_explained`."""
+
+    def __init__(self, descriptor):
+        self._descriptor = descriptor
+        self.fn = descriptor.fn  # the method, as on scikit-learn's descriptor
+        functools.update_wrapper(self, descriptor.fn)
+
+    def __get__(self, obj, owner=None):
+        try:
+            return self._descriptor.__get__(obj, owner)
+        except AttributeError as exc:
+            reason = exc.__cause__
+            if isinstance(reason, AttributeError) and str(reason):
+                raise reason from None
+            raise
 
 
 def check_weights(sample_weight):
@@ -119,9 +183,11 @@ def join_augmented(attention, key_bias, projection, intercept):
 class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
     """Base class of regressors whose model is a multi-head attention layer.
 
-    Subclasses implement ``fit`` (wrapped in ``_fit_context``) and call
-    :meth:`_validate_fit_data` first and :meth:`_set_layer` last; ``predict`` and
-    ``score`` come from here.  Fitted attributes set by this class:
+    Subclasses implement ``fit`` (wrapped in ``_fit_context`` and
+    ``skattn.utils._validation.all_or_nothing``, so that a fit that raises
+    leaves the previous fit exactly as it was) and call :meth:`_validate_fit_data`
+    first and :meth:`_set_layer` last; ``predict`` and ``score`` come from here.
+    Fitted attributes set by this class:
     ``n_features_in_``, ``n_tokens_``, ``n_features_per_token_``,
     ``n_outputs_per_token_``, ``attention_``, ``projection_``, ``key_bias_``,
     ``intercept_``, ``layer_``.
@@ -138,6 +204,11 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
     _parameter_constraints = {
         "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
     }
+
+    # Most entries of X the fit multiplies together (the logits x_l^T Theta x_a),
+    # and what those products are: larger X is rejected up front
+    # (check_magnitude), not turned into NaN.
+    _x_degree, _x_products = 2, "the attention logits"
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -160,6 +231,7 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         if is_out_of_core(X) or is_out_of_core(y):
             return self._validate_fit_batches(X, y, sample_weight)
         X, k3 = flatten_tokens(X)
+        y = check_target(y, type(self).__name__, Y_SHAPES)
         if getattr(y, "ndim", 0) > 2:
             raise ValueError(
                 f"y must be 2-D (n_samples, n_tokens * n_outputs), token-major, got "
@@ -177,6 +249,7 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         )
         k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
         y = np.asarray(y, dtype=np.float64)
+        self._check_magnitudes(X, y)
         self._y_1d = y.ndim == 1
         if y.ndim == 1:
             y = y[:, None]
@@ -198,6 +271,12 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         self.n_features_per_token_ = X.shape[1] // k
         self.n_outputs_per_token_ = y.shape[1] // k
         return unflatten_tokens(X, k), unflatten_tokens(y, k), sample_weight
+
+    def _check_magnitudes(self, X, y):
+        """Reject X and y too large for float64 arithmetic, before the fit."""
+        name = type(self).__name__
+        check_magnitude(X, "X", self._x_degree, name, what=self._x_products)
+        check_magnitude(y, "y", 2, name, what="the squared errors", fix=RESCALE_Y)
 
     def _validate_fit_batches(self, X, y, sample_weight):
         """``_validate_fit_data`` for out-of-core X, y: nothing is loaded whole."""

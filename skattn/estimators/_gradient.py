@@ -8,6 +8,7 @@ ridge-penalised) squared loss by full-batch L-BFGS (scipy) or mini-batch Adam
 orchestrates and stores the fitted attributes.
 """
 
+import copy
 import warnings
 from numbers import Integral, Real
 
@@ -16,7 +17,6 @@ from sklearn.base import _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_sample_weight, validate_data
 from tqdm.auto import tqdm
 
@@ -26,12 +26,19 @@ from ..solvers.optimizers._adam import _adam_epoch, _adam_state, _fit_adam
 from ..solvers.optimizers._lbfgs import lbfgs_layer
 from ..utils._batches import check_sources
 from ..utils._validation import (
+    all_or_nothing,
     check_fitted_tokens,
+    check_target,
     flatten_tokens,
     resolve_n_tokens,
     unflatten_tokens,
 )
-from ._base import BaseAttentionRegressor, check_weights
+from ._base import (
+    Y_SHAPES,
+    BaseAttentionRegressor,
+    available_if_explained,
+    check_weights,
+)
 
 
 def _check_not_diverged(estimator, loss, attention, projection):
@@ -303,6 +310,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         return attention, projection
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @all_or_nothing
     def fit(self, X, y, sample_weight=None):
         """Train the layer on (X, y) from ``n_restarts`` random starts.
 
@@ -323,6 +331,16 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         -------
         self : GradientAttentionRegressor
             The fitted estimator.
+
+        Raises
+        ------
+        ValueError
+            On invalid X, y or sample_weight (ragged lists, NaN, shapes that do
+            not fit ``n_tokens``, values too large for float64 arithmetic) and
+            when training diverges.  Nothing of the previous fit is changed
+            then: the fitted attributes are those of the last successful fit.
+        TypeError
+            On sparse X or y.
         """
         warm = self.warm_start and hasattr(self, "attention_")
         X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
@@ -412,7 +430,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                 f"tol={self.tol} (final loss {loss:.3e}); increase max_iter (or "
                 f"loosen tol).",
                 ConvergenceWarning,
-                stacklevel=2,
+                stacklevel=4,  # fit, all_or_nothing, _fit_context: the caller's line
             )
         check_sources(*sources)  # files read in batches did not change during the fit
         _check_not_diverged(self, loss, attention, projection)
@@ -429,6 +447,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
     def _validate_partial_fit_data(self, X, y, sample_weight):
         """Validate a later batch against the fitted shapes (no reset)."""
         X, k3 = flatten_tokens(X)
+        y = check_target(y, type(self).__name__, Y_SHAPES)
         X, y = validate_data(
             self,
             X,
@@ -441,6 +460,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         check_fitted_tokens(k3, self.n_tokens_)
         k = resolve_n_tokens(X.shape[1], self.n_tokens_, k3)
         y = np.asarray(y, dtype=np.float64)
+        self._check_magnitudes(X, y)
         if y.ndim == 1:
             y = y[:, None]
         expected = self.n_tokens_ * self.n_outputs_per_token_
@@ -453,10 +473,19 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         return unflatten_tokens(X, k), unflatten_tokens(y, k), sample_weight
 
     def _adam_optimizer(self):
-        return self.optimizer == "adam"
+        """``partial_fit`` exists only for Adam; otherwise say why it is missing."""
+        if self.optimizer != "adam":
+            raise AttributeError(
+                f"partial_fit needs optimizer='adam' (one Adam epoch per call); this "
+                f"{type(self).__name__} has optimizer={self.optimizer!r}, whose "
+                f"L-BFGS trains on all samples at once. Use "
+                f"{type(self).__name__}(optimizer='adam') for partial_fit, or fit."
+            )
+        return True
 
-    @available_if(_adam_optimizer)
+    @available_if_explained(_adam_optimizer)
     @_fit_context(prefer_skip_nested_validation=True)
+    @all_or_nothing
     def partial_fit(self, X, y, sample_weight=None):
         """One Adam epoch over the given batch, continuing from the current layer.
 
@@ -478,6 +507,14 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         -------
         self : GradientAttentionRegressor
             The updated estimator.
+
+        Raises
+        ------
+        AttributeError
+            On access, when ``optimizer`` is not ``"adam"`` (the message says so).
+        ValueError
+            On an invalid batch, or one that does not match the shapes of the
+            first; the estimator is then left exactly as before the call.
         """
         if self.head_rank is not None:
             raise ValueError(
@@ -495,7 +532,7 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         d_out = Y3.shape[2]
         chunk = _loss_chunk_size(n, k, d, d_out, self.n_heads)
         if first:
-            self._random_state = check_random_state(self.random_state)
+            rng = check_random_state(self.random_state)
             attention, projection = _initial_parameters(
                 X3,
                 Y3,
@@ -503,11 +540,14 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                 self.n_heads,
                 self.init_scale,
                 self.alpha,
-                self._random_state,
+                rng,
             )
-            self.loss_curve_, self.n_iter_ = [], 0
+            loss_curve, n_iter = [], 0
         else:
+            # a copy of the generator: a failed call must not advance the kept one
+            rng = copy.deepcopy(self._random_state)
             attention, projection = self._model_parameters()
+            loss_curve, n_iter = self.loss_curve_, self.n_iter_
         previous = None if first else getattr(self, "_adam", None)
         # a copy: the epoch's steps replace its entries, kept if the epoch is finite
         if previous is None:
@@ -524,17 +564,21 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
             self.alpha,
             self.learning_rate,
             self._batch_size(n),
-            self._random_state,
+            rng,
             chunk,
         )
         _check_not_diverged(self, epoch_loss, attention, projection)
         self._adam = state
+        self._random_state = rng
         self._set_layer(attention, projection)
         self.loss_ = float(epoch_loss)
-        self.loss_curve_.append(float(epoch_loss))
-        self.n_iter_ += 1
+        self.n_iter_ = n_iter + 1
         self.stop_reason_ = "partial_fit"
         self.restart_losses_ = np.asarray([epoch_loss])
+        # last, as nothing after it can fail: restore_on_error puts back objects,
+        # not their contents (a new list per call would cost O(calls) each)
+        loss_curve.append(float(epoch_loss))
+        self.loss_curve_ = loss_curve
         return self
 
 

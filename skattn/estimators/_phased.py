@@ -14,10 +14,17 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ..datasets import BooleanTokens
 from ..diagnostics import certify
 from ..phased import phased_fit
+from ..phased._model_selection import split_indices
 from ..phased._options import PARAMETERS, PhasedOptions
 from ..solvers import balanced_factors
 from ..utils._batches import TokenBatches, check_sources, map_reduce_batches
+from ..utils._validation import all_or_nothing
 from ._base import BaseAttentionRegressor
+
+# Held-out examples that n_heads="auto" needs: its paired test compares the
+# per-example held-out losses of m and m + 1 heads at 3 standard errors, which a
+# handful of examples cannot estimate (one example has no spread at all).
+MIN_HELD_OUT = 10
 
 
 class MultiHeadAttentionRegressor(BaseAttentionRegressor):
@@ -62,7 +69,11 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         selected fit is then polished on all examples.  Phases 2-4 still run and
         their spectral gap (the hull of m heads has dimension m - 1) is recorded
         as a second opinion; phase 6 is skipped.  Every candidate and the
-        decision are in ``model_selection_``.
+        decision are in ``model_selection_``.  The paired test needs at least
+        10 held-out examples (48 examples at the default
+        ``validation_fraction``); with fewer ``fit`` raises a ValueError saying
+        how many to pass, rather than choose m from one or two held-out rows
+        (a single row has no spread: any drop would count as significant).
     n_tokens : int, default=None
         Tokens per sequence k.  ``None``: from a 3-D X, else 1 (F is then linear).
     input_distribution : {"gaussian", "boolean"}, default="gaussian"
@@ -115,7 +126,8 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     max_heads : int, default=6
         Largest number of heads ``n_heads="auto"`` may return.
     validation_fraction : float, default=0.2
-        ``n_heads="auto"`` only: share of the examples held out to select m.
+        ``n_heads="auto"`` only: share of the examples held out to select m (at
+        least 10 examples; see ``n_heads``).
     selection_samples : int, default=400
         ``n_heads="auto"`` only: training examples each candidate m is polished
         on (a random subset of the training part; the selected fit is then
@@ -353,6 +365,11 @@ n_features_per_token)
     True
     """
 
+    # Phases 2-4 sum outer products of the hull's equations, themselves products
+    # of two tokens' entries: fourth powers of X (X of 1e77 made them overflow
+    # into a LinAlgError on 200 sequences of 12 columns).
+    _x_degree, _x_products = 4, "the attention logits and the moments of phases 2-4"
+
     _parameter_constraints = {
         **BaseAttentionRegressor._parameter_constraints,
         "n_heads": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
@@ -464,6 +481,7 @@ n_features_per_token)
         self.verbose = verbose
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @all_or_nothing
     def fit(self, X, y, sample_weight=None):
         """Learn the layer from examples with the phased algorithm.
 
@@ -481,6 +499,17 @@ n_features_per_token)
         Returns
         -------
         self : MultiHeadAttentionRegressor
+
+        Raises
+        ------
+        ValueError
+            On invalid X, y or sample_weight (ragged lists, NaN, shapes that do
+            not fit ``n_tokens``, values too large for float64 arithmetic), on
+            too few examples for ``n_heads="auto"``, and when the phases fail
+            (``init="phased"``).  Nothing of the previous fit is changed then:
+            the fitted attributes are those of the last successful ``fit``.
+        TypeError
+            On sparse X or y.
         """
         X3, Y3, weights = self._validate_fit_data(X, y, sample_weight)
         if self.input_distribution == "boolean":
@@ -501,6 +530,8 @@ n_features_per_token)
                 "head_rank needs an integer n_heads; n_heads='auto' searches "
                 "full-rank heads. Pass n_heads=m or head_rank=None."
             )
+        if self.n_heads == "auto" and self.n_tokens_ > 1:
+            _check_auto_samples(X3.shape[0], self.validation_fraction)
         options = PhasedOptions.from_params(
             **{name: getattr(self, name) for name in PARAMETERS}
         )
@@ -533,6 +564,29 @@ n_features_per_token)
                 "preprocessing.StandardScaler) first."
             )
         return self
+
+
+def _n_held_out(n_samples, fraction):
+    """Examples the head search of ``n_heads="auto"`` holds out."""
+    return 0 if n_samples < 2 else len(split_indices(n_samples, fraction, 0)[1])
+
+
+def _check_auto_samples(n_samples, fraction):
+    """Raise unless ``n_heads="auto"`` holds out ``MIN_HELD_OUT`` examples."""
+    held = _n_held_out(n_samples, fraction)
+    if held >= MIN_HELD_OUT:
+        return
+    # round(fraction * n) >= MIN_HELD_OUT needs n >= (MIN_HELD_OUT - 0.5) / fraction
+    needed = max(MIN_HELD_OUT + 1, int((MIN_HELD_OUT - 0.5) / fraction))
+    while _n_held_out(needed, fraction) < MIN_HELD_OUT:
+        needed += 1
+    raise ValueError(
+        f"n_heads='auto' chooses the number of heads on held-out examples "
+        f"(validation_fraction={fraction}), and {n_samples} sample(s) leave {held} "
+        f"held out, too few for its paired test (at least {MIN_HELD_OUT}). Pass at "
+        f"least {needed} samples (or a larger validation_fraction), or an integer "
+        f"n_heads."
+    )
 
 
 def _boolean_scan_batch(Xb, Yb, idx):

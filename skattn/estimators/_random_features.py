@@ -12,6 +12,7 @@ feature map (:class:`RandomAttentionFeatures`, in the spirit of
 regression (:class:`RandomFeatureAttentionRegressor`).
 """
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -33,13 +34,22 @@ from sklearn.utils.validation import (
 
 from ..layer._math import softmax
 from ..utils._validation import (
+    all_or_nothing,
     check_fitted_tokens,
+    check_magnitude,
     check_no_overflow,
+    check_target,
     flatten_tokens,
     resolve_n_tokens,
     unflatten_tokens,
 )
-from ._base import check_weights
+from ._base import RESCALE_Y, check_weights
+
+# The shapes of y RandomFeatureAttentionRegressor accepts, as said by its errors.
+_Y_SHAPES = (
+    "an array of shape (n_samples,) or (n_samples, n_outputs): one output vector "
+    "per sequence"
+)
 
 # Elements of the largest (chunk, n_heads, n_tokens or n_features) intermediate.
 _CHUNK_ELEMENTS = 2**22
@@ -358,6 +368,42 @@ _FEATURE_CONSTRAINTS = {
 }
 
 
+def _feature_degree(attention):
+    """Highest power of X in the features: ReLU weights ``z / N`` are logits (two
+    entries of X), times a key; softmax weights are bounded, so only the key."""
+    return 3 if attention == "relu" else 1
+
+
+def _check_leave_one_out(n_samples, sample_weight):
+    """Raise unless leave-one-out has 2 rows of positive weight to leave out."""
+    n_fit = n_samples if sample_weight is None else int(np.sum(sample_weight > 0))
+    if n_fit < 2:
+        rows = "sample" if n_fit == 1 else "samples"
+        weighted = "" if sample_weight is None else " with a positive weight"
+        raise ValueError(
+            f"alpha=None chooses the ridge penalty by leave-one-out "
+            f"cross-validation, which needs at least 2 samples with a positive "
+            f"weight; got {n_fit} {rows}{weighted}. Pass more samples, or a fixed "
+            f"penalty (e.g. alpha=1.0)."
+        )
+
+
+def _warn_per_token_layout(name, width, n_tokens):
+    """Warn that a y of ``n_tokens * j`` columns may be per-token outputs."""
+    per_token = width // n_tokens
+    warnings.warn(
+        f"y has {width} columns, a multiple of n_tokens={n_tokens}: if they are "
+        f"per-token outputs (n_tokens * n_outputs, token-major, as skattn's other "
+        f"regressors take them), {name} fits them all from the query's features "
+        f"alone, because it predicts one output vector per sequence. Pass the "
+        f"query token's outputs (y[:, :{per_token}] for query='first') or use "
+        f"GradientAttentionRegressor or MultiHeadAttentionRegressor, which predict "
+        f"every token. If y is one vector per sequence, ignore this warning.",
+        UserWarning,
+        stacklevel=5,  # this, fit, all_or_nothing, _fit_context: the caller's line
+    )
+
+
 class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
     """Random-feature attention: frozen random query-key heads as a feature map.
 
@@ -498,6 +544,7 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         self.random_state = random_state
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @all_or_nothing
     def fit(self, X, y=None):
         """Draw the frozen query-key matrices for sequences shaped like X.
 
@@ -510,9 +557,23 @@ class RandomAttentionFeatures(TransformerMixin, BaseEstimator):
         Returns
         -------
         self : RandomAttentionFeatures
+
+        Raises
+        ------
+        ValueError
+            On invalid X (a ragged list, NaN, a width not divisible by
+            ``n_tokens``, values too large for float64 arithmetic); the fitted
+            attributes of a previous fit are then left as they were.
         """
         X, k3 = flatten_tokens(X)
         X = validate_data(self, X, reset=True, dtype=np.float64)
+        check_magnitude(
+            X,
+            "X",
+            max(_feature_degree(self.attention), 2),  # the features, the logits
+            type(self).__name__,
+            what="the logits and the attention-weighted keys",
+        )
         k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
         self.keys_ = resolve_keys(self.query, self.keys, k)
         d = X.shape[1] // k
@@ -603,7 +664,12 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
     It predicts one output vector per sequence (the query's output), not one per
     token, so unlike skattn's other regressors it does not subclass
     ``BaseAttentionRegressor`` and ``y`` has shape ``(n_samples,)`` or
-    ``(n_samples, n_outputs)``.
+    ``(n_samples, n_outputs)``.  Per-token targets are a mistake here (every
+    token's outputs would be fitted from the query alone): a 3-D ``y`` of shape
+    ``(n_samples, n_tokens, n_outputs)`` raises a ValueError, and a 2-D ``y``
+    whose width is a multiple of ``n_tokens`` (the token-major layout of the
+    other regressors, which its shape alone cannot tell from as many outputs
+    per sequence) gives a ``UserWarning``.
 
     Parameters
     ----------
@@ -749,6 +815,7 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         self.random_state = random_state
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @all_or_nothing
     def fit(self, X, y, sample_weight=None):
         """Draw the random heads and fit the values by ridge regression.
 
@@ -764,15 +831,56 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         Returns
         -------
         self : RandomFeatureAttentionRegressor
+
+        Raises
+        ------
+        ValueError
+            On invalid X, y or sample_weight (ragged lists, NaN, per-token y of
+            shape ``(n_samples, n_tokens, n_outputs)``, values too large for
+            float64 arithmetic), and with ``alpha=None`` on fewer than 2 samples
+            of positive weight (leave-one-out needs 2).  The fitted attributes of
+            a previous fit are then left as they were.
+        TypeError
+            On sparse X or y.
+
+        Warns
+        -----
+        UserWarning
+            When y has a multiple of ``n_tokens`` columns (``n_tokens >= 2``):
+            the layout of per-token targets, which this estimator would fit from
+            the query alone.
         """
         X, k3 = flatten_tokens(X)
+        y = check_target(y, type(self).__name__, _Y_SHAPES)
+        if getattr(y, "ndim", 0) > 2:
+            raise ValueError(
+                f"y has shape {np.shape(y)}, one output vector per token, but "
+                f"{type(self).__name__} predicts one output vector per sequence "
+                f"(the query's): pass y of shape (n_samples,) or (n_samples, "
+                f"n_outputs), e.g. the query token's outputs y[:, 0] for "
+                f"query='first', or fit GradientAttentionRegressor or "
+                f"MultiHeadAttentionRegressor, which predict every token."
+            )
         X, y = validate_data(
             self, X, y, reset=True, multi_output=True, y_numeric=True, dtype=np.float64
         )
+        name = type(self).__name__
+        check_magnitude(
+            X,
+            "X",
+            max(2 * _feature_degree(self.attention), 2),  # the Gram matrix, the logits
+            name,
+            what="the logits and the Gram matrix of the attention features",
+        )
+        check_magnitude(y, "y", 2, name, what="the squared errors", fix=RESCALE_Y)
         k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
             check_weights(sample_weight)
+        if self.alpha is None:
+            _check_leave_one_out(len(X), sample_weight)
+        if k >= 2 and y.ndim == 2 and y.shape[1] % k == 0:
+            _warn_per_token_layout(name, y.shape[1], k)
         self.features_ = RandomAttentionFeatures(
             self.n_heads,
             k,

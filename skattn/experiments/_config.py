@@ -29,7 +29,10 @@ A config file holds the same things as the arguments of
 Every key is checked before any fit starts: an unknown key, learner or parameter
 is a ``ValueError`` naming it and listing what is allowed; a renamed parameter
 (``solver`` of ``GradientAttentionRegressor``, now ``optimizer``) is one naming
-its new name.
+its new name; a top-level value of the wrong kind is one naming the key here, and
+:func:`~skattn.experiments.recovery_sweep` checks the planted values and every
+learner's parameter values before its first fit.  The user guide (*Experiments
+at scale*, *The sweep's config file*) lists every table and key.
 """
 
 import tomllib
@@ -50,6 +53,8 @@ PLANTED_KEYS = (
 GRID_KEYS = ("n_samples", "noise", "seeds")
 # The largest count of seeds ``seeds = N`` may ask for (one fit per seed and cell).
 _MAX_SEEDS = 10**6
+# The largest seed: a random_state of numpy and scikit-learn.
+_MAX_SEED = 2**32 - 1
 _TOP_KEYS = (
     "output",
     "scheduler",
@@ -123,6 +128,11 @@ def seed_list(seeds):
         if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
             raise ValueError(
                 f"seeds must hold non-negative ints, got {value!r} in {seeds!r}."
+            )
+        if value > _MAX_SEED:
+            raise ValueError(
+                f"seeds must hold ints up to {_MAX_SEED} (numpy's seeds), got "
+                f"{value!r}."
             )
     repeated = sorted({int(v) for v in values if values.count(v) > 1})
     if repeated:
@@ -252,6 +262,7 @@ def load_sweep_config(path):
         seeds = seed_list(grid.get("seeds", [0]))
     except ValueError as exc:
         raise ValueError(f"{path}: [grid] {exc}") from None
+    _check_top_level(config, path)
     kwargs = {
         "learners": learners,
         "planted": planted,
@@ -265,3 +276,30 @@ def load_sweep_config(path):
         if key in config:
             kwargs[key] = config[key]
     return kwargs
+
+
+# What each top-level key of a config must be, when it is set.
+_TOP_LEVEL_KINDS = {
+    "output": ("a file name ending in .csv or .parquet", lambda v: isinstance(v, str)),
+    "scheduler": ('an address such as "tcp://host:8786"', lambda v: isinstance(v, str)),
+    "n_jobs": (
+        "a non-zero integer (-1: all processors)",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v != 0,
+    ),
+    "n_test": (
+        "a positive integer",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+    ),
+    "success_tol": (
+        "a non-negative number",
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 0,
+    ),
+    "tighten_tol": ("true or false", lambda v: isinstance(v, bool)),
+    "retry_failed": ("true or false", lambda v: isinstance(v, bool)),
+}
+
+
+def _check_top_level(config, path):
+    for key, (kind, check) in _TOP_LEVEL_KINDS.items():
+        if key in config and not check(config[key]):
+            raise ValueError(f"{path}: {key} must be {kind}, got {config[key]!r}.")

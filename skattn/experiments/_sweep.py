@@ -102,8 +102,16 @@ def _as_list(value, name, kind, check):
     return values
 
 
-def _check_grid(learners, planted, n_samples, noise, seeds):
-    """Validate every argument that defines the grid; return the expanded axes."""
+def _check_grid(learners, planted, n_samples, noise, seeds, tighten_tol=True):
+    """Validate every argument that defines the grid; return the expanded axes.
+
+    Before any fit: the planted settings against the constraints of
+    ``make_attention_regression`` (each value, then each planted layer of the
+    grid, drawn once with one example), and every learner's parameters as each
+    cell will set them (``"planted"`` values, ``n_tokens``, the seed and the
+    tightened tolerance filled in), through the estimator's own parameter
+    validation.  A ``ValueError`` names the learner or the planted key.
+    """
     if not isinstance(learners, dict) or not learners:
         raise TypeError(
             f"learners must be a non-empty dict mapping a name to an unfitted "
@@ -137,7 +145,7 @@ def _check_grid(learners, planted, n_samples, noise, seeds):
             if isinstance(planted.get(key), list | tuple | range)
             else [planted.get(key, default)]
         )
-    positive_int = lambda v: isinstance(v, Integral) and v > 0  # noqa: E731
+    positive_int = lambda v: _is_int(v) and v > 0  # noqa: E731
     for key in ("n_heads", "n_tokens", "n_features"):
         _as_list(axes[key], f"planted[{key!r}]", "positive integers", positive_int)
     _as_list(
@@ -151,10 +159,94 @@ def _check_grid(learners, planted, n_samples, noise, seeds):
         noise,
         "noise",
         "non-negative numbers",
-        lambda v: isinstance(v, Real) and v >= 0,
+        lambda v: isinstance(v, Real) and not isinstance(v, bool) and v >= 0,
     )
     axes["seed"] = seed_list(seeds)
+    _check_planted(axes)
+    _check_learners(learners, axes, tighten_tol)
     return axes
+
+
+def _is_int(value):
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _check_planted(axes):
+    """Each planted value, then each planted layer of the grid, as
+    ``make_attention_regression`` will see them: a ``ValueError`` naming the
+    key (or the layer's settings), before any fit."""
+    from sklearn.utils._param_validation import (
+        InvalidParameterError,
+        validate_parameter_constraints,
+    )
+
+    from ..datasets import make_attention_regression
+    from ..datasets._generators import _REGRESSION_PARAMETERS
+
+    for key in ("attention_scale", "distribution", "structure"):
+        for value in axes[key]:
+            if isinstance(value, bool):  # scikit-learn takes a bool for a number
+                raise ValueError(
+                    f"planted[{key!r}]={value!r}: give a value of "
+                    f"make_attention_regression's {key}, not a boolean."
+                )
+            try:
+                validate_parameter_constraints(
+                    {key: _REGRESSION_PARAMETERS[key]},
+                    {key: value},
+                    caller_name="make_attention_regression",
+                )
+            except InvalidParameterError as exc:
+                raise ValueError(f"planted[{key!r}]={value!r}: {exc}") from None
+    seed = max(axes["seed"])
+    for values in product(*(_distinct(axes[key]) for key in PLANTED_KEYS)):
+        layer = dict(zip(PLANTED_KEYS, values, strict=True))
+        try:
+            make_attention_regression(
+                1,
+                layer["n_tokens"],
+                layer["n_features"],
+                layer["n_heads"],
+                n_outputs=layer["n_outputs"],
+                distribution=layer["distribution"],
+                attention_scale=layer["attention_scale"],
+                structure=layer["structure"],
+                random_state=seed,
+            )
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"the planted layer {layer} is invalid: {exc}") from None
+
+
+def _distinct(values):
+    """``values`` without repeats (by identity for unhashable objects), in order."""
+    seen, kept = [], []
+    for value in values:
+        if not any(value is s or (type(value) is type(s) and value == s) for s in seen):
+            seen.append(value)
+            kept.append(value)
+    return kept
+
+
+def _check_learners(learners, axes, tighten_tol):
+    """Every learner's parameters as the cells will set them, validated by the
+    estimator itself (scikit-learn's ``_validate_params``): a ``ValueError``
+    naming the learner, before any fit."""
+    seed = max(axes["seed"])
+    for name, est in learners.items():
+        if not callable(getattr(est, "_validate_params", None)):
+            continue  # not a scikit-learn estimator with declared constraints
+        params = est.get_params(deep=False)
+        keys = [k for k, v in params.items() if isinstance(v, str) and v == PLANTED]
+        if params.get("n_tokens", False) is None:
+            keys.append("n_tokens")
+        for values in product(*(_distinct(axes[key]) for key in keys)):
+            cell = dict(zip(keys, values, strict=True), seed=seed)
+            try:
+                _configured(est, cell, tighten_tol)._validate_params()
+            except (ValueError, TypeError) as exc:
+                where = ", ".join(f"{k}={cell[k]!r}" for k in keys)
+                where = f" (in the cells of {where})" if keys else ""
+                raise ValueError(f"learners[{name!r}]{where}: {exc}") from None
 
 
 def _expand(learners, axes):
@@ -548,7 +640,11 @@ def recovery_sweep(
     ``seeds``.  Each cell plants a layer with
     :func:`~skattn.datasets.make_attention_regression` (``random_state=seed``),
     fits a clone of the learner (``random_state=seed``) and measures it on
-    ``n_test`` fresh noise-free examples.  A fit that raises is a row with
+    ``n_test`` fresh noise-free examples.  Every argument is checked before any
+    fit starts: the planted settings against the constraints of
+    ``make_attention_regression`` and every learner's parameters as the cells
+    set them (the estimator's own validation), each a ``ValueError`` naming the
+    learner or the key.  A fit that still raises is a row with
     ``status="failed"`` and its error, not a crash.
 
     The fits run through :class:`joblib.Parallel`: on local processes by default
@@ -660,7 +756,13 @@ def recovery_sweep(
         raise ValueError(f"success_tol must be >= 0, got {success_tol!r}.")
     if not isinstance(tighten_tol, bool | np.bool_):
         raise ValueError(f"tighten_tol must be True or False, got {tighten_tol!r}.")
-    axes = _check_grid(learners, planted, n_samples, noise, seeds)
+    if n_jobs is not None and (not _is_int(n_jobs) or n_jobs == 0):
+        raise ValueError(
+            f"n_jobs must be a non-zero integer (-1: all processors), got {n_jobs!r}."
+        )
+    if not isinstance(retry_failed, bool | np.bool_):
+        raise ValueError(f"retry_failed must be True or False, got {retry_failed!r}.")
+    axes = _check_grid(learners, planted, n_samples, noise, seeds, tighten_tol)
     axes["noise"] = [float(v) for v in axes["noise"]]
     cells = _expand(learners, axes)
     file = _ResultFile(output) if output is not None else None

@@ -9,6 +9,7 @@ from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..utils._validation import (
+    all_or_nothing,
     check_finite,
     check_no_overflow,
     flatten_tokens,
@@ -127,8 +128,10 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         Declared rank r of every head (real transformers: the head dimension):
         ``Theta_i = Q_i K_i^T`` and ``W_i = V_i O_i`` with ``Q_i, K_i, V_i`` of
         shape ``(n_features, r)`` and ``O_i`` of shape ``(r, n_outputs)``.  The
-        layer still holds and applies the products; ``fit`` checks that every
-        ``Theta_i`` and ``W_i`` has rank at most r (numerically), and
+        layer still holds and applies the products; ``fit`` and :meth:`factors`
+        check that every ``Theta_i`` and ``W_i`` has rank at most r
+        (numerically: singular values above ``1e-8`` times the largest of the
+        stack) and raise a ValueError naming the ranks otherwise, and
         :meth:`factors` returns factors of that size.  ``None``: full rank.
 
     Attributes
@@ -413,6 +416,12 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         value : ndarray of shape (n_heads, n_features, r)
         output : ndarray of shape (n_heads, r, n_outputs)
 
+        Raises
+        ------
+        ValueError
+            When a head has a higher rank than ``head_rank`` (its factors would
+            truncate it, not reproduce it).
+
         Examples
         --------
         >>> from skattn.datasets import make_attention_layer
@@ -424,6 +433,7 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         True
         """
         attention, projection, _, _ = self._parameters()
+        self._check_head_rank(attention, projection)
         d, d_out = attention.shape[1], projection.shape[2]
         rank_t = d if self.head_rank is None else min(self.head_rank, d)
         rank_w = min(d, d_out) if self.head_rank is None else min(self.head_rank, d)
@@ -461,7 +471,23 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             X = check_array(X, dtype=np.float64, input_name="X")
         return layer_sequences(X, self.n_tokens, k3, np.shape(self.attention)[-1])
 
+    def _check_head_rank(self, attention, projection):
+        """Raise if a head's rank exceeds ``head_rank`` (numerically)."""
+        if self.head_rank is None:
+            return
+        for name, mats in (("attention", attention), ("projection", projection)):
+            ranks = _numerical_ranks(mats)
+            if np.any(ranks > self.head_rank):
+                raise ValueError(
+                    f"head_rank={self.head_rank} but the {name} matrices have "
+                    f"ranks {ranks.tolist()} (singular values above {_RANK_RTOL:g} "
+                    f"times the largest); factors of rank {self.head_rank} would "
+                    f"truncate them. Pass head_rank >= {int(ranks.max())} or "
+                    f"head_rank=None."
+                )
+
     @_fit_context(prefer_skip_nested_validation=True)
+    @all_or_nothing
     def fit(self, X, y=None):
         """Validate X's widths against the layer; nothing is learned.
 
@@ -474,17 +500,16 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         Returns
         -------
         self : AttentionLayer
+
+        Raises
+        ------
+        ValueError
+            On invalid parameters (shapes, NaN, a head of higher rank than
+            ``head_rank``) or X; the fitted attributes of a previous fit are then
+            left as they were.
         """
         attention, projection, _, _ = self._parameters()
-        if self.head_rank is not None:
-            for name, mats in (("attention", attention), ("projection", projection)):
-                ranks = _numerical_ranks(mats)
-                if np.any(ranks > self.head_rank):
-                    raise ValueError(
-                        f"head_rank={self.head_rank} but the {name} matrices have "
-                        f"ranks {ranks.tolist()}; pass head_rank >= "
-                        f"{int(ranks.max())} or head_rank=None."
-                    )
+        self._check_head_rank(attention, projection)
         X3 = self._sequences(X, reset=True)
         self.n_tokens_ = X3.shape[1]
         return self
@@ -558,7 +583,11 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         return tags
 
 
-def _numerical_ranks(matrices, rtol=1e-8):
+# Relative tolerance of a head's numerical rank (``head_rank`` checks).
+_RANK_RTOL = 1e-8
+
+
+def _numerical_ranks(matrices, rtol=_RANK_RTOL):
     """Rank of each matrix of a stack: singular values above ``rtol`` times the
     largest of the stack."""
     s = np.linalg.svd(matrices, compute_uv=False)

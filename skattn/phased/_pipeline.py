@@ -14,9 +14,11 @@ result as fitted attributes (as scikit-learn's ``_BaseRidge.fit`` calls
 """
 
 import math
+import re
 import time
 import warnings
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -26,6 +28,7 @@ from ..solvers._driver import fit_from_random_starts
 from ..solvers.kernels._loss import REALISABLE_RESIDUAL
 from ..solvers.stages._polish import warmup_size
 from ..utils._batches import TokenBatches
+from ..utils._warnings import warn_at_caller
 from ._affine_hull import sculpt_hull
 from ._errors import CertificationError, CertificationWarning
 from ._model_selection import polish_on_all, select_n_heads
@@ -35,11 +38,46 @@ from ._projection_sum import crude_projection_sum
 from ._report import PhaseReport
 from ._span import hull_span
 
-# Appended to certification messages of phases 2-4, whose functions say tol/tol_final.
-_TOLERANCE_NAMES = (
-    " (In MultiHeadAttentionRegressor, tol is the first round's certify_tol and "
-    "tol_final is certify_tol_final.)"
+# The words of the phase functions in a message, and the estimator's for them:
+# round r of phases 2-4 runs at a tolerance from certify_tol (round 0) down to
+# certify_tol_final (the last round).
+_ESTIMATOR_TERMS = (
+    (
+        r"sculpt_hull stopped at round (\d+) \(tol=",
+        r"Phases 2-4 stopped at round \1 (tolerance ",
+    ),
+    (
+        r"\(tol=([^,)]+), try ([^)]+)\)",
+        r"(this round's tolerance \1; try \2 for certify_tol_final, or for "
+        r"certify_tol when it is the first round)",
+    ),
+    (
+        r"relax tol \(e\.g\. tol=([^)]+)\)",
+        r"relax the certification tolerance (e.g. \1 for certify_tol_final, or "
+        r"for certify_tol when it is the first round)",
+    ),
+    (
+        r"relax the tolerance \(tol=([^)]+)\)",
+        r"relax the certification tolerance (this round's is \1: raise "
+        r"certify_tol_final, or certify_tol for the first round)",
+    ),
+    (r"\bat tol=", "at tolerance "),
+    (r"\btol_final\b", "certify_tol_final"),
 )
+
+
+def _in_estimator_terms(message):
+    """A phase function's message in the words of the estimator's parameters.
+
+    Examples
+    --------
+    >>> _in_estimator_terms("Returning round 3; set tol_final >= 0.0394.")
+    'Returning round 3; set certify_tol_final >= 0.0394.'
+    """
+    for pattern, replacement in _ESTIMATOR_TERMS:
+        message = re.sub(pattern, replacement, message)
+    return message
+
 
 # init="auto" runs phases 1-5 up to this many features per token.  Since the
 # matrix-free hull (hull_solver) they run at any d (k = 8, m = 2, n = 5e4, one
@@ -242,6 +280,10 @@ class _PhasedRun:
         self.n_outputs = Y.shape[2]
         self.reports = []
         self.model_selection = None
+        # warnings of the phases, issued only if the fit they lead to is not
+        # exact (an exact fit makes them moot: they go to phase_report_)
+        self.deferred = []
+        self.polish_info = None
 
     def result(self):
         """``(attention, projection, info)`` of the run."""
@@ -291,16 +333,16 @@ class _PhasedRun:
             PhaseReport("0-start", 0, 0.0, {"init": init, "reason": reason})
         )
         if init == "random" and self.options.init == "auto":
-            warnings.warn(
+            self._defer(
                 f"Phases 1-5 of Chen & Li were skipped ({reason}); the polish "
-                f"starts from up to {self.options.starts.n_starts} random starts. Pass "
-                f"init='random' to silence this warning.",
+                f"started from up to {self.options.starts.n_starts} random starts. "
+                f"Pass init='random' to silence this warning.",
                 UserWarning,
-                stacklevel=3,
             )
         if init == "phased":
             try:
                 self._fit_phased(X3, Y3, weights, rng)
+                self._settle()
                 return
             except CertificationError as exc:
                 # polish=False asked for the phases' estimate: a random start
@@ -308,18 +350,40 @@ class _PhasedRun:
                 if self.options.init == "phased" or not self.options.polish.enabled:
                     raise
                 message = str(exc)
-            warnings.warn(
+            warn_at_caller(
                 f"Phases 2-4 failed, so the polish starts from up to "
                 f"{self.options.starts.n_starts} random starts instead of the phased "
                 f"estimate (init='phased' raises instead). What failed: {message}",
                 CertificationWarning,
-                stacklevel=3,
             )
             reason = f"fallback after phases 2-4 failed: {message}"
             self.reports.append(
                 PhaseReport("0-start", 1, 0.0, {"init": "random", "reason": reason})
             )
         self._fit_random(X3, Y3, weights, rng, reason)
+        self._settle()
+
+    def _defer(self, message, category):
+        """A warning kept until the fit's end (see :meth:`_settle`)."""
+        self.deferred.append((message, category))
+
+    def _settle(self):
+        """Issue the deferred warnings at the user's line, unless the polish
+        converged (the phases' shortfalls did not matter then: they are noted
+        in ``phase_report_`` under ``"notes"``)."""
+        info = self.polish_info
+        settled = info is not None and (
+            info.get("converged", False)
+            or info.get("relative_residual", 1.0) <= REALISABLE_RESIDUAL
+        )
+        if settled and self.deferred:
+            hull = [r for r in self.reports if r.phase == "2-4-hull-selected"]
+            record = (hull or self.reports)[0]
+            record.info["notes"] = [message for message, _ in self.deferred]
+        elif not settled:
+            for message, category in self.deferred:
+                warn_at_caller(message, category)
+        self.deferred = []
 
     def _polish_data(self, X3, Y3):
         """``(X3, Y3, n_polish_samples)`` for the in-memory polish.
@@ -350,7 +414,8 @@ class _PhasedRun:
         m = int(self.n_heads)
         start = time.perf_counter()
         X3, Y3, polish_rows = self._polish_data(X3, Y3)
-        with _progress(self.options.verbose, total=1) as bar:
+        n_starts = self.options.starts.n_starts
+        with _progress(self.options.verbose, n_starts, "random starts", "start") as bar:
             attention, projection, info = fit_from_random_starts(
                 X3,
                 Y3,
@@ -359,10 +424,14 @@ class _PhasedRun:
                 random_state=rng.randint(np.iinfo(np.int32).max),
                 starts=self.options.starts,
                 polish=self._polish(polish_rows),
+                progress=None if bar is None else partial(_advance_start, bar),
             )
-            _advance(bar, "random-start-polish")
+            if bar is not None:  # an exact start ends the loop early
+                bar.total = bar.n
+                bar.refresh()
         info = {key: value for key, value in info.items() if key != "stages"}
         info["reason"] = reason
+        self.polish_info = info
         self.reports.append(
             PhaseReport("6-polish", 0, time.perf_counter() - start, info)
         )
@@ -408,7 +477,9 @@ class _PhasedRun:
                     )
                 except CertificationError as exc:
                     hull_info = {"error": str(exc)}
-            notes = [str(w.message) for w in caught]
+            notes = [_in_estimator_terms(str(w.message)) for w in caught]
+            notes += [message for message, _ in self.deferred]  # from _sculpt
+            self.deferred = []
             if "error" in hull_info:
                 spectral = {"available": False, "reason": hull_info["error"]}
                 point = directions = None
@@ -472,6 +543,7 @@ class _PhasedRun:
                 tol=self.options.polish.tol,
             )
             pinfo = {k: v for k, v in pinfo.items() if k != "stages"}
+            self.polish_info = pinfo
             self.reports.append(
                 PhaseReport("auto-polish-all", 0, time.perf_counter() - start, pinfo)
             )
@@ -480,6 +552,7 @@ class _PhasedRun:
         self.projection_sum = W_sum
         self.hull_point, self.hull_directions = point, directions
         self.attention, self.projection = attention, projection
+        self._settle()
 
     def _check_learnable(self):
         k, d, d_out = (
@@ -512,13 +585,12 @@ class _PhasedRun:
                 f"for such data."
             )
         if self.n_heads != "auto" and d_out <= self.n_heads * k:
-            warnings.warn(
+            self._defer(
                 f"n_outputs_per_token={d_out} <= n_heads * n_tokens = "
                 f"{self.n_heads * k}: a mixture of different patterns may pass "
                 f"certification, so the hull may be biased (identifiability of "
                 f"phase 2 needs d_out > m k). Check phase_report_ and the fit.",
                 UserWarning,
-                stacklevel=3,
             )
 
     def _run(self, phase, bar, func, *args, **kwargs):
@@ -539,12 +611,9 @@ class _PhasedRun:
                     X3, Y3, weights, W_sum, rng
                 )
             except CertificationError as exc:
-                raise CertificationError(f"{exc}{_TOLERANCE_NAMES}") from exc
-        for warning in caught:  # re-issue, certification ones in the estimator's terms
-            suffix = (
-                _TOLERANCE_NAMES if warning.category is CertificationWarning else ""
-            )
-            warnings.warn(f"{warning.message}{suffix}", warning.category, stacklevel=4)
+                raise CertificationError(_in_estimator_terms(str(exc))) from exc
+        for warning in caught:  # kept, in the estimator's terms
+            self._defer(_in_estimator_terms(str(warning.message)), warning.category)
         seconds = time.perf_counter() - start
         for record in info["rounds"]:
             self.reports.append(
@@ -616,6 +685,7 @@ class _PhasedRun:
                 seconds = record.pop("seconds")
                 self.reports.append(PhaseReport(phase, 0, seconds, record))
         if self.options.polish.enabled:
+            self.polish_info = info["polish"]
             self._warn_if_not_converged(info["polish"])
         _advance(bar, "6-net-and-polish")
         return attention, projection
@@ -629,7 +699,7 @@ class _PhasedRun:
         stages = info.get("stages") or [info]
         reason = stages[-1].get("stop_reason", stages[-1].get("message", "?"))
         if reason == "heads_unconverged":
-            warnings.warn(
+            warn_at_caller(
                 f"Heads {info.get('unconverged_heads')} did not converge on their "
                 "one-head problems (the decoupled refinement after the minibatch "
                 "search), and the joint polish, which crawls from such a point, was "
@@ -638,7 +708,6 @@ class _PhasedRun:
                 "set). Heads with sharp attention (a row's largest weight near one) "
                 "end so: the outputs pin their logits weakly (benchmarks/README.md).",
                 ConvergenceWarning,
-                stacklevel=4,
             )
             return
         fix = (
@@ -646,25 +715,23 @@ class _PhasedRun:
             if reason == "max_iter"
             else "check the data for duplicated or degenerate sequences"
         )
-        warnings.warn(
+        warn_at_caller(
             f"The polish did not converge (stopped: {reason}) after "
             f"{info.get('n_iter')} iterations with polish_tol="
             f"{self.options.polish.tol:g}; {fix}.",
             ConvergenceWarning,
-            stacklevel=4,
         )
 
     def _warn_if_weak(self, hull_info):
         ratio = hull_info["augmented_gap_ratio"]
         if self.n_heads_fitted > 1 and not ratio >= _WEAK_GAP_RATIO:
-            warnings.warn(
+            self._defer(
                 f"Weak spectral evidence for the hull of {self.n_heads_fitted} heads "
                 f"(augmented gap ratio {ratio:.2f} < {_WEAK_GAP_RATIO}): too few rows "
                 f"on which all heads agree were certified, so phases 2-4 did not "
-                f"locate the hull and the result rests on the net and the polish. "
+                f"locate the hull and the result rests on the net (and the polish). "
                 f"Give more examples, or raise certify_tol_final; see phase_report_.",
                 ConvergenceWarning,
-                stacklevel=3,
             )
 
     def _fit_linear(self, X3, Y3, weights):
@@ -701,12 +768,19 @@ class _NoBar:
         return False
 
 
-def _progress(verbose, total):
+def _progress(verbose, total, desc="phased learner", unit="phase"):
     if not verbose:
         return _NoBar()
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="phased learner", unit="phase")
+    return tqdm(total=total, desc=desc, unit=unit)
+
+
+def _advance_start(bar, message, done):
+    """The random starts' bar: the stage running, a step per start ended."""
+    bar.set_postfix_str(message)
+    if done:
+        bar.update(1)
 
 
 def _advance(bar, phase, steps=1):

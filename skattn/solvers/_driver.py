@@ -42,6 +42,7 @@ def fit_from_random_starts(
     starts=None,
     polish=None,
     n_warmup_samples="auto",
+    progress=None,
 ):
     """The random-start path: search, per-head refinement and joint polish from
     random starts, the best kept.
@@ -77,6 +78,10 @@ def fit_from_random_starts(
     n_warmup_samples : int, None or "auto", default="auto"
         Examples of the polish's warm-up stage; ``"auto"``:
         :func:`~skattn.solvers.stages._polish.warmup_size`.
+    progress : callable or None, default=None
+        ``progress(message, done)``, called as each stage of a start begins
+        (``done`` False) and when a start ends (``done`` True, with its
+        relative residual): a progress bar's hook.
 
     Returns
     -------
@@ -123,8 +128,9 @@ def fit_from_random_starts(
     direction = None  # the tokens' constant coordinate, found once for all starts
     if search and polish.intercept:
         direction = _intercept_direction(X)
+    report = progress if progress is not None else (lambda message, done: None)
     best, best_search, residuals = None, None, []
-    for _ in range(starts.n_starts):
+    for start in range(1, starts.n_starts + 1):
         attention = random_attention(n_heads, d, rng)
         values = None
         if factored or search:  # a random start of the V_i too
@@ -132,6 +138,7 @@ def fit_from_random_starts(
             values = values @ rng.normal(size=(n_heads, head_rank, d_out))
         search_info = None
         if search:  # 1. the search, 2. the per-head refinement
+            report(f"start {start}: search and per-head refinement", False)
             attention, values, search_info = _search(
                 X,
                 Y,
@@ -149,6 +156,7 @@ def fit_from_random_starts(
         # 3. the joint polish; not where the heads' own problems stopped short:
         # there it crawls (see _unconverged_heads)
         unconverged = _unconverged_heads(search_info)
+        report(f"start {start}: joint polish", False)
         result = staged_polish(
             X,
             Y,
@@ -168,6 +176,7 @@ def fit_from_random_starts(
                 unconverged_heads=unconverged,
             )
         residuals.append(result[2]["relative_residual"])
+        report(f"start {start}: relative residual {residuals[-1]:.2g}", True)
         if best is None or residuals[-1] < best[2]["relative_residual"]:
             best, best_search = result, search_info
         if residuals[-1] <= REALISABLE_RESIDUAL:

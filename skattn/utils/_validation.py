@@ -5,12 +5,24 @@ token ``t`` occupies columns ``[t * d, (t + 1) * d)`` (token-major).  A 3-D arra
 shape ``(n_samples, k, d)`` is accepted as a convenience and flattened first.
 
 The sample weights of a loss or an error, normalised to sum to one, are here too
-(:func:`_normalized_weights`, for the solvers and the metrics alike).
+(:func:`_normalized_weights`, for the solvers and the metrics alike), and the checks
+every ``fit`` shares: ragged lists and sparse targets (:func:`check_target`), values
+too large for float64 (:func:`check_magnitude`), and :func:`restore_on_error`, which
+makes a failed ``fit`` leave the previous fit as it was.
 """
 
+import contextlib
+import functools
 from numbers import Integral
 
 import numpy as np
+import scipy.sparse
+
+# The shapes accepted for X, as said by the errors about it.
+X_SHAPES = (
+    "a 2-D array of shape (n_samples, n_tokens * n_features) or a 3-D array of "
+    "shape (n_samples, n_tokens, n_features)"
+)
 
 
 def flatten_tokens(X):
@@ -37,7 +49,7 @@ def flatten_tokens(X):
     """
     ndim = getattr(X, "ndim", None)
     if ndim is None and isinstance(X, list | tuple):
-        X = np.asarray(X)
+        X = as_array(X, "X", X_SHAPES)
         ndim = X.ndim
     if ndim == 3:
         X = np.asarray(X)
@@ -229,3 +241,238 @@ def _normalized_weights(n, sample_weight):
         return np.full(n, 1.0 / n)
     w = np.asarray(sample_weight, dtype=float)
     return w / w.sum()
+
+
+def _is_sequence(value):
+    return isinstance(value, list | tuple) or (
+        isinstance(value, np.ndarray) and value.ndim > 0
+    )
+
+
+def _index(name, path):
+    return name + "".join(f"[{i}]" for i in path)
+
+
+def ragged_description(values, name="X"):
+    """Where nested sequences stop having one shape, in words; ``None`` if nowhere.
+
+    Examples
+    --------
+    >>> ragged_description([[1.0, 2.0, 3.0], [1.0, 2.0]])
+    'its rows have lengths 3 (X[0]) and 2 (X[1])'
+    >>> ragged_description([[[1.0, 2.0]], [[1.0]]])
+    'its tokens have lengths 2 (X[0][0]) and 1 (X[1][0])'
+    >>> ragged_description([[1.0], [2.0]]) is None
+    True
+    """
+    what = ["rows", "tokens"]
+    items = [((i,), value) for i, value in enumerate(values)]
+    for level in range(32):  # deeper nesting than any X or y: not ours to describe
+        nested = [_is_sequence(value) for _, value in items]
+        if not any(nested):
+            return None
+        if not all(nested):
+            inner = next(p for (p, _), s in zip(items, nested, strict=True) if s)
+            outer = next(p for (p, _), s in zip(items, nested, strict=True) if not s)
+            return (
+                f"{_index(name, inner)} is a sequence but {_index(name, outer)} is "
+                f"a number"
+            )
+        first = {}
+        for path, value in items:
+            first.setdefault(len(value), path)
+        if len(first) > 1:
+            shown = [f"{n} ({_index(name, p)})" for n, p in list(first.items())[:4]]
+            if len(first) > 4:
+                listed = ", ".join(shown) + ", ..."
+            else:
+                listed = ", ".join(shown[:-1]) + f" and {shown[-1]}"
+            level_name = what[level] if level < len(what) else "entries"
+            return f"its {level_name} have lengths {listed}"
+        items = [
+            (path + (j,), inner)
+            for path, value in items
+            for j, inner in enumerate(value)
+        ]
+    return None
+
+
+def as_array(values, name, expected):
+    """``np.asarray(values)``, with a clear error for a ragged (nested) list.
+
+    Parameters
+    ----------
+    values : list or tuple
+    name : str
+        ``"X"`` or ``"y"``, for the message.
+    expected : str
+        The shapes accepted, for the message (``"a 2-D array of shape ..."``).
+
+    Returns
+    -------
+    array : ndarray
+
+    Raises
+    ------
+    ValueError
+        When the rows (or the tokens of the rows) have different lengths, naming
+        the lengths and where they differ.
+
+    Examples
+    --------
+    >>> as_array([[1.0, 2.0], [3.0]], "X", "a 2-D array")
+    Traceback (most recent call last):
+    ...
+    ValueError: X is a ragged list: its rows have lengths 2 (X[0]) and 1 (X[1]); ...
+    """
+    try:
+        return np.asarray(values)
+    except ValueError as exc:
+        where = ragged_description(values, name)
+        if where is None:
+            raise
+        raise ValueError(
+            f"{name} is a ragged list: {where}; pass {expected}, every row of the "
+            f"same length (pad or truncate the sequences to a common number of "
+            f"tokens first)."
+        ) from exc
+
+
+def check_target(y, owner, expected):
+    """Reject a sparse y and a ragged list y with clear messages; return y.
+
+    Parameters
+    ----------
+    y : array-like
+    owner : str
+        The estimator's class name, for the message.
+    expected : str
+        The shapes of y accepted, for the message.
+
+    Returns
+    -------
+    y : array-like
+        ``y`` itself, or a list or tuple as an ndarray.
+
+    Raises
+    ------
+    TypeError
+        For a scipy.sparse y.
+    ValueError
+        For a ragged list.
+
+    Examples
+    --------
+    >>> import scipy.sparse
+    >>> check_target(scipy.sparse.eye(2, format="csr"), "Est", "a 2-D array")
+    Traceback (most recent call last):
+    ...
+    TypeError: y is a sparse csr_matrix, but Est needs a dense y: ...
+    """
+    if scipy.sparse.issparse(y):
+        raise TypeError(
+            f"y is a sparse {type(y).__name__}, but {owner} needs a dense y: pass "
+            f"y.toarray(), {expected}."
+        )
+    if isinstance(y, list | tuple):
+        return as_array(y, "y", expected)
+    return y
+
+
+def check_magnitude(values, name, degree, owner, *, what="", fix=None):
+    """Raise a ValueError when ``values`` is too large for float64 arithmetic.
+
+    ``owner`` sums products of ``degree`` entries of ``values`` (logits, moments,
+    squared errors) over all of them: with ``size`` entries that sum overflows
+    float64 once the largest ``|value|`` exceeds ``(float64 max / size) **
+    (1 / degree)``, so larger values are rejected up front, before the fit turns
+    them into NaN, a ``LinAlgError`` or a meaningless score.
+
+    Parameters
+    ----------
+    values : ndarray
+        Finite values (validated already).
+    name : str
+        ``"X"`` or ``"y"``.
+    degree : int
+        Highest number of entries the estimator multiplies together.
+    owner : str
+        The estimator's class name.
+    what : str, default=""
+        What those products are, for the message (``"the attention logits"``).
+    fix : str, default=None
+        How to rescale; ``None``: ``sklearn.preprocessing.StandardScaler``.
+
+    Returns
+    -------
+    values : ndarray
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> _ = check_magnitude(np.ones(3), "X", 2, "Est")
+    >>> check_magnitude(np.full(3, 1e200), "X", 2, "Est")
+    Traceback (most recent call last):
+    ...
+    ValueError: X has entries up to 1e+200 in absolute value, too large for ...
+    """
+    values = np.asarray(values)
+    if values.size == 0:
+        return values
+    largest = float(np.max(np.abs(values)))
+    limit = (np.finfo(np.float64).max / values.size) ** (1.0 / degree)
+    if largest > limit:
+        fix = "e.g. with sklearn.preprocessing.StandardScaler" if fix is None else fix
+        what = f" ({what})" if what else ""
+        raise ValueError(
+            f"{name} has entries up to {largest:.3g} in absolute value, too large "
+            f"for float64 arithmetic: {owner} sums products of {degree} of them"
+            f"{what}, which overflow above about {limit:.1g} for {values.size} "
+            f"entries. Rescale {name} ({fix}) first."
+        )
+    return values
+
+
+@contextlib.contextmanager
+def restore_on_error(estimator):
+    """Leave ``vars(estimator)`` as it was if the block raises (any exception,
+    KeyboardInterrupt included): a failed ``fit`` keeps the previous fit.
+
+    The attributes are restored as the same objects, so the block must assign
+    new values rather than modify the old ones in place.
+
+    Examples
+    --------
+    >>> class Est:
+    ...     coef_ = None
+    >>> est = Est()
+    >>> est.coef_ = 1.0
+    >>> try:
+    ...     with restore_on_error(est):
+    ...         est.coef_, est.n_features_in_ = 2.0, 5
+    ...         raise ValueError("bad sample_weight")
+    ... except ValueError:
+    ...     pass
+    >>> est.coef_, hasattr(est, "n_features_in_")
+    (1.0, False)
+    """
+    saved = dict(vars(estimator))
+    try:
+        yield estimator
+    except BaseException:
+        state = vars(estimator)
+        state.clear()
+        state.update(saved)
+        raise
+
+
+def all_or_nothing(method):
+    """Decorate ``fit`` or ``partial_fit``: on any exception the estimator's
+    attributes are restored (:func:`restore_on_error`)."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        with restore_on_error(self):
+            return method(self, *args, **kwargs)
+
+    return wrapped
