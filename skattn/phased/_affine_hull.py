@@ -31,7 +31,6 @@ import time
 import warnings
 from functools import partial
 
-import cvxpy as cp
 import numpy as np
 from sklearn.utils import check_random_state
 
@@ -847,6 +846,20 @@ def _ratio(values, j):
     return float(values[j] / values[j - 1]) if values[j - 1] > 0 else np.inf
 
 
+def _cvxpy():
+    """cvxpy, imported where the Huber fit needs it: ``import skattn``, the
+    random-start path and the lstsq hull run without it (GPU machines often
+    lack it)."""
+    try:
+        import cvxpy
+    except ImportError as exc:
+        raise ImportError(
+            "hull_method='huber' needs cvxpy, a dependency of skattn that is "
+            "missing here: pip install cvxpy (or use hull_method='lstsq')."
+        ) from exc
+    return cvxpy
+
+
 def _huber_point(stats, point, directions, delta):
     """Huber fit of the point on the kept equations, orthogonal to the directions."""
     A, b = stats.get("equations"), stats["targets"]
@@ -862,6 +875,7 @@ def _huber_point(stats, point, directions, delta):
         # (residuals ~ 0) do not make the scaled problem ill conditioned.
         floor = 1e-4 * (1.0 + float(np.sqrt(np.mean(b**2))))
         delta = max(1.5 * float(np.median(np.abs(A @ point - b))), floor)
+    cp = _cvxpy()
     # Scale so the Huber threshold is 1 (keeps the solver well conditioned).
     theta = cp.Variable(A.shape[1])
     objective = cp.Minimize(cp.sum(cp.huber((A @ theta - b) / delta, 1.0)))
