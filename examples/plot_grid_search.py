@@ -57,7 +57,7 @@ param_grid = {
 # rows certify in the last rounds (the learner stops early and says so), with the
 # loosest the hull's spectral evidence is weak (a ``ConvergenceWarning``).  These
 # warnings are what the search weighs, so we silence them here.
-warnings.filterwarnings("ignore", message="(sculpt_hull stopped|Weak spectral)")
+warnings.filterwarnings("ignore", message="(Phases 2-4 stopped|Weak spectral)")
 scoring = {
     "R^2": check_scoring(learner),
     "recovery": make_recovery_scorer(true_layer),

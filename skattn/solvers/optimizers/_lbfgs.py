@@ -142,7 +142,7 @@ def lbfgs_layer(
         ``message``.
     """
     unknowns = _Unknowns(*projection.shape, head_rank)
-    losses = []
+    first = []  # the loss at the start: scipy's first evaluation is there
 
     def fun(params):
         loss, g_att, g_proj = _loss_gradient(
@@ -154,7 +154,8 @@ def lbfgs_layer(
             chunk_size,
             alpha_attention=alpha_attention,
         )
-        losses.append(loss)
+        if not first:
+            first.append(loss)
         return loss, unknowns.gradient(params, g_att, g_proj)
 
     result = _lbfgs(
@@ -167,5 +168,5 @@ def lbfgs_layer(
         callback=callback,
     )
     attention, projection = unknowns.unpack(result.x)
-    info = _lbfgs_info(result, losses[0])
+    info = _lbfgs_info(result, first[0])
     return attention.copy(), projection.copy(), info
