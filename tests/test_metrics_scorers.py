@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from _helpers import one_head_regression, two_heads_regression
 
 from skattn import (
     AttentionLayer,
@@ -15,6 +16,18 @@ from skattn.metrics import (
 )
 
 K, D = 3, 4  # tokens per sequence, features per token
+
+
+@pytest.fixture(scope="module")
+def two_heads():
+    """A planted 2-head layer."""
+    return two_heads_regression(K, D)
+
+
+@pytest.fixture(scope="module")
+def one_head():
+    """A planted 1-head layer."""
+    return one_head_regression(K, D)
 
 
 def test_recovery_scorer_rejects_a_model_without_parameters(one_head):

@@ -11,6 +11,7 @@ import pickle
 import numpy as np
 import pandas as pd
 import pytest
+from _helpers import one_head_regression, two_heads_regression
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
 from sklearn.metrics import make_scorer, r2_score
@@ -42,6 +43,18 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Weak spectral evidence:UserWarning"),
     pytest.mark.filterwarnings("ignore:Phases 2-4 stopped:UserWarning"),
 ]
+
+
+@pytest.fixture(scope="module")
+def two_heads():
+    """A planted 2-head layer the phased learner can fit in a fraction of a second."""
+    return two_heads_regression(K, D)
+
+
+@pytest.fixture(scope="module")
+def one_head():
+    """A planted 1-head layer the gradient learner recovers exactly."""
+    return one_head_regression(K, D)
 
 
 def _phased(**params):
