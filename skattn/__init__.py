@@ -16,6 +16,7 @@ from .estimators import (
 )
 from .layer import AttentionLayer
 from .metrics import attention_pattern_error, parameter_error, prediction_error
+from .utils import estimator_to_numpy
 
 __version__ = "0.1.0.dev0"
 
@@ -31,6 +32,7 @@ __all__ = [
     "attention_pattern_error",
     "certify",
     "check_conditions",
+    "estimator_to_numpy",
     "make_attention_layer",
     "make_attention_regression",
     "parameter_error",

@@ -178,3 +178,20 @@ def no_fit(*args, **kwargs):
     """A fault injection for ``_sweep._run_cell``: bad input must stop a sweep
     before any fit starts."""
     raise AssertionError("a fit started before the input was checked")
+
+
+def array_namespaces():
+    """``pytest.param``s of the array namespaces other than numpy that the CPU
+    tests cover: array-api-strict and torch on the CPU (each skipped when not
+    installed).  Each value converts a numpy array: ``to_array(np_array)``."""
+    import pytest
+
+    params = []
+    for name in ("array_api_strict", "torch"):
+        try:
+            module = __import__(name)
+        except ImportError:  # pragma: no cover - both are in the test extra
+            params.append(pytest.param(None, id=name, marks=pytest.mark.skip(name)))
+            continue
+        params.append(pytest.param(module.asarray, id=name))
+    return params

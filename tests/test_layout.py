@@ -209,7 +209,7 @@ def test_package_root_holds_only_the_public_face():
 # run the optimizers, everything reads the kernels; the options and the stop
 # vocabulary are leaves.  (lowest first; the package's __init__ re-exports)
 SOLVERS_ORDER = [
-    {"skattn.solvers._stop", "skattn.solvers._options"},
+    {"skattn.solvers._stop", "skattn.solvers._options", "skattn.solvers._checkpoints"},
     {"skattn.solvers.kernels"},
     {"skattn.solvers.optimizers"},
     {"skattn.solvers.stages"},

@@ -32,6 +32,7 @@ def test_every_learner_parameter_of_the_estimator_is_mapped():
         "input_distribution": "validated by the estimator",
         "certificate": "computed by the estimator after the fit",
         "random_state": "an argument of phased_fit",
+        "memory": "an argument of phased_fit (where stages are kept, not how)",
     }
     params = set(MultiHeadAttentionRegressor().get_params())
     assert params - set(not_the_learner) == set(PARAMETERS)

@@ -1,9 +1,15 @@
 """Dense Levenberg-Marquardt: its Gauss-Newton blocks (``optimizers/_lm_dense.py``)."""
 
 import numpy as np
+import pytest
+from _helpers import array_namespaces, planted
 
 from skattn.layer._math import forward, squared_loss_gradient
-from skattn.solvers.optimizers._lm_dense import _gauss_newton_system
+from skattn.solvers.optimizers._lm_dense import (
+    _gauss_newton_system,
+    _varpro_levenberg_marquardt,
+)
+from skattn.utils._array_api import namespace, to_numpy
 
 
 def test_gauss_newton_blocks_match_numeric_jacobian():
@@ -41,3 +47,47 @@ def test_gauss_newton_blocks_match_numeric_jacobian():
     np.testing.assert_allclose(h_tt, H[:p, :p], atol=1e-8)
     np.testing.assert_allclose(h_tw.reshape(p, -1), H[:p, p:], atol=1e-8)
     np.testing.assert_allclose(np.kron(gram, np.eye(o)), H[p:, p:], atol=1e-8)
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+@pytest.mark.parametrize("case", ["plain", "via_covariance", "hull"])
+def test_levenberg_marquardt_in_other_namespaces_gives_numpys(to_array, case):
+    rng = np.random.default_rng(4)
+    hull, weight, alpha = None, None, 0.0
+    if case == "via_covariance":  # d_out > d
+        X, Y, attention, _ = planted(200, 3, 3, 2, 7, seed=2)
+    else:
+        X, Y, attention, _ = planted(200, 4, 4, 2, 4, seed=1)
+        weight, alpha = rng.uniform(0.5, 2.0, 200), 1e-3
+    if case == "hull":
+        directions = np.linalg.qr(rng.normal(size=(16, 1)))[0].T.reshape(1, 4, 4)
+        hull = (rng.normal(size=(4, 4)), directions)
+    start = attention + 0.1 * rng.normal(size=attention.shape)
+    args = (start, weight, alpha, hull, 30, 1e-10)
+    expected = _varpro_levenberg_marquardt(X, Y, *args)
+    theta, projection, info = _varpro_levenberg_marquardt(
+        to_array(X), to_array(Y), *args
+    )
+    xp = namespace(to_array(X))
+    assert namespace(theta) is xp and namespace(projection) is xp
+    for got, want in zip((theta, projection), expected[:2], strict=True):
+        np.testing.assert_allclose(to_numpy(got), want, rtol=1e-10, atol=1e-12)
+    assert info["n_iter"] == expected[2]["n_iter"]
+    assert info["stop_reason"] == expected[2]["stop_reason"]
+    assert type(info["loss"]) is float
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_gauss_newton_blocks_in_other_namespaces_are_numpys(to_array):
+    rng = np.random.default_rng(0)
+    X = rng.choice([-1.0, 1.0], size=(6, 3, 3))
+    attention, projection = rng.normal(size=(2, 3, 3)), rng.normal(size=(2, 3, 2))
+    Y, weight = rng.normal(size=(6, 3, 2)), rng.uniform(0.5, 2.0, size=6)
+    expected = _gauss_newton_system(X, Y, attention, projection, weight, 0.1)
+    got = _gauss_newton_system(
+        *(to_array(a) for a in (X, Y, attention, projection)), weight, 0.1
+    )
+    assert type(got[0]) is float and got[0] == pytest.approx(expected[0], rel=1e-12)
+    for block, want in zip(got[1:], expected[1:], strict=True):
+        assert namespace(block) is namespace(to_array(X))
+        np.testing.assert_allclose(to_numpy(block), want, rtol=1e-10, atol=1e-13)

@@ -3,7 +3,7 @@
 
 import numpy as np
 import pytest
-from _helpers import planted, refine_planted
+from _helpers import array_namespaces, factored_planted, planted, refine_planted
 
 from skattn.layer._math import forward
 from skattn.solvers import (
@@ -14,6 +14,7 @@ from skattn.solvers import (
     varpro_least_squares,
 )
 from skattn.solvers.kernels._decoupling import decoupling_map
+from skattn.utils._array_api import namespace, to_numpy
 
 
 def test_coarse_steps_far_from_the_minimum_then_exact_ones():
@@ -120,3 +121,131 @@ def test_single_precision_products_reach_a_double_precision_optimum(monkeypatch)
         assert np.sqrt(2 * info["loss"]) < 1e-12 * target
         ends[dtype] = LowRank(1, 7, 2).attention(params)[0, :, :-1]
     np.testing.assert_allclose(ends[np.float32], ends[np.float64], atol=1e-9)
+
+
+@pytest.mark.parametrize("rank", [None, 2])
+def test_numpy_steps_are_scipys_least_squares(rank):
+    # the solver it replaced: scipy's least_squares on a LinearOperator of the
+    # products, in the preconditioner's variables (one stage, coarse=False)
+    from scipy.optimize import least_squares
+    from scipy.sparse.linalg import LinearOperator
+
+    from skattn.solvers.optimizers._lm_matrix_free import jacobian_operator
+
+    X, Y, attention, _ = planted(300, 4, 5, 2, 5, seed=21, rank=rank)
+    par = FullRank(2, 5) if rank is None else LowRank(2, 5, rank)
+    start = par.from_attention(attention + 0.1)
+    problem = VarproProblem(X, Y, None, par)
+    precond = par.preconditioner(start)
+    if precond is None:
+        apply, z0 = np.asarray, start
+        jacobian = lambda z: jacobian_operator(problem, z, orthogonal=True)  # noqa: E731
+    else:
+        apply, transpose, inverse = precond
+        z0 = inverse(start)
+        M = LinearOperator((par.size,) * 2, matvec=apply, rmatvec=transpose)
+
+        def jacobian(z):
+            return jacobian_operator(problem, apply(z), orthogonal=True) @ M
+
+    eps = np.finfo(float).eps
+    expected = least_squares(
+        lambda z: problem.residual(apply(z)),
+        z0,
+        jac=jacobian,
+        method="trf",
+        tr_solver="lsmr",
+        tr_options={"maxiter": min(par.size, 200)},
+        x_scale=1.0,
+        max_nfev=100,
+        ftol=eps,
+        xtol=1e-10,
+        gtol=eps,
+    )
+    params, projection, info = varpro_least_squares(X, Y, start, par, coarse=False)
+    assert (info["n_iter"], info["n_evaluations"]) == (expected.njev, expected.nfev)
+    np.testing.assert_allclose(params, apply(expected.x), rtol=1e-12, atol=0)
+    assert info["converged"] and info["stop_reason"] in ("step", "gradient")
+
+
+def _namespace_cases():
+    """``(args, kwargs)`` of varpro_least_squares on small planted problems."""
+    X, Y, _, _ = planted(200, 4, 5, 2, 5, seed=12)
+    start = np.random.default_rng(3).normal(size=50) * 0.3
+    yield "full", (X, Y, start, FullRank(2, 5)), {}
+    yield (
+        "full_float32_products",
+        (X, Y, start, FullRank(2, 5)),
+        {
+            "coarse": False,
+            "jacobian_dtype": np.float32,
+            "sample_weight": np.random.default_rng(5).uniform(0.5, 2.0, 200),
+        },
+    )
+    X, Y, attention, _ = planted(200, 4, 6, 2, 6, seed=4, rank=2)
+    noise = 0.2 * np.random.default_rng(1).normal(size=attention.shape)
+    par = LowRank(2, 6, 2)
+    yield "low_rank", (X, Y, par.from_attention(attention + noise), par), {}
+    X, Y, truth = factored_planted(200, 4, 5, 2, 2, 6, seed=3, intercept=True)
+    start = truth + 0.05 * np.random.default_rng(4).normal(size=truth.size)
+    yield "factored", (X, Y, start, FactoredHeads(2, 6, 2)), {"intercept": True}
+    X, Y, truth, factors = refine_planted(200, 5, 6, 3, 2, 6)
+    shares = (Y.reshape(-1, 6) @ decoupling_map(factors)[0]).reshape(200, 5, 3, 2)
+    Q, K, _ = FactoredHeads(3, 7, 2).factors(truth)
+    start = np.concatenate([Q[1].ravel(), K[1].ravel()])
+    start += 0.05 * np.random.default_rng(3).normal(size=start.size)
+    fixed = np.delete(shares, 1, axis=2).reshape(200, 5, 4)
+    yield (
+        "fixed_columns",
+        (X, shares[:, :, 1], start, LowRank(1, 7, 2)),
+        {"fixed_columns": fixed},
+    )
+
+
+NAMESPACE_CASES = {name: case for name, *case in _namespace_cases()}
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+@pytest.mark.parametrize("case", NAMESPACE_CASES)
+def test_other_namespaces_give_numpys_result(to_array, case):
+    (X, Y, start, par), options = NAMESPACE_CASES[case]
+    params, projection, info = varpro_least_squares(X, Y, start, par, **options)
+    moved = {
+        key: to_array(value) if key == "fixed_columns" else value
+        for key, value in options.items()
+    }
+    got_params, got_projection, got_info = varpro_least_squares(
+        to_array(X), to_array(Y), start, par, **moved
+    )
+    xp = namespace(to_array(X))
+    assert namespace(got_params) is xp and namespace(got_projection) is xp
+    assert got_info.keys() == info.keys()
+    for key in ("n_iter", "n_coarse_iter", "n_evaluations", "stop_reason"):
+        assert got_info[key] == info[key]
+    assert all(type(got_info[key]) is type(info[key]) for key in info)
+    got_params, got_projection = to_numpy(got_params), to_numpy(got_projection)
+    if isinstance(par, FullRank):
+        np.testing.assert_allclose(got_params, params, rtol=1e-10, atol=1e-12)
+    # Q K^T (not Q, K), and with tokens [x, 1] the outputs: the identifiable parts
+    # (a row shift of the logits, an output shift between heads change nothing)
+    if isinstance(par, LowRank) and "fixed_columns" not in options:
+        attention = par.attention(params)
+        np.testing.assert_allclose(
+            par.attention(got_params),
+            attention,
+            rtol=0,
+            atol=1e-10 * abs(attention).max(),
+        )
+    if isinstance(par, FactoredHeads):
+        attention, got_attention = par.attention(params), par.attention(got_params)
+        outputs = forward(X, attention, projection)
+        np.testing.assert_allclose(
+            forward(X, got_attention, got_projection),
+            outputs,
+            rtol=0,
+            atol=1e-10 * abs(outputs).max(),
+        )
+    else:
+        np.testing.assert_allclose(
+            got_projection, projection, rtol=0, atol=1e-10 * abs(projection).max()
+        )

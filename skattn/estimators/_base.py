@@ -4,7 +4,10 @@ import functools
 from numbers import Integral
 
 import numpy as np
+from sklearn import get_config
 from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.metrics import r2_score
+from sklearn.utils._array_api import get_namespace
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import (
@@ -15,6 +18,7 @@ from sklearn.utils.validation import (
 
 from ..layer import AttentionLayer
 from ..layer._math import forward
+from ..utils._array_api import device, is_numpy, namespace, to_namespace, to_numpy
 from ..utils._batches import is_out_of_core, validate_batches
 from ..utils._validation import (
     check_fitted_tokens,
@@ -22,6 +26,7 @@ from ..utils._validation import (
     check_no_overflow,
     check_target,
     flatten_tokens,
+    is_foreign_array,
     resolve_n_tokens,
     unflatten_tokens,
 )
@@ -96,12 +101,18 @@ def check_weights(sample_weight):
     >>> check_weights(np.array([1.0, 0.0, 2.0]))
     array([1., 0., 2.])
     """
-    if np.any(sample_weight < 0):
+    if is_foreign_array(sample_weight):  # under array_api_dispatch
+        xp = namespace(sample_weight)
+        n_negative = int(xp.sum(xp.astype(sample_weight < 0, xp.int64)))
+        total = float(xp.sum(sample_weight))
+    else:
+        n_negative, total = int(np.sum(sample_weight < 0)), np.sum(sample_weight)
+    if n_negative:
         raise ValueError(
-            f"sample_weight has {int(np.sum(sample_weight < 0))} negative value(s); "
-            f"expected non-negative weights."
+            f"sample_weight has {n_negative} negative value(s); expected "
+            f"non-negative weights."
         )
-    if not np.sum(sample_weight) > 0:
+    if not total > 0:
         raise ValueError(
             "sample_weight sums to zero; at least one sample needs a positive weight."
         )
@@ -118,6 +129,10 @@ def augment_tokens(X):
     array([[0., 1.],
            [0., 1.]])
     """
+    if is_foreign_array(X):  # under array_api_dispatch: in X's namespace
+        xp = namespace(X)
+        ones = xp.ones(X.shape[:2] + (1,), dtype=X.dtype, device=device(X))
+        return xp.concat([X, ones], axis=2)
     return np.concatenate([X, np.ones(X.shape[:2] + (1,))], axis=2)
 
 
@@ -148,6 +163,14 @@ def split_augmented(attention, projection):
     >>> th.shape, u.shape, W.shape, c
     ((2, 2, 2), (2, 2), (2, 2, 4), array([2., 2., 2., 2.]))
     """
+    if is_foreign_array(attention):  # the array API has no copy/sum methods
+        xp = namespace(attention, projection)
+        return (
+            xp.asarray(attention[:, :-1, :-1], copy=True),
+            xp.asarray(attention[:, -1, :-1], copy=True),
+            xp.asarray(projection[:, :-1, :], copy=True),
+            xp.sum(projection[:, -1, :], axis=0),
+        )
     return (
         attention[:, :-1, :-1].copy(),
         attention[:, -1, :-1].copy(),
@@ -171,6 +194,15 @@ def join_augmented(attention, key_bias, projection, intercept):
            [1., 1., 0.]])
     """
     m, d, d_out = projection.shape
+    if is_foreign_array(attention):  # under array_api_dispatch: on its device
+        xp = namespace(attention, projection)
+        theta = xp.zeros(
+            (m, d + 1, d + 1), dtype=attention.dtype, device=device(attention)
+        )
+        theta[:, :d, :d] = attention
+        theta[:, d, :d] = key_bias
+        tail = xp.broadcast_to(intercept / m, (m, 1, d_out))
+        return theta, xp.concat([projection, tail], axis=1)
     theta = np.zeros((m, d + 1, d + 1))
     theta[:, :d, :d] = attention
     theta[:, d, :d] = key_bias
@@ -178,6 +210,28 @@ def join_augmented(attention, key_bias, projection, intercept):
         [projection, np.broadcast_to(intercept / m, (m, 1, d_out))], axis=1
     )
     return theta, W
+
+
+def _float_dtype(xp, where):
+    """float64 in ``xp``, or float32 on a device without float64 (Apple's MPS)."""
+    if is_numpy(xp):
+        return np.float64
+    try:
+        names = xp.__array_namespace_info__().dtypes(kind="real floating", device=where)
+    except (AttributeError, TypeError):  # an older namespace: assume float64
+        return xp.float64
+    return xp.float64 if "float64" in names else xp.float32
+
+
+def _follow(value, xp, where):
+    """``value`` (y or sample_weight) moved to the namespace ``xp`` and device
+    ``where`` of X when it is an array of another one; else as it is (lists,
+    DataFrames and scalars are validated as usual)."""
+    if not (is_foreign_array(value) or isinstance(value, np.ndarray)):
+        return value
+    if isinstance(value, np.ndarray) and is_numpy(xp):
+        return value
+    return to_namespace(value, xp, where)
 
 
 class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
@@ -235,9 +289,15 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         if getattr(y, "ndim", 0) > 2:
             raise ValueError(
                 f"y must be 2-D (n_samples, n_tokens * n_outputs), token-major, got "
-                f"an array of shape {np.shape(y)}; flatten it with "
+                f"an array of shape {tuple(y.shape)}; flatten it with "
                 f"y.reshape(len(y), -1)."
             )
+        xp = self._input_namespace(X)
+        host = xp is None or is_numpy(xp)  # numpy, as without array_api_dispatch
+        where = None if host else device(X)
+        if xp is not None:  # y and sample_weight follow X (scikit-learn's rule)
+            y, sample_weight = _follow(y, xp, where), _follow(sample_weight, xp, where)
+        dtype = np.float64 if host else _float_dtype(xp, where)
         X, y = validate_data(
             self,
             X,
@@ -245,10 +305,10 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
             reset=True,
             multi_output=True,
             y_numeric=True,
-            dtype=np.float64,
+            dtype=dtype,
         )
         k = resolve_n_tokens(X.shape[1], self.n_tokens, k3)
-        y = np.asarray(y, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64) if host else xp.astype(y, dtype)
         self._check_magnitudes(X, y)
         self._y_1d = y.ndim == 1
         if y.ndim == 1:
@@ -265,12 +325,23 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
                 f"vector per token."
             )
         sample_weight = check_weights(
-            _check_sample_weight(sample_weight, X, dtype=np.float64)
+            _check_sample_weight(sample_weight, X, dtype=dtype)
         )
         self.n_tokens_ = k
         self.n_features_per_token_ = X.shape[1] // k
         self.n_outputs_per_token_ = y.shape[1] // k
         return unflatten_tokens(X, k), unflatten_tokens(y, k), sample_weight
+
+    def _input_namespace(self, X):
+        """The array namespace that ``fit`` and ``predict`` compute in: X's under
+        ``sklearn.config_context(array_api_dispatch=True)`` for an estimator
+        tagged ``array_api_support``; ``None`` otherwise (numpy, as without
+        dispatch: inputs are converted by ``np.asarray``)."""
+        if not get_config().get("array_api_dispatch", False):
+            return None
+        if not self.__sklearn_tags__().array_api_support:
+            return None
+        return get_namespace(X)[0]
 
     def _check_magnitudes(self, X, y):
         """Reject X and y too large for float64 arithmetic, before the fit."""
@@ -296,12 +367,38 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         self.n_outputs_per_token_ = Y3.shape[2]
         return X3, Y3, sample_weight
 
-    def _validate_predict_data(self, X):
+    def _validate_predict_data(self, X, method="predict"):
         check_is_fitted(self)
         X, k3 = flatten_tokens(X)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        xp = self._input_namespace(X)
+        host = xp is None or is_numpy(xp)
+        dtype = np.float64 if host else _float_dtype(xp, device(X))
+        X = validate_data(self, X, reset=False, dtype=dtype)
         check_fitted_tokens(k3, self.n_tokens_)
+        self._check_same_namespace(X, method)
         return unflatten_tokens(X, self.n_tokens_)
+
+    def _check_same_namespace(self, X, method):
+        """Raise unless the validated X is in the namespace and on the device of
+        the fitted parameters (scikit-learn's ``check_same_namespace``, which
+        scikit-learn < 1.9 lacks)."""
+        fitted = self.attention_
+        if not (is_foreign_array(X) or is_foreign_array(fitted)):
+            return  # numpy and numpy
+        xp_x, xp_fit = namespace(X), namespace(fitted)
+        if xp_x is xp_fit and device(X) == device(fitted):
+            return
+        where = f"{xp_fit.__name__} on {device(fitted)!r}"
+        given = f"{xp_x.__name__} on {device(X)!r}"
+        if not get_config().get("array_api_dispatch", False):
+            given += " (array_api_dispatch is off: X was converted to numpy)"
+        raise ValueError(
+            f"Inputs passed to {type(self).__name__}.{method}() must use the same "
+            f"namespace and the same device as those passed to fit(): fitted in "
+            f"{where}, got {given}. Pass X in the fit's namespace and device under "
+            f"sklearn.config_context(array_api_dispatch=True), or move the "
+            f"estimator to numpy with skattn.utils.estimator_to_numpy(estimator)."
+        )
 
     def _model_tokens(self, X3):
         """The tokens the model sees: ``[x, 1]`` when fitting an intercept."""
@@ -313,6 +410,12 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
             return join_augmented(
                 self.attention_, self.key_bias_, self.projection_, self.intercept_
             )
+        if is_foreign_array(self.attention_):
+            xp = namespace(self.attention_)
+            return (
+                xp.asarray(self.attention_, copy=True),
+                xp.asarray(self.projection_, copy=True),
+            )
         return self.attention_.copy(), self.projection_.copy()
 
     def _set_layer(self, attention, projection):
@@ -321,24 +424,36 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         ``attention`` and ``projection`` are in the model's coordinates: on
         augmented tokens when ``fit_intercept`` is True.
         """
-        attention = np.asarray(attention, dtype=np.float64)
-        projection = np.asarray(projection, dtype=np.float64)
         fit_intercept = getattr(self, "fit_intercept", False)
+        if is_foreign_array(attention):  # under array_api_dispatch: X's namespace
+            xp = namespace(attention, projection)
+            attention = xp.astype(attention, xp.float64)
+            projection = xp.astype(projection, xp.float64)
+        else:
+            attention = np.asarray(attention, dtype=np.float64)
+            projection = np.asarray(projection, dtype=np.float64)
+            xp = None
         if fit_intercept:
             attention, key_bias, projection, intercept = split_augmented(
                 attention, projection
             )
-        else:
+        elif xp is None:
             m, d, d_out = projection.shape
             key_bias, intercept = np.zeros((m, d)), np.zeros(d_out)
+        else:
+            m, d, d_out = projection.shape
+            where = {"dtype": attention.dtype, "device": device(attention)}
+            key_bias, intercept = xp.zeros((m, d), **where), xp.zeros(d_out, **where)
         self.attention_, self.projection_ = attention, projection
         self.key_bias_, self.intercept_ = key_bias, intercept
+        # the layer is a host object (AttentionLayer computes in numpy): numpy
+        # copies of the parameters, the very arrays on numpy
         self.layer_ = AttentionLayer(
-            self.attention_,
-            self.projection_,
+            to_numpy(self.attention_),
+            to_numpy(self.projection_),
             n_tokens=self.n_tokens_,
-            key_bias=key_bias if fit_intercept else None,
-            intercept=intercept if fit_intercept else None,
+            key_bias=to_numpy(key_bias) if fit_intercept else None,
+            intercept=to_numpy(intercept) if fit_intercept else None,
         )
 
     def predict(self, X):
@@ -352,7 +467,10 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         Returns
         -------
         y_pred : ndarray of shape (n_samples, n_tokens * n_outputs)
-            1-D when the training target was 1-D.
+            1-D when the training target was 1-D.  Under
+            ``sklearn.config_context(array_api_dispatch=True)``, for an
+            estimator with array API support, an array of X's namespace on X's
+            device (which must be those of the fit).
         """
         X3 = self._validate_predict_data(X)
         Y = forward(
@@ -361,7 +479,13 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
             self.projection_,
             key_bias=getattr(self, "key_bias_", None),
             intercept=getattr(self, "intercept_", None),
-        ).reshape(X3.shape[0], -1)
+        )
+        if is_foreign_array(Y):  # under array_api_dispatch: the array API's reshape
+            xp = namespace(Y)
+            Y = xp.reshape(Y, (X3.shape[0], -1))
+            check_no_overflow(Y, "predict", X=X3, attention_=self.attention_)
+            return xp.reshape(Y, (-1,)) if self._y_1d else Y
+        Y = Y.reshape(X3.shape[0], -1)
         check_no_overflow(
             Y,
             "predict",
@@ -370,3 +494,34 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
             projection_=self.projection_,
         )
         return Y.ravel() if self._y_1d else Y
+
+    def score(self, X, y, sample_weight=None):
+        """The coefficient of determination R^2 of the predictions.
+
+        scikit-learn's :func:`~sklearn.metrics.r2_score` of ``predict(X)``
+        against ``y`` (uniform average over the outputs), as
+        :meth:`sklearn.base.RegressorMixin.score`.  Under
+        ``sklearn.config_context(array_api_dispatch=True)`` it is computed in
+        the namespace and on the device of the predictions: ``y`` and
+        ``sample_weight`` of another namespace or device are moved there first.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or \
+(n_samples, n_tokens, n_features)
+            Input sequences.
+        y : array-like of shape (n_samples, n_tokens * n_outputs)
+            True outputs, token-major.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples.
+
+        Returns
+        -------
+        score : float
+            R^2 of ``predict(X)`` (1 for a perfect fit).
+        """
+        y_pred = self.predict(X)
+        if is_foreign_array(y_pred):  # y and the weights follow the predictions
+            xp, where = namespace(y_pred), device(y_pred)
+            y, sample_weight = _follow(y, xp, where), _follow(sample_weight, xp, where)
+        return r2_score(y, y_pred, sample_weight=sample_weight)

@@ -9,7 +9,7 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.base import _fit_context
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 
 from ..datasets import BooleanTokens
 from ..diagnostics import certify
@@ -17,8 +17,9 @@ from ..phased import phased_fit
 from ..phased._model_selection import split_indices
 from ..phased._options import PARAMETERS, PhasedOptions
 from ..solvers import balanced_factors
+from ..utils._array_api import device, namespace, to_namespace, to_numpy
 from ..utils._batches import TokenBatches, check_sources, map_reduce_batches
-from ..utils._validation import all_or_nothing
+from ..utils._validation import all_or_nothing, is_foreign_array
 from ._base import BaseAttentionRegressor
 
 # Held-out examples that n_heads="auto" needs: its paired test compares the
@@ -237,6 +238,16 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         dask chunk within its task (see Notes).
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and 6.
+    memory : str, joblib.Memory or None, default=None
+        Where to keep each finished stage of the random-start path (the search,
+        each head's refinement, the polish and its iterates every 30 s), as
+        ``Pipeline(memory=...)`` caches its transformers: a folder or a
+        ``joblib.Memory``. A fit that was interrupted (killed, Ctrl-C) and is run
+        again with the same data and parameters reads the finished stages back
+        and goes on from the last one, to the layer an uninterrupted fit gives.
+        Changed data or parameters use none of them; resuming needs an int
+        ``random_state`` (with None every fit draws new starts). Phases 1-6 are
+        not kept. ``None``: nothing is kept.
     verbose : int, default=0
         Show a progress bar over the phases (tqdm) when positive; from 2 on, the
         matrix-free polish also prints one line per iteration.
@@ -351,6 +362,25 @@ n_features_per_token)
     zarr folder that changes or vanishes during the fit raises
     :class:`skattn.utils._batches.SourceChangedError` naming it.
 
+    Array API (GPU): under ``sklearn.config_context(array_api_dispatch=True)``
+    (which needs the environment variable ``SCIPY_ARRAY_API=1`` set before scipy
+    is imported), ``fit``, ``predict`` and ``score`` accept torch tensors (CPU or
+    CUDA), CuPy arrays and other array-API arrays; ``y`` and ``sample_weight``
+    follow X's namespace and device.  The random-start path (``init="random"``:
+    the minibatch search, the per-head refinement, the Levenberg-Marquardt
+    polish) runs in that namespace on that device, and ``attention_``,
+    ``projection_``, ``key_bias_``, ``intercept_``, ``projection_sum_``,
+    ``hull_point_``, ``hull_directions_`` and ``factors_`` are float64 arrays
+    of it; ``predict`` then wants
+    inputs of the same namespace and device.  Phases 1-6 are numpy-only: with
+    ``init="phased"`` (or ``"auto"`` choosing them) and with ``n_heads="auto"``
+    they run on numpy copies of X and y on the host, the polish after them on
+    the device, and ``phase_report_`` says so (``"host_copies"`` in its first
+    record).  ``layer_``, ``phase_report_``, ``model_selection_`` and
+    ``certificate_`` are host objects (numpy), the certificate computed on host
+    copies.  :func:`skattn.utils.estimator_to_numpy` returns a copy with numpy
+    arrays.  Without the dispatch, inputs are converted to numpy as always.
+
     References
     ----------
     S. Chen and Y. Li. Provably learning a multi-head attention layer.
@@ -404,6 +434,7 @@ n_features_per_token)
         "polish_solver": [StrOptions({"auto", "dense", "matrix-free"})],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
         "random_state": ["random_state"],
+        "memory": [None, str, HasMethods(["cache"])],
         "verbose": ["verbose"],
     }
 
@@ -443,6 +474,7 @@ n_features_per_token)
         polish_solver="auto",
         batch_size=4096,
         random_state=None,
+        memory=None,
         verbose=0,
     ):
         self.n_heads = n_heads
@@ -478,7 +510,14 @@ n_features_per_token)
         self.polish_solver = polish_solver
         self.batch_size = batch_size
         self.random_state = random_state
+        self.memory = memory
         self.verbose = verbose
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        # fit, predict and score follow X's namespace under array_api_dispatch
+        tags.array_api_support = True
+        return tags
 
     @_fit_context(prefer_skip_nested_validation=True)
     @all_or_nothing
@@ -491,6 +530,9 @@ n_features_per_token)
 (n_samples, n_tokens, n_features)
             Input sequences, token-major.  A ``numpy.memmap``, zarr, h5py or
             dask array is read in ``batch_size`` batches, never whole (see Notes).
+            Under ``sklearn.config_context(array_api_dispatch=True)`` a torch
+            tensor (CPU or CUDA), CuPy array or other array-API array is fitted
+            in its namespace and on its device (see Notes).
         y : array-like of shape (n_samples, n_tokens * n_outputs)
             Output sequences ``F(X)`` (+ noise), token-major; out of core too.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -515,6 +557,8 @@ n_features_per_token)
         if self.input_distribution == "boolean":
             if isinstance(X3, TokenBatches):
                 _check_boolean_batches(X3, Y3, self.batch_size)
+            elif is_foreign_array(X3):  # scanned on its device, reported on the host
+                _check_boolean_array(X3)
             else:
                 BooleanTokens(*X3.shape[1:]).check(X3.reshape(len(X3), -1))
         if self.fit_intercept and isinstance(X3, TokenBatches):
@@ -535,14 +579,18 @@ n_features_per_token)
         options = PhasedOptions.from_params(
             **{name: getattr(self, name) for name in PARAMETERS}
         )
-        attention, projection, info = phased_fit(
-            X3,
-            Y3,
-            self.n_heads,
-            sample_weight=weights,
-            random_state=rng,
-            options=options,
-        )
+        try:
+            attention, projection, info = phased_fit(
+                X3,
+                Y3,
+                self.n_heads,
+                sample_weight=weights,
+                random_state=rng,
+                options=options,
+                memory=self.memory,
+            )
+        except KeyboardInterrupt:  # the estimator is left as it was (all_or_nothing)
+            raise KeyboardInterrupt(_interrupted(self.memory)) from None
         self.phase_report_ = info["reports"]
         self.n_heads_, self.n_iter_ = info["n_heads"], info["n_iter"]
         self.projection_sum_ = info["projection_sum"]
@@ -553,10 +601,10 @@ n_features_per_token)
         self._set_layer(attention, projection)
         if self.head_rank is not None and self.n_tokens_ > 1:
             self.factors_ = _factors(self.attention_, self.projection_, self.head_rank)
-        if self.certificate:
-            self.certificate_ = certify(self, X3, Y3)
+        if self.certificate:  # a host record: computed on numpy copies
+            self.certificate_ = certify(self, to_numpy(X3), to_numpy(Y3))
         check_sources(X3, Y3)  # files read in batches did not change during the fit
-        if not all(np.all(np.isfinite(p)) for p in (self.attention_, self.projection_)):
+        if not all(_all_finite(p) for p in (self.attention_, self.projection_)):
             raise ValueError(
                 "MultiHeadAttentionRegressor's fitted parameters are NaN or infinite: "
                 "for finite X and y, values too large for float64 arithmetic (the "
@@ -564,6 +612,21 @@ n_features_per_token)
                 "preprocessing.StandardScaler) first."
             )
         return self
+
+
+def _interrupted(memory):
+    """What an interrupted fit says: how to resume it, or how it could have."""
+    if memory is None:
+        return (
+            "MultiHeadAttentionRegressor.fit was interrupted; the estimator is left "
+            "as it was. Pass memory='a folder' (and an int random_state) to keep "
+            "each finished stage, so that a fit run again resumes after the last."
+        )
+    return (
+        f"MultiHeadAttentionRegressor.fit was interrupted; the estimator is left as "
+        f"it was. Its finished stages are kept in memory={memory!r}: fit again with "
+        f"the same data and parameters to resume after the last one."
+    )
 
 
 def _n_held_out(n_samples, fraction):
@@ -625,8 +688,32 @@ def _check_boolean_batches(X3, Y3, batch_size):
 
 
 def _factors(attention, projection, rank):
-    """Balanced rank-``rank`` factors ``(Q, K, V, O)`` of the fitted heads."""
+    """Balanced rank-``rank`` factors ``(Q, K, V, O)`` of the fitted heads.
+
+    Their SVDs run on numpy copies (small: ``m`` matrices of ``d`` rows); the
+    factors are returned in the namespace and on the device of the heads.
+    """
+    xp, where = namespace(attention), device(attention)
+    attention, projection = to_numpy(attention), to_numpy(projection)
     rank = min(rank, attention.shape[1])
     query, key = balanced_factors(attention, rank)
     value, output = balanced_factors(projection, min(rank, projection.shape[2]))
-    return query, key, value, np.swapaxes(output, 1, 2)
+    factors = query, key, value, np.swapaxes(output, 1, 2)
+    return tuple(to_namespace(factor, xp, where) for factor in factors)
+
+
+def _all_finite(values):
+    """Whether every entry of ``values`` (an array of any namespace) is finite."""
+    if is_foreign_array(values):
+        xp = namespace(values)
+        return bool(xp.all(xp.isfinite(values)))
+    return bool(np.all(np.isfinite(values)))
+
+
+def _check_boolean_array(X3):
+    """``BooleanTokens.check`` of tokens in another namespace: the scan runs on
+    their device; only a failing X is copied to the host, for the message."""
+    xp = namespace(X3)
+    if bool(xp.all(xp.abs(X3) == 1.0)):
+        return
+    BooleanTokens(*X3.shape[1:]).check(to_numpy(X3).reshape(X3.shape[0], -1))

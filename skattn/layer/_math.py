@@ -19,9 +19,24 @@ separation of the heads' ``Theta_i`` (:func:`min_separation`, for the planted
 layers of :mod:`skattn.datasets` and the conditions of :mod:`skattn.diagnostics`)
 are here too.  Nothing here validates input: callers (estimators, ``AttentionLayer``)
 do.
+
+The functions up to :func:`balanced_factors` take arrays of any array-API namespace
+(numpy, torch, CuPy, array-api-strict; :mod:`skattn.utils._array_api`) and return
+arrays of that namespace, on the inputs' device; numpy arrays get the numpy results
+of before, bit for bit.
 """
 
 import numpy as np
+from sklearn.externals.array_api_compat import is_array_api_obj
+
+from ..utils._array_api import (
+    device,
+    einsum,
+    free_memory,
+    is_numpy,
+    is_out_of_memory,
+    namespace,
+)
 
 
 def softmax(logits, axis=-1):
@@ -33,14 +48,128 @@ def softmax(logits, axis=-1):
     >>> softmax(np.array([1000.0, -1000.0, 1000.0]))
     array([0.5, 0. , 0.5])
     """
-    shifted = logits - np.max(logits, axis=axis, keepdims=True)
-    expo = np.exp(shifted)
-    return expo / np.sum(expo, axis=axis, keepdims=True)
+    xp = _namespace(logits)
+    shifted = logits - xp.max(logits, axis=axis, keepdims=True)
+    expo = xp.exp(shifted)
+    return expo / xp.sum(expo, axis=axis, keepdims=True)
+
+
+class _Numpy:
+    """The array-API numpy namespace, its hot aliases bound to numpy's functions.
+
+    ``array_api_compat``'s numpy aliases (``reshape``, ``permute_dims``,
+    ``matmul``, ``astype``, ...) wrap numpy's in a Python call each, and finding
+    the namespace of numpy arrays takes microseconds: per chunk of a Jacobian
+    product that adds up on small problems.  The same functions, the same
+    results; anything else is the compat namespace's (``is_numpy`` holds: it
+    has that namespace's name).
+    """
+
+    def __init__(self, compat):
+        self._compat = compat
+        self.__name__ = compat.__name__
+
+    def __getattr__(self, name):
+        if name == "_compat":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self._compat, name)
+
+    def __reduce__(self):  # copies and pickles are the one instance
+        return _namespace, ()
+
+    matmul = staticmethod(np.matmul)
+
+    # the methods: numpy's function forms dispatch first (half a microsecond)
+    @staticmethod
+    def reshape(x, /, shape):
+        return x.reshape(shape)
+
+    @staticmethod
+    def permute_dims(x, /, axes):
+        return x.transpose(axes)
+
+    @staticmethod
+    def matrix_transpose(x):
+        return x.swapaxes(-1, -2)
+
+    @staticmethod
+    def astype(x, dtype, /, *, copy=True, device=None):
+        return x.astype(dtype, copy=copy)
+
+
+_NUMPY = _Numpy(namespace())
+
+
+def _namespace(*arrays):
+    """:func:`~skattn.utils._array_api.namespace`, at once for numpy arrays (and
+    ``None``): the kernels ask for it in every call."""
+    for array in arrays:
+        if array is not None and not isinstance(array, np.ndarray):
+            # tokens read in batches from disk (TokenBatches) yield numpy arrays
+            others = [a for a in arrays if is_array_api_obj(a)]
+            return namespace(*others) if others else _NUMPY
+    return _NUMPY
 
 
 # forward() computes the head features (n, m, k, d) of at most this many floats at
 # once (128 MiB): 12 heads of d = 384 on 20000 sequences of 16 tokens would take 12 GB.
 _FORWARD_CHUNK_FLOATS = 2**24
+# On a device (GPU), one chunk's largest intermediate may take this share of the
+# memory free when the chunking is chosen: a handful of intermediates of that size
+# live at once, and larger chunks keep the device busy.
+_DEVICE_MEMORY_SHARE = 1 / 16
+
+
+def _einsum(xp, subscripts, *operands):
+    """``einsum`` in ``xp``; numpy's with ``optimize=True`` (BLAS contractions, and
+    the bits of before)."""
+    if is_numpy(xp):
+        return np.einsum(subscripts, *operands, optimize=True)
+    return einsum(xp, subscripts, *operands)
+
+
+def _chunk_floats(x, floats):
+    """Floats that one chunk's largest intermediate may hold for arrays like ``x``.
+
+    ``floats`` (a fixed budget) for host arrays (numpy, torch on the CPU), so
+    that their chunking and results do not change; on a device, a share of the
+    memory it has free (:data:`_DEVICE_MEMORY_SHARE`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> _chunk_floats(np.ones(2), 2**21)
+    2097152
+    """
+    free = free_memory(x)
+    if free is None:
+        return floats
+    xp = _namespace(x)
+    itemsize = (
+        xp.finfo(x.dtype).bits // 8 if xp.isdtype(x.dtype, "real floating") else 8
+    )
+    return max(1, int(free * _DEVICE_MEMORY_SHARE) // itemsize)
+
+
+def _halving(size, attempt):
+    """``attempt(size)``, with ``size`` halved after an out-of-memory error.
+
+    ``attempt`` runs a whole chunked computation with chunks of ``size``
+    samples; a device that runs out of memory (or the host: ``MemoryError``)
+    retries it with half the chunk, down to one sample, rather than failing.
+
+    Examples
+    --------
+    >>> _halving(8, lambda size: size)
+    8
+    """
+    while True:
+        try:
+            return attempt(size)
+        except Exception as exc:
+            if size <= 1 or not is_out_of_memory(exc):
+                raise
+            size = max(1, size // 2)
 
 
 def attention_logits(X, attention, key_bias=None):
@@ -55,12 +184,13 @@ def attention_logits(X, attention, key_bias=None):
     >>> attention_logits(np.ones((1, 2, 3)), np.eye(3)[None]).shape
     (1, 1, 2, 2)
     """
+    xp = _namespace(X, attention)
     # (x_l^T Theta_i) for every token l, then dot with every token a.
-    left = np.einsum("nkd,mde->nmke", X, attention, optimize=True)
-    logits = np.matmul(left, np.swapaxes(X, 1, 2)[:, None])
+    left = _einsum(xp, "nkd,mde->nmke", X, attention)
+    logits = xp.matmul(left, xp.permute_dims(X, (0, 2, 1))[:, None, ...])
     if key_bias is not None:
         # u_i^T x_a, the same for every query row l
-        logits += np.einsum("nad,md->nma", X, key_bias, optimize=True)[:, :, None, :]
+        logits += _einsum(xp, "nad,md->nma", X, key_bias)[:, :, None, :]
     return logits
 
 
@@ -92,7 +222,7 @@ def head_features(X, attention, patterns=None, key_bias=None):
     """
     if patterns is None:
         patterns = attention_patterns(X, attention, key_bias)
-    return np.matmul(patterns, X[:, None])
+    return _namespace(X).matmul(patterns, X[:, None, ...])
 
 
 def forward(X, attention, projection, features=None, key_bias=None, intercept=None):
@@ -109,27 +239,51 @@ def forward(X, attention, projection, features=None, key_bias=None, intercept=No
     >>> forward(X, np.zeros((1, 3, 3)), np.ones((1, 3, 1)))[0, :, 0]
     array([3., 3.])
     """
+    xp = _namespace(X, attention, projection)
     if features is None:
         n, k, d = X.shape
-        step = max(1, _FORWARD_CHUNK_FLOATS // (max(len(attention), 1) * k * max(k, d)))
+        per_sample = max(attention.shape[0], 1) * k * max(k, d)
+        step = max(1, _chunk_floats(X, _FORWARD_CHUNK_FLOATS) // per_sample)
         if n > step:  # bounded memory: the head features of a chunk at a time
-            out = np.empty(
-                (n, k, projection.shape[2]), np.result_type(X, attention, projection)
+            return _halving(
+                step,
+                lambda size: _forward_chunks(
+                    X, attention, projection, key_bias, intercept, size
+                ),
             )
-            for start in range(0, n, step):
-                rows = slice(start, start + step)
-                out[rows] = forward(
-                    X[rows],
-                    attention,
-                    projection,
-                    key_bias=key_bias,
-                    intercept=intercept,
-                )
-            return out
-        features = head_features(X, attention, key_bias=key_bias)
-    out = np.einsum("nmkd,mdo->nko", features, projection, optimize=True)
+        try:
+            features = head_features(X, attention, key_bias=key_bias)
+        except Exception as exc:  # a device out of memory: in chunks after all
+            if n <= 1 or not is_out_of_memory(exc):
+                raise
+            return _halving(
+                n // 2,
+                lambda size: _forward_chunks(
+                    X, attention, projection, key_bias, intercept, size
+                ),
+            )
+    out = _einsum(xp, "nmkd,mdo->nko", features, projection)
     if intercept is not None:
         out += intercept
+    return out
+
+
+def _forward_chunks(X, attention, projection, key_bias, intercept, step):
+    """:func:`forward` on chunks of ``step`` samples (the head features of one
+    chunk at a time)."""
+    xp = _namespace(X, attention, projection)
+    n, k, _ = X.shape
+    out = xp.empty(
+        (n, k, projection.shape[2]),
+        dtype=xp.result_type(X, attention, projection),
+        device=device(X),
+    )
+    for start in range(0, n, step):
+        rows = slice(start, min(n, start + step))  # the standard: stop <= n
+        features = head_features(X[rows, ...], attention, key_bias=key_bias)
+        out[rows, ...] = forward(
+            X[rows, ...], attention, projection, features, intercept=intercept
+        )
     return out
 
 
@@ -166,24 +320,36 @@ def squared_loss_gradient(X, Y, attention, projection, sample_weight=None):
     >>> float(loss), gth.shape, gw.shape
     (1.0, (1, 3, 3), (1, 3, 1))
     """
+    loss, grad_attention, grad_projection = _squared_loss_gradient(
+        X, Y, attention, projection, sample_weight
+    )
+    return float(loss), grad_attention, grad_projection
+
+
+def _squared_loss_gradient(X, Y, attention, projection, sample_weight=None):
+    """:func:`squared_loss_gradient` with the loss a 0-d array (no host sync)."""
+    xp = _namespace(X, Y, attention, projection)
     n = X.shape[0]
-    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, float)
-    total = w.sum()
+    if sample_weight is None:
+        w = xp.ones(n, dtype=xp.float64, device=device(X))
+    else:
+        w = xp.astype(xp.asarray(sample_weight, device=device(X)), xp.float64)
+    total = xp.sum(w)
     patterns = attention_patterns(X, attention)
-    features = np.matmul(patterns, X[:, None])  # (n, m, k, d)
+    features = xp.matmul(patterns, X[:, None, ...])  # (n, m, k, d)
     residual = forward(X, attention, projection, features) - Y  # (n, k, o)
     wres = residual * (w / total)[:, None, None]
-    loss = 0.5 * float(np.sum(wres * residual))
-    grad_projection = np.einsum("nmkd,nko->mdo", features, wres, optimize=True)
+    loss = 0.5 * xp.sum(wres * residual)
+    grad_projection = _einsum(xp, "nmkd,nko->mdo", features, wres)
     # dS_i = R W_i^T X^T : (n, m, k, k)
-    rw = np.einsum("nko,mdo->nmkd", wres, projection, optimize=True)
-    d_patterns = np.matmul(rw, np.swapaxes(X, 1, 2)[:, None])
+    rw = _einsum(xp, "nko,mdo->nmkd", wres, projection)
+    d_patterns = xp.matmul(rw, xp.permute_dims(X, (0, 2, 1))[:, None, ...])
     d_logits = patterns * (
-        d_patterns - np.sum(d_patterns * patterns, axis=-1, keepdims=True)
+        d_patterns - xp.sum(d_patterns * patterns, axis=-1, keepdims=True)
     )
     # X^T dL_i X summed over samples: a batched matmul, then one BLAS contraction.
-    d_logits_x = np.matmul(d_logits, X[:, None])  # (n, m, k, d)
-    grad_attention = np.einsum("nkd,nmke->mde", X, d_logits_x, optimize=True)
+    d_logits_x = xp.matmul(d_logits, X[:, None, ...])  # (n, m, k, d)
+    grad_attention = _einsum(xp, "nkd,nmke->mde", X, d_logits_x)
     return loss, grad_attention, grad_projection
 
 
@@ -200,11 +366,15 @@ def balanced_factors(matrices, rank):
     >>> bool(np.allclose(A[0] @ B[0].T, M[0]))
     True
     """
-    U, s, Vt = np.linalg.svd(np.asarray(matrices, dtype=float), full_matrices=False)
-    root = np.sqrt(s[:, :rank])
-    return U[:, :, :rank] * root[:, None, :], np.swapaxes(Vt[:, :rank], 1, 2) * root[
-        :, None, :
-    ]
+    if isinstance(matrices, np.ndarray) or not hasattr(matrices, "shape"):
+        matrices = np.asarray(matrices, dtype=float)
+    xp = _namespace(matrices)
+    matrices = xp.astype(matrices, xp.float64, copy=False)
+    U, s, Vt = xp.linalg.svd(matrices, full_matrices=False)
+    root = xp.sqrt(s[:, :rank])
+    return U[:, :, :rank] * root[:, None, :], xp.permute_dims(
+        Vt[:, :rank, :], (0, 2, 1)
+    ) * root[:, None, :]
 
 
 def min_separation(attention):

@@ -26,13 +26,16 @@ from sklearn.utils import check_random_state
 
 from ..solvers._driver import fit_from_random_starts
 from ..solvers.kernels._loss import REALISABLE_RESIDUAL
-from ..solvers.stages._polish import warmup_size
+from ..solvers.stages._polish import staged_polish, warmup_size
+from ..utils._array_api import device, lstsq, namespace, to_namespace, to_numpy
 from ..utils._batches import TokenBatches
+from ..utils._progress import shown
+from ..utils._validation import is_foreign_array
 from ..utils._warnings import warn_at_caller
 from ._affine_hull import sculpt_hull
 from ._errors import CertificationError, CertificationWarning
 from ._model_selection import polish_on_all, select_n_heads
-from ._net import _MAX_GRID_GRAM, fit_from_hull
+from ._net import _MAX_GRID_GRAM, fit_from_hull, net_search
 from ._options import PhasedOptions
 from ._projection_sum import crude_projection_sum
 from ._report import PhaseReport
@@ -114,7 +117,15 @@ def _build(options, params):
 
 
 def phased_fit(
-    X, Y, n_heads, *, sample_weight=None, random_state=None, options=None, **params
+    X,
+    Y,
+    n_heads,
+    *,
+    sample_weight=None,
+    random_state=None,
+    options=None,
+    memory=None,
+    **params,
 ):
     """Learn a multi-head attention layer with the phased algorithm of Chen & Li.
 
@@ -143,6 +154,9 @@ def phased_fit(
     options : PhasedOptions or None, default=None
         Every option of the learner, one frozen object per stage (``None``: built
         from ``params``).
+    memory : str, joblib.Memory or None, default=None
+        Where the random-start path keeps its finished stages, to resume an
+        interrupted fit (see :func:`~skattn.solvers.fit_from_random_starts`).
     **params : dict
         Instead of ``options``: the parameters of
         :class:`~skattn.MultiHeadAttentionRegressor` that the learner uses, with
@@ -197,11 +211,12 @@ def phased_fit(
     ['0-start', '1-crude-projection-sum', '2-4-certify-refine-hull']
     """
     run = _PhasedRun(X, Y, n_heads, sample_weight, _build(options, params))
+    run.memory = memory
     rng = check_random_state(random_state)
     if run.n_tokens == 1:
         run._fit_linear(run.X, run.Y, run.weights)
-    elif n_heads == "auto":
-        run._fit_auto(run.X, run.Y, run.weights, rng)
+    elif n_heads == "auto":  # the head search is numpy-only: on host copies
+        run._fit_auto(*run._host(run.X, run.Y, run.weights), rng)
     else:
         run._fit_fixed(run.X, run.Y, run.weights, rng)
     return run.result()
@@ -259,7 +274,9 @@ def search_n_heads(
     (2, 'exact')
     """
     run = _PhasedRun(X, Y, "auto", sample_weight, _build(options, params))
-    run._fit_auto(run.X, run.Y, run.weights, check_random_state(random_state))
+    run._fit_auto(
+        *run._host(run.X, run.Y, run.weights), check_random_state(random_state)
+    )
     return run.result()
 
 
@@ -273,8 +290,20 @@ class _PhasedRun:
     def __init__(self, X, Y, n_heads, sample_weight, options):
         self.options = options
         self.n_heads = n_heads
+        self.memory = None  # where the random-start path keeps its stages
         self.X, self.Y = X, Y
-        self.weights = np.ones(len(X)) if sample_weight is None else sample_weight
+        # the input's array namespace (numpy for out-of-core data): the random-
+        # start path runs in it; the phases, numpy-only, on host copies
+        on_host = isinstance(X, TokenBatches) or isinstance(X, np.ndarray)
+        self.xp = namespace() if on_host else namespace(X, Y)
+        self.device = None if on_host else device(X)
+        self.on_host = on_host
+        if sample_weight is not None:
+            self.weights = sample_weight
+        elif on_host:
+            self.weights = np.ones(len(X))
+        else:
+            self.weights = self.xp.ones(X.shape[0], dtype=X.dtype, device=self.device)
         self.n_tokens = X.shape[1]
         self.n_features = X.shape[2] - (1 if self.options.fit_intercept else 0)
         self.n_outputs = Y.shape[2]
@@ -286,7 +315,18 @@ class _PhasedRun:
         self.polish_info = None
 
     def result(self):
-        """``(attention, projection, info)`` of the run."""
+        """``(attention, projection, info)`` of the run, the arrays in the input's
+        namespace and on its device (those of the phases come from the host)."""
+        if not self.on_host:
+            for name in (
+                "attention",
+                "projection",
+                "projection_sum",
+                "hull_point",
+                "hull_directions",
+            ):
+                value = getattr(self, name)
+                setattr(self, name, to_namespace(value, self.xp, self.device))
         info = {
             "reports": self.reports,
             "n_heads": self.n_heads_fitted,
@@ -298,6 +338,28 @@ class _PhasedRun:
         if self.model_selection is not None:
             info["model_selection"] = self.model_selection
         return self.attention, self.projection, info
+
+    def _host(self, *arrays):
+        """Numpy copies of ``arrays`` for the numpy-only phases (the arrays
+        themselves on numpy)."""
+        if self.on_host:
+            return arrays
+        return tuple(to_numpy(a) for a in arrays)
+
+    def _note_host_copies(self, what, polish="the polish ran"):
+        """Say that ``what`` ran on host copies of X and y: a deferred warning
+        (in ``phase_report_``'s notes when the polish converged) and the
+        ``"host_copies"`` entry of the run's first report."""
+        if self.on_host:
+            return
+        message = (
+            f"X and y are {self.xp.__name__} arrays on {self.device!r}: {what} ran "
+            f"on numpy copies of them on the host (the phases are numpy-only); "
+            f"{polish} in {self.xp.__name__} on the device. init='random' keeps "
+            f"the whole fit on the device."
+        )
+        self._defer(message, UserWarning)
+        self.reports[0].info["host_copies"] = message
 
     def _choose_init(self, X3, Y3):
         """``("phased" | "random", reason)``: where the polish starts."""
@@ -340,6 +402,7 @@ class _PhasedRun:
                 UserWarning,
             )
         if init == "phased":
+            self._note_host_copies("phases 1-5 and the net of phase 6")
             try:
                 self._fit_phased(X3, Y3, weights, rng)
                 self._settle()
@@ -392,7 +455,7 @@ class _PhasedRun:
         ``_OUT_OF_CORE_POLISH_SAMPLES`` examples when ``polish_samples`` is None and
         there are more, else loaded.
         """
-        n = len(X3)
+        n = X3.shape[0]
         polish_rows = None
         if (
             self.options.polish.n_samples is not None
@@ -416,20 +479,24 @@ class _PhasedRun:
         X3, Y3, polish_rows = self._polish_data(X3, Y3)
         n_starts = self.options.starts.n_starts
         with _progress(self.options.verbose, n_starts, "random starts", "start") as bar:
-            attention, projection, info = fit_from_random_starts(
-                X3,
-                Y3,
-                m,
-                sample_weight=weights,
-                random_state=rng.randint(np.iinfo(np.int32).max),
-                starts=self.options.starts,
-                polish=self._polish(polish_rows),
-                progress=None if bar is None else partial(_advance_start, bar),
-            )
+            with shown(self.options.verbose):  # a bar per stage
+                attention, projection, info = fit_from_random_starts(
+                    X3,
+                    Y3,
+                    m,
+                    sample_weight=weights,
+                    random_state=rng.randint(np.iinfo(np.int32).max),
+                    starts=self.options.starts,
+                    polish=self._polish(polish_rows),
+                    progress=None if bar is None else partial(_advance_start, bar),
+                    memory=self.memory,
+                )
             if bar is not None:  # an exact start ends the loop early
                 bar.total = bar.n
                 bar.refresh()
         info = {key: value for key, value in info.items() if key != "stages"}
+        if not self.on_host:  # the record is a host object (see _host_record)
+            info = _host_record(info)
         info["reason"] = reason
         self.polish_info = info
         self.reports.append(
@@ -438,19 +505,20 @@ class _PhasedRun:
         self._warn_if_not_converged(info)
         self.n_heads_fitted = m
         self.n_iter = 0
-        self.projection_sum = projection.sum(axis=0)
+        self.projection_sum = self.xp.sum(projection, axis=0)
         self.hull_point, self.hull_directions = None, None
         self.attention, self.projection = attention, projection
 
     def _fit_phased(self, X3, Y3, weights, rng):
         """Phases 1-6 for a given number of heads."""
         self._check_learnable()
+        hX, hY, hw = self._host(X3, Y3, weights)  # X3, Y3, weights on numpy
         with _progress(self.options.verbose, total=6) as bar:
             W_sum = self._run(
-                "1-crude-projection-sum", bar, crude_projection_sum, X3, Y3, weights
+                "1-crude-projection-sum", bar, crude_projection_sum, hX, hY, hw
             )
             W_sum, point, directions, hull_info = self._sculpt(
-                X3, Y3, weights, W_sum, rng, bar
+                hX, hY, hw, W_sum, rng, bar
             )
             self._run("5-span", bar, hull_span, point, directions)
             attention, projection = self._phase6(
@@ -480,6 +548,11 @@ class _PhasedRun:
             notes = [_in_estimator_terms(str(w.message)) for w in caught]
             notes += [message for message, _ in self.deferred]  # from _sculpt
             self.deferred = []
+            self._note_host_copies(
+                "the head search (phases 1-5 and every candidate's polish) and "
+                "the final polish",
+                polish="the layer is returned",
+            )
             if "error" in hull_info:
                 spectral = {"available": False, "reason": hull_info["error"]}
                 point = directions = None
@@ -660,7 +733,8 @@ class _PhasedRun:
         """Phase 6: the net over the hull, then the polish; one report each."""
         X3, Y3, polish_rows = self._polish_data(X3, Y3)
         polish = self._polish(polish_rows)
-        attention, projection, info = fit_from_hull(
+        hull_fit = fit_from_hull if self.on_host else self._fit_from_hull_on_device
+        attention, projection, info = hull_fit(
             X3,
             Y3,
             point,
@@ -689,6 +763,48 @@ class _PhasedRun:
             self._warn_if_not_converged(info["polish"])
         _advance(bar, "6-net-and-polish")
         return attention, projection
+
+    def _fit_from_hull_on_device(
+        self, X3, Y3, point, directions, n_heads, *, polish, random_state, **kwargs
+    ):
+        """:func:`fit_from_hull` for arrays of another namespace: its net on numpy
+        copies, its polish in the input's namespace and on its device, from the
+        same random stream (the net's draws, then the polish's subsets)."""
+        net_keys = ("resolution", "radius", "max_candidates")
+        net = {key: kwargs.pop(key) for key in net_keys}
+        net["n_samples"] = kwargs.pop("n_net_samples")
+        weights = kwargs.pop("sample_weight")
+        hX, hY, hw = self._host(X3, Y3, weights)
+        rng = check_random_state(random_state)
+        start = time.perf_counter()
+        attention, projection, net_info = net_search(
+            hX,
+            hY,
+            point,
+            directions,
+            n_heads,
+            sample_weight=hw,
+            random_state=rng,
+            **net,
+        )
+        net_info["seconds"] = time.perf_counter() - start
+        if not polish:
+            return attention, projection, {"net": net_info, "polish": None}
+        start = time.perf_counter()
+        attention, projection, polish_info = staged_polish(
+            X3,
+            Y3,
+            to_namespace(attention, self.xp, self.device),
+            to_namespace(projection, self.xp, self.device),
+            sample_weight=weights,
+            random_state=rng,
+            mode="varpro",  # fit_from_hull's for the Levenberg-Marquardt polish
+            method="levenberg-marquardt",
+            **kwargs,
+        )
+        polish_info = _host_record(polish_info)
+        polish_info["seconds"] = time.perf_counter() - start
+        return attention, projection, {"net": net_info, "polish": polish_info}
 
     def _warn_if_not_converged(self, info):
         """ConvergenceWarning when the polish stopped early short of an exact fit."""
@@ -739,9 +855,12 @@ class _PhasedRun:
         start = time.perf_counter()
         if isinstance(X3, TokenBatches):  # with one token, phase 1 is exact
             W_sum = crude_projection_sum(X3, Y3, weights)[0]
-        else:
+        elif self.on_host:
             sw = np.sqrt(weights)[:, None]
             W_sum = np.linalg.lstsq(X3[:, 0] * sw, Y3[:, 0] * sw, rcond=None)[0]
+        else:  # on the input's device
+            sw = self.xp.sqrt(weights)[:, None]
+            W_sum = lstsq(self.xp, X3[:, 0, :] * sw, Y3[:, 0, :] * sw)
         m = 1 if self.n_heads == "auto" else int(self.n_heads)
         d = X3.shape[2]
         self.reports.append(
@@ -749,15 +868,26 @@ class _PhasedRun:
                 "linear-one-token",
                 0,
                 time.perf_counter() - start,
-                {"n_samples": len(X3), "note": "k = 1: F is linear, phases skipped"},
+                {
+                    "n_samples": X3.shape[0],
+                    "note": "k = 1: F is linear, phases skipped",
+                },
             )
         )
         self.n_iter = 0
         self.n_heads_fitted = m
         self.projection_sum = W_sum
-        self.hull_point, self.hull_directions = np.zeros((d, d)), np.zeros((0, d, d))
-        self.attention = np.zeros((m, d, d))
-        self.projection = np.repeat(W_sum[None] / m, m, axis=0)
+        if self.on_host:
+            self.hull_point = np.zeros((d, d))
+            self.hull_directions = np.zeros((0, d, d))
+            self.attention = np.zeros((m, d, d))
+            self.projection = np.repeat(W_sum[None] / m, m, axis=0)
+            return
+        xp, where = self.xp, {"dtype": W_sum.dtype, "device": self.device}
+        self.hull_point = xp.zeros((d, d), **where)
+        self.hull_directions = xp.zeros((0, d, d), **where)
+        self.attention = xp.zeros((m, d, d), **where)
+        self.projection = xp.concat([W_sum[None, ...] / m] * m, axis=0)
 
 
 class _NoBar:
@@ -787,3 +917,16 @@ def _advance(bar, phase, steps=1):
     if bar is not None:
         bar.set_postfix_str(phase)
         bar.update(steps)
+
+
+def _host_record(value):
+    """``value`` (a stage's info: dicts, lists, scalars and arrays) with every
+    array of another namespace as a numpy copy, so that ``phase_report_`` is a
+    host record whatever the input's device."""
+    if isinstance(value, dict):
+        return {key: _host_record(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_host_record(item) for item in value)
+    if is_foreign_array(value):
+        return to_numpy(value)
+    return value

@@ -15,13 +15,21 @@ ending the loop), on whitened tokens when they are anisotropic:
 The kernels these stages share (loss and projections, parametrizations and their
 Jacobian products, whitening) are in :mod:`.kernels`; the iterative methods
 (Levenberg-Marquardt, L-BFGS, Adam) in :mod:`.optimizers`.
+
+The tokens may be of any array-API namespace (numpy, torch, CuPy): every stage runs
+in it and on its device, the layer comes back in it, and the record holds Python
+numbers.  The starts are drawn (and factored) on the host by a numpy generator and
+then moved: a seed gives the same starts in every namespace.
 """
 
+import dataclasses
 import math
 
+import joblib
 from sklearn.utils import check_random_state
-from threadpoolctl import threadpool_limits
 
+from ..utils._array_api import device, namespace, to_namespace
+from ._checkpoints import StageMemory, _rng_state, kept
 from ._options import PolishOptions, RandomStartOptions
 from .kernels._loss import REALISABLE_RESIDUAL
 from .kernels._parametrization import FactoredHeads, random_attention
@@ -29,7 +37,7 @@ from .kernels._varpro import _intercept_direction
 from .kernels._whitening import WHITEN_MIN_CONDITION, _unwhiten, whitening_map
 from .stages._polish import choose_factor_values, staged_polish, warmup_size
 from .stages._refine import _threads, can_decouple, refine_heads
-from .stages._search import minibatch_search
+from .stages._search import _blas_limits, _on_accelerator, minibatch_search
 
 
 def fit_from_random_starts(
@@ -43,6 +51,7 @@ def fit_from_random_starts(
     polish=None,
     n_warmup_samples="auto",
     progress=None,
+    memory=None,
 ):
     """The random-start path: search, per-head refinement and joint polish from
     random starts, the best kept.
@@ -66,8 +75,10 @@ def fit_from_random_starts(
 
     Parameters
     ----------
-    X : ndarray of shape (n, k, d)
-    Y : ndarray of shape (n, k, d_out)
+    X : array of shape (n, k, d)
+        numpy, or any array-API namespace (torch, CuPy, ...).
+    Y : array of shape (n, k, d_out)
+        Of the namespace of ``X``.
     n_heads : int
     sample_weight : ndarray of shape (n,) or None
     random_state : int, RandomState instance or None
@@ -82,17 +93,26 @@ def fit_from_random_starts(
         ``progress(message, done)``, called as each stage of a start begins
         (``done`` False) and when a start ends (``done`` True, with its
         relative residual): a progress bar's hook.
+    memory : str, joblib.Memory, StageMemory or None, default=None
+        Where to keep each finished stage (the search, each head's refinement,
+        the polish and its iterates at intervals; :mod:`._checkpoints`): run again
+        with the same arguments after an interruption, the fit reads them back and
+        goes on from the last, to the layer of an uninterrupted fit.
 
     Returns
     -------
-    attention : ndarray of shape (m, d, d)
-    projection : ndarray of shape (m, d, d_out)
+    attention : array of shape (m, d, d)
+        In the namespace and on the device of ``X``, as ``projection``.
+    projection : array of shape (m, d, d_out)
     info : dict
+        Python numbers (no arrays).
         As :func:`~skattn.solvers.stages._polish.staged_polish`, for the best
         start; also ``n_starts_run``, ``start_residuals`` (one per start tried),
         ``whitening`` (``applied``, ``condition``, ``rank``) and
         ``start_search`` (the search's info of the best start, or None; with the
-        per-head refinement's info under ``"decoupled"``).  When that refinement
+        per-head refinement's info under ``"decoupled"``); ``memory`` (None,
+        or the ``folder`` of the kept stages and the stages ``reused`` and
+        ``computed``, in order).  When that refinement
         left heads unconverged, the polish returns its start
         (:func:`_unconverged_heads`): ``converged`` is False, ``stop_reason``
         ``"heads_unconverged"``, and ``unconverged_heads`` lists them.
@@ -117,6 +137,7 @@ def fit_from_random_starts(
             "The random-start path needs the polish (PolishOptions.enabled=True): "
             "without it a random start is no estimate."
         )
+    xp = namespace(X, Y)
     rng = check_random_state(random_state)
     if n_warmup_samples == "auto":
         n_warmup_samples = warmup_size(
@@ -129,8 +150,12 @@ def fit_from_random_starts(
     if search and polish.intercept:
         direction = _intercept_direction(X)
     report = progress if progress is not None else (lambda message, done: None)
+    if not isinstance(memory, StageMemory):
+        key = _memory_key(xp, X, n_heads, starts, polish, n_warmup_samples, rng)
+        memory = StageMemory(memory, key, (X, Y, sample_weight))
     best, best_search, residuals = None, None, []
     for start in range(1, starts.n_starts + 1):
+        # drawn on the host: the same start in every namespace
         attention = random_attention(n_heads, d, rng)
         values = None
         if factored or search:  # a random start of the V_i too
@@ -150,25 +175,34 @@ def fit_from_random_starts(
                 rng,
                 verbose=int(polish.verbose > 1),
                 decouple=decouple,
+                memory=memory,
             )
             if not factored:  # the polish eliminates whole W_i
                 values = None
+        else:  # the start moved to the tokens' namespace and device
+            attention = to_namespace(attention, xp, device(X))
+            values = to_namespace(values, xp, device(X))
         # 3. the joint polish; not where the heads' own problems stopped short:
         # there it crawls (see _unconverged_heads)
         unconverged = _unconverged_heads(search_info)
         report(f"start {start}: joint polish", False)
-        result = staged_polish(
-            X,
-            Y,
-            attention,
-            values,
-            sample_weight=sample_weight,
-            n_polish_samples=polish.n_samples,
-            n_warmup_samples=n_warmup_samples,
-            random_state=rng,
-            **polish.polish_kwargs(),
-            **({"stop_below": math.inf} if unconverged else {}),
-        )
+
+        def joint_polish(child, attention=attention, values=values, stop=unconverged):
+            return staged_polish(
+                X,
+                Y,
+                attention,
+                values,
+                sample_weight=sample_weight,
+                n_polish_samples=polish.n_samples,
+                n_warmup_samples=n_warmup_samples,
+                random_state=rng,
+                memory=child,
+                **polish.polish_kwargs(),
+                **({"stop_below": math.inf} if stop else {}),
+            )
+
+        result = kept(memory, "polish", joint_polish, rng)
         if unconverged and result[2]["relative_residual"] > REALISABLE_RESIDUAL:
             result[2].update(
                 converged=False,
@@ -188,7 +222,28 @@ def fit_from_random_starts(
     info["start_residuals"] = residuals
     info["whitening"] = whitening
     info["start_search"] = best_search
+    info["memory"] = None
+    if memory.enabled:  # what was read back, what was computed
+        info["memory"] = {
+            "folder": str(memory.folder),
+            "reused": list(memory.reused),
+            "computed": list(memory.computed),
+        }
     return attention, projection, info
+
+
+def _memory_key(xp, X, n_heads, starts, polish, n_warmup_samples, rng):
+    """What decides a fit besides its data: the settings (not ``verbose``), the
+    random generator's state, the arrays' namespace and device."""
+    return {
+        "n_heads": int(n_heads),
+        "starts": repr(starts),
+        "polish": repr(dataclasses.replace(polish, verbose=0)),
+        "n_warmup_samples": repr(n_warmup_samples),
+        "random_state": joblib.hash(_rng_state(rng)),
+        "namespace": xp.__name__,
+        "device": str(device(X)),
+    }
 
 
 def _whiten(X, sample_weight, whiten):
@@ -263,6 +318,7 @@ def _search(
     rng,
     verbose,
     decouple=False,
+    memory=None,
 ):
     """The minibatch search from a start: ``(attention, value factors, info)``.
 
@@ -277,22 +333,35 @@ def _search(
     par = FactoredHeads(m, d, head_rank)
     # one BLAS thread per half batch, the halves at once when BLAS has two threads
     # or more (12 MiniLM heads: 1400 steps took 5-6 min with two BLAS threads on
-    # whole batches, 3.3 min on one)
-    n_jobs = _threads(None, 2)
-    with threadpool_limits(limits=1, user_api="blas"):
-        params, info = minibatch_search(
-            X,
-            Y,
-            par.from_attention(attention, projection),
-            par,
-            intercept_direction=direction,
-            sample_weight=sample_weight,
-            n_jobs=n_jobs,
-            random_state=rng,
-            verbose=verbose,
-        )
+    # whole batches, 3.3 min on one); in order on a GPU
+    n_jobs = 1 if _on_accelerator(X) else _threads(None, 2)
+    # the start factored on the host, where it was drawn (the same start in every
+    # namespace), then moved
+    start = to_namespace(
+        par.from_attention(attention, projection), namespace(X), device(X)
+    )
+
+    def search(_):
+        with _blas_limits(namespace(X)):
+            return minibatch_search(
+                X,
+                Y,
+                start,
+                par,
+                intercept_direction=direction,
+                sample_weight=sample_weight,
+                n_jobs=n_jobs,
+                random_state=rng,
+                verbose=verbose,
+            )
+
+    params, info = kept(memory, "search", search, rng)
     if decouple:
-        params, info["decoupled"] = refine_heads(
-            X, Y, params, par, direction, sample_weight, rng, verbose
-        )
+
+        def refine(child):
+            return refine_heads(
+                X, Y, params, par, direction, sample_weight, rng, verbose, child
+            )
+
+        params, info["decoupled"] = kept(memory, "refine", refine, rng)
     return par.attention(params), par.factors(params)[2], info

@@ -229,6 +229,8 @@ class TokenBatches:
         return rows
 
     def _getitem(self, key):
+        if isinstance(key, tuple) and len(key) == 2 and key[1] is Ellipsis:
+            key = key[0]  # X[rows, ...], as the array API writes X[rows]
         if isinstance(key, slice):
             return self._tokens(_read(self.source, key))
         idx = np.asarray(key)

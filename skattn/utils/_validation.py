@@ -13,10 +13,14 @@ makes a failed ``fit`` leave the previous fit as it was.
 
 import contextlib
 import functools
+import math
 from numbers import Integral
 
 import numpy as np
 import scipy.sparse
+from sklearn.externals import array_api_compat as _compat
+
+from ._array_api import namespace, to_numpy
 
 # The shapes accepted for X, as said by the errors about it.
 X_SHAPES = (
@@ -52,6 +56,9 @@ def flatten_tokens(X):
         X = as_array(X, "X", X_SHAPES)
         ndim = X.ndim
     if ndim == 3:
+        if is_foreign_array(X):  # under array_api_dispatch: stays in its namespace
+            n, k, d = X.shape
+            return namespace(X).reshape(X, (n, k * d)), k
         X = np.asarray(X)
         n, k, d = X.shape
         return X.reshape(n, k * d), k
@@ -181,7 +188,22 @@ def unflatten_tokens(X, n_tokens):
     array([10., 11.])
     """
     n, width = X.shape
+    if is_foreign_array(X):  # the array API has no reshape method
+        return namespace(X).reshape(X, (n, n_tokens, width // n_tokens))
     return X.reshape(n, n_tokens, width // n_tokens)
+
+
+def is_foreign_array(x):
+    """Whether ``x`` is an array of a namespace other than numpy (torch, CuPy,
+    array-api-strict, ...), as validation keeps it under ``array_api_dispatch``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> is_foreign_array(np.ones(2)), is_foreign_array([1.0])
+    (False, False)
+    """
+    return not isinstance(x, np.ndarray) and _compat.is_array_api_obj(x)
 
 
 def check_no_overflow(result, what, **inputs):
@@ -202,7 +224,12 @@ def check_no_overflow(result, what, **inputs):
     >>> check_no_overflow(np.ones(2), "y_pred", X=np.ones(2))
     array([1., 1.])
     """
-    if np.all(np.isfinite(result)):
+    if is_foreign_array(result):
+        xp = namespace(result)
+        if bool(xp.all(xp.isfinite(result))):
+            return result
+        inputs = {name: to_numpy(value) for name, value in inputs.items()}
+    elif np.all(np.isfinite(result)):
         return result
     sizes = ", ".join(
         f"{name} up to {float(np.max(np.abs(value))) if np.size(value) else 0.0:.3g}"
@@ -416,18 +443,26 @@ def check_magnitude(values, name, degree, owner, *, what="", fix=None):
     ...
     ValueError: X has entries up to 1e+200 in absolute value, too large for ...
     """
-    values = np.asarray(values)
-    if values.size == 0:
-        return values
-    largest = float(np.max(np.abs(values)))
-    limit = (np.finfo(np.float64).max / values.size) ** (1.0 / degree)
+    if is_foreign_array(values):  # under array_api_dispatch: on its device
+        xp = namespace(values)
+        size = math.prod(values.shape)
+        if size == 0:
+            return values
+        largest = float(xp.max(xp.abs(values)))
+    else:
+        values = np.asarray(values)
+        size = values.size
+        if size == 0:
+            return values
+        largest = float(np.max(np.abs(values)))
+    limit = (np.finfo(np.float64).max / size) ** (1.0 / degree)
     if largest > limit:
         fix = "e.g. with sklearn.preprocessing.StandardScaler" if fix is None else fix
         what = f" ({what})" if what else ""
         raise ValueError(
             f"{name} has entries up to {largest:.3g} in absolute value, too large "
             f"for float64 arithmetic: {owner} sums products of {degree} of them"
-            f"{what}, which overflow above about {limit:.1g} for {values.size} "
+            f"{what}, which overflow above about {limit:.1g} for {size} "
             f"entries. Rescale {name} ({fix}) first."
         )
     return values

@@ -7,15 +7,17 @@ A layer of low-rank heads with factored values writes its outputs as
 outputs to every head's share, ``Y_s D_i = S_i(X_s) X_s V_i (+ 1 c^T D_i)``, which
 depends on head i's parameters alone (the derivation is in
 :mod:`skattn.solvers.stages._refine`, which solves the one-head problems).
-Arrays in, arrays out.
+Arrays in, arrays out, of any array-API namespace (numpy arrays get the numpy
+results of before).
 """
 
 import math
 
 import numpy as np
 
-from ...layer._math import softmax
-from ...utils._validation import _normalized_weights
+from ...layer._math import _namespace, softmax
+from ...utils._array_api import device, is_numpy, lstsq
+from ._loss import _weights
 
 
 def decoupling_map(output_factors):
@@ -40,27 +42,43 @@ def decoupling_map(output_factors):
     True
     """
     m, r, o = output_factors.shape
-    stacked = np.asarray(output_factors, dtype=float).reshape(m * r, o)
-    singular = np.linalg.svd(stacked, compute_uv=False)
-    condition = float(singular[0] / singular[-1]) if singular[-1] > 0 else math.inf
-    return np.linalg.pinv(stacked), condition
+    if isinstance(output_factors, np.ndarray) or not hasattr(output_factors, "shape"):
+        output_factors = np.asarray(output_factors, dtype=float)
+    xp = _namespace(output_factors)
+    stacked = xp.reshape(xp.astype(output_factors, xp.float64, copy=False), (m * r, o))
+    if is_numpy(xp):  # numpy's own (its pinv's cutoff is not the standard's)
+        singular = np.linalg.svd(stacked, compute_uv=False)
+        pinv = np.linalg.pinv(stacked)
+    else:
+        singular = xp.linalg.svdvals(stacked)
+        pinv = xp.linalg.pinv(stacked, rtol=1e-15)  # numpy's rcond
+    largest, smallest = float(singular[0]), float(singular[-1])
+    condition = largest / smallest if smallest > 0 else math.inf
+    return pinv, condition
 
 
 def _output_factors(X, Y, params, parametrization, sample_weight, intercept):
     """Least-squares ``O_i`` (and intercept) at ``params``; the relative residual."""
+    xp = _namespace(X, Y)
     cache = parametrization.cache(X, params)
     patterns = softmax(parametrization.logits(X, params, cache), axis=-1)
     design = _design(patterns, parametrization.values(X, params, cache), intercept)
     n, k = X.shape[:2]
-    root = np.repeat(np.sqrt(_normalized_weights(n, sample_weight)), k)[:, None]
+    _, omega = _weights(n, sample_weight, X)
+    root = xp.repeat(xp.sqrt(omega), k)[:, None]
     design *= root
-    target = Y.reshape(n * k, -1) * root
-    coef = np.linalg.lstsq(design, target, rcond=None)[0]
-    residual = np.linalg.norm(design @ coef - target) / max(
-        float(np.linalg.norm(target)), np.finfo(float).tiny
-    )
+    target = xp.reshape(Y, (n * k, -1)) * root
+    if is_numpy(xp):  # numpy's own (bits of before)
+        coef = np.linalg.lstsq(design, target, rcond=None)[0]
+        misfit = np.linalg.norm(design @ coef - target)
+        scale = float(np.linalg.norm(target))
+    else:
+        coef = lstsq(xp, design, target)
+        misfit = xp.linalg.vector_norm(design @ coef - target)
+        scale = float(xp.linalg.vector_norm(target))
+    residual = misfit / max(scale, float(np.finfo(float).tiny))
     m, r = parametrization.n_heads, parametrization.rank
-    return coef[: m * r].reshape(m, r, -1), float(residual)
+    return xp.reshape(coef[: m * r, ...], (m, r, -1)), float(residual)
 
 
 def _shares(X, Y, params, parametrization, sample_weight, intercept, dtype=float):
@@ -68,11 +86,14 @@ def _shares(X, Y, params, parametrization, sample_weight, intercept, dtype=float
     in ``dtype`` (``D`` the decoupling map of the least-squares output factors)."""
     m, r = parametrization.n_heads, parametrization.rank
     n, k, o = Y.shape
+    xp = _namespace(X, Y)
     output_factors = _output_factors(
         X, Y, params, parametrization, sample_weight, intercept
     )[0]
     D = decoupling_map(output_factors)[0]
-    return (Y.reshape(n * k, o) @ D).astype(dtype, copy=False).reshape(n, k, m, r)
+    shares = xp.reshape(Y, (n * k, o)) @ D
+    shares = xp.astype(shares, getattr(xp, np.dtype(dtype).name), copy=False)
+    return xp.reshape(shares, (n, k, m, r))
 
 
 def _one_head_problem(
@@ -80,23 +101,33 @@ def _one_head_problem(
 ):
     """Head ``head``'s one-head problem at ``params``: its targets ``Y D_i`` and
     the other heads' shares ``Y D_{-i}`` (None for one head), in ``dtype``."""
+    xp = _namespace(X, Y)
     m, r = parametrization.n_heads, parametrization.rank
     n, k = Y.shape[:2]
     shares = _shares(X, Y, params, parametrization, sample_weight, intercept, dtype)
-    target = np.ascontiguousarray(shares[:, :, head])
+    target = shares[:, :, head, :]
+    # a copy, not a strided view (as the other heads' shares below)
+    target = (
+        np.ascontiguousarray(target) if is_numpy(xp) else xp.asarray(target, copy=True)
+    )
     fixed = None
     if m > 1:
-        fixed = np.delete(shares, head, axis=2).reshape(n, k, (m - 1) * r)
+        others = xp.concat(
+            [shares[:, :, :head, :], shares[:, :, head + 1 :, :]], axis=2
+        )
+        fixed = xp.reshape(others, (n, k, (m - 1) * r))
     return target, fixed
 
 
 def _design(patterns, values, intercept):
     """The batch's design ``[S_1 X V_1, ..., S_m X V_m, (1)]``: ``(b k, m r [+ 1])``."""
+    xp = _namespace(patterns, values)
     b, m, k, r = values.shape
-    design = np.empty((b * k, m * r + intercept), dtype=values.dtype)
-    design[:, : m * r] = (
-        np.matmul(patterns, values).transpose(0, 2, 1, 3).reshape(b * k, m * r)
+    design = xp.empty(
+        (b * k, m * r + intercept), dtype=values.dtype, device=device(values)
     )
+    features = xp.permute_dims(xp.matmul(patterns, values), (0, 2, 1, 3))
+    design[:, : m * r] = xp.reshape(features, (b * k, m * r))
     if intercept:
         design[:, -1] = 1.0
     return design

@@ -18,7 +18,14 @@ gives the reduced (variable projection) objective ``L(Theta, W*(Theta))``
 (:func:`reduced_loss_gradient`).
 
 Everything that touches the samples runs in chunks of samples, so memory stays
-bounded by a fixed budget (about ``_CHUNK_FLOATS`` floats per intermediate) whatever n.
+bounded by a fixed budget (about ``_CHUNK_FLOATS`` floats per intermediate on the
+host; a share of the memory free on a device) whatever n; a device that runs out of
+memory all the same has the computation redone with half the chunk.
+
+The arrays may be of any array-API namespace (numpy, torch, CuPy, array-api-strict):
+results are in the inputs' namespace and on their device, and numpy arrays get the
+numpy (and scipy) results of before, bit for bit.  Sample weights are normalised on
+the host.
 """
 
 import math
@@ -26,7 +33,21 @@ import math
 import numpy as np
 from scipy import linalg
 
-from ...layer._math import attention_patterns, forward, squared_loss_gradient
+from ...layer._math import (
+    _chunk_floats,
+    _halving,
+    _namespace,
+    _squared_loss_gradient,
+    attention_patterns,
+    forward,
+)
+from ...utils._array_api import (
+    device,
+    is_numpy,
+    solve_triangular,
+    to_namespace,
+    to_numpy,
+)
 from ...utils._validation import _normalized_weights
 
 # A fit whose relative RMS residual is below this is taken as realisable (noise-free
@@ -36,25 +57,51 @@ REALISABLE_RESIDUAL = 1e-10
 _CHUNK_FLOATS = 2**21
 
 
-def _chunks(n, per_sample):
-    """Slices of at most ``_CHUNK_FLOATS // per_sample`` samples covering range(n)."""
-    size = max(1, _CHUNK_FLOATS // max(1, int(per_sample)))
+def _chunk_budget(x):
+    """Floats of one chunk's largest intermediate for samples like ``x``:
+    ``_CHUNK_FLOATS`` on the host, a share of the memory free on a device."""
+    return _chunk_floats(x, _CHUNK_FLOATS)
+
+
+def _chunks(n, per_sample, budget=None):
+    """Slices of at most ``budget // per_sample`` samples covering range(n).
+
+    ``budget`` (floats) defaults to ``_CHUNK_FLOATS``; :func:`_chunk_budget`
+    gives the one for arrays on a device.
+    """
+    budget = _CHUNK_FLOATS if budget is None else budget
+    size = max(1, budget // max(1, int(per_sample)))
+    return _slices(n, size)
+
+
+def _slices(n, size):
+    """Slices of ``size`` samples covering range(n)."""
     return [slice(start, min(n, start + size)) for start in range(0, n, size)]
 
 
-def _loss_chunk_size(n, k, d, d_out, m):
+def _loss_chunk_size(n, k, d, d_out, m, budget=None):
     """Samples per chunk of the loss and gradient (:func:`_loss_gradient`).
 
     Its largest intermediates (patterns, head features, back-propagated pattern
-    gradients) have ``m k max(k, d, d_out)`` floats per sample.
+    gradients) have ``m k max(k, d, d_out)`` floats per sample; ``budget`` as in
+    :func:`_chunks`.
 
     Examples
     --------
     >>> _loss_chunk_size(10, 4, 8, 8, 2)
     10
     """
+    budget = _CHUNK_FLOATS if budget is None else budget
     per_sample = max(m, 1) * k * max(k, d, d_out)  # m = 0: a layer of no heads
-    return int(min(n, max(1, _CHUNK_FLOATS // per_sample)))
+    return int(min(n, max(1, budget // per_sample)))
+
+
+def _weights(n, sample_weight, like):
+    """The normalised weights ``w / sum w`` on the host (numpy) and as an array
+    like ``like`` (its namespace and device; float64)."""
+    omega = _normalized_weights(n, to_numpy(sample_weight))
+    xp = _namespace(like)
+    return omega, to_namespace(omega, xp, device(like), dtype=xp.float64)
 
 
 def _loss_gradient(
@@ -110,34 +157,43 @@ def _loss_gradient(
     >>> float(loss), g_th.shape, g_w.shape
     (1.0, (1, 3, 3), (1, 3, 1))
     """
+    xp = _namespace(X, Y, attention, projection)
     n, k, d = X.shape
     if chunk_size is None:
-        chunk_size = _loss_chunk_size(n, k, d, Y.shape[2], attention.shape[0])
-    omega = _normalized_weights(n, sample_weight)
-    loss = 0.0
-    grad_attention = np.zeros_like(attention) if gradient else None
-    grad_projection = np.zeros_like(projection) if gradient else None
-    for start in range(0, n, chunk_size):
-        rows = slice(start, start + chunk_size)
-        share = float(np.sum(omega[rows]))
-        if share == 0.0:
-            continue
-        if not gradient:
-            residual = forward(X[rows], attention, projection) - Y[rows]
-            loss += 0.5 * float(np.sum(omega[rows][:, None, None] * residual**2))
-            continue
-        chunk_loss, chunk_ga, chunk_gp = squared_loss_gradient(
-            X[rows], Y[rows], attention, projection, omega[rows]
+        chunk_size = _loss_chunk_size(
+            n, k, d, Y.shape[2], attention.shape[0], _chunk_budget(X)
         )
-        loss += share * chunk_loss
-        grad_attention += share * chunk_ga
-        grad_projection += share * chunk_gp
+    omega, omega_x = _weights(n, sample_weight, X)
+
+    def in_chunks(size):
+        loss = 0.0  # a 0-d array after the first chunk: one host sync at the end
+        grad_attention = xp.zeros_like(attention) if gradient else None
+        grad_projection = xp.zeros_like(projection) if gradient else None
+        for start in range(0, n, size):
+            rows = slice(start, min(n, start + size))  # the standard: stop <= n
+            share = float(np.sum(omega[rows]))
+            if share == 0.0:
+                continue
+            x, y, w = X[rows, ...], Y[rows, ...], omega_x[rows]
+            if not gradient:
+                residual = forward(x, attention, projection) - y
+                loss += 0.5 * xp.sum(w[:, None, None] * residual**2)
+                continue
+            chunk_loss, chunk_ga, chunk_gp = _squared_loss_gradient(
+                x, y, attention, projection, w
+            )
+            loss += share * chunk_loss
+            grad_attention += share * chunk_ga
+            grad_projection += share * chunk_gp
+        return float(loss), grad_attention, grad_projection
+
+    loss, grad_attention, grad_projection = _halving(chunk_size, in_chunks)
     if alpha:
-        loss += 0.5 * alpha * float(np.sum(projection**2))
+        loss += 0.5 * alpha * float(xp.sum(projection**2))
         if gradient:
             grad_projection += alpha * projection
     if alpha_attention:
-        loss += 0.5 * alpha_attention * float(np.sum(attention**2))
+        loss += 0.5 * alpha_attention * float(xp.sum(attention**2))
         if gradient:
             grad_attention += alpha_attention * attention
     return loss, grad_attention, grad_projection
@@ -172,22 +228,30 @@ def projection_normal_equations(X, Y, attention, sample_weight=None):
     >>> gram.shape, rhs.shape, y_sq
     ((2, 2), (2, 1), 2.0)
     """
+    xp = _namespace(X, Y, attention)
     n, k, d = X.shape
     m = attention.shape[0]
     d_out = Y.shape[2]
-    omega = _normalized_weights(n, sample_weight)
-    gram = np.zeros((m * d, m * d))
-    rhs = np.zeros((m * d, d_out))
-    y_sq = 0.0
-    for part in _chunks(n, m * k * (k + d)):
-        features = np.matmul(attention_patterns(X[part], attention), X[part][:, None])
-        # rows (n, l), columns (i, p)
-        design = features.transpose(0, 2, 1, 3).reshape(-1, m * d)
-        weighted = design * np.repeat(omega[part], k)[:, None]
-        gram += weighted.T @ design
-        rhs += weighted.T @ Y[part].reshape(-1, d_out)
-        y_sq += float(np.sum(omega[part][:, None, None] * Y[part] ** 2))
-    return gram, rhs, y_sq
+    _, omega = _weights(n, sample_weight, X)
+    per_sample = m * k * (k + d)
+    size = max(1, _chunk_budget(X) // max(1, per_sample))
+
+    def in_chunks(size):
+        gram = xp.zeros((m * d, m * d), dtype=xp.float64, device=device(X))
+        rhs = xp.zeros((m * d, d_out), dtype=xp.float64, device=device(X))
+        y_sq = 0.0  # a 0-d array after the first chunk: one host sync at the end
+        for part in _slices(n, size):
+            x, y, w = X[part, ...], Y[part, ...], omega[part]
+            features = xp.matmul(attention_patterns(x, attention), x[:, None, ...])
+            # rows (n, l), columns (i, p)
+            design = xp.reshape(xp.permute_dims(features, (0, 2, 1, 3)), (-1, m * d))
+            weighted = design * xp.repeat(w, k)[:, None]
+            gram += weighted.T @ design
+            rhs += weighted.T @ xp.reshape(y, (-1, d_out))
+            y_sq += xp.sum(w[:, None, None] * y**2)
+        return gram, rhs, float(y_sq)
+
+    return _halving(size, in_chunks)
 
 
 class _PseudoInverse:
@@ -202,25 +266,64 @@ class _PseudoInverse:
     """
 
     def __init__(self, matrix):
-        values, vectors = linalg.eigh(matrix, driver="evd", check_finite=False)
-        cutoff = values.size * np.finfo(float).eps * np.abs(values).max(initial=0.0)
-        keep = np.abs(values) > cutoff
-        self.vectors = vectors[:, keep]
+        xp = _namespace(matrix)
+        if is_numpy(xp):
+            values, vectors = linalg.eigh(matrix, driver="evd", check_finite=False)
+        else:
+            values, vectors = xp.linalg.eigh(matrix)
+        largest = float(xp.max(xp.abs(values))) if values.shape[0] else 0.0
+        cutoff = values.shape[0] * float(np.finfo(float).eps) * largest
+        keep = xp.abs(values) > cutoff
+        if is_numpy(xp):
+            self.vectors = vectors[:, keep]
+        else:  # a boolean index may only stand alone in the array API
+            self.vectors = xp.take(vectors, xp.nonzero(keep)[0], axis=1)
         self.inverse_values = 1.0 / values[keep]
 
     def solve(self, rhs):
+        xp = _namespace(self.vectors)
         coef = self.vectors.T @ rhs
-        coef *= self.inverse_values.reshape(-1, *([1] * (coef.ndim - 1)))
+        coef *= xp.reshape(self.inverse_values, (-1, *([1] * (coef.ndim - 1))))
         return self.vectors @ coef
+
+
+class _Cholesky:
+    """The lower Cholesky factor ``L`` of a positive definite matrix, outside numpy
+    (numpy keeps scipy's ``cho_factor``): solves by two triangular solves."""
+
+    def __init__(self, lower):
+        self.lower = lower
+
+    def solve(self, rhs):
+        xp = _namespace(self.lower)
+        vector = rhs.ndim == 1  # torch's triangular solve takes matrices only
+        if vector:
+            rhs = rhs[:, None]
+        half = solve_triangular(xp, self.lower, rhs, lower=True)
+        out = solve_triangular(xp, self.lower.T, half, lower=False)
+        return out[:, 0] if vector else out
 
 
 def _factor(matrix):
     """Cholesky factor of a symmetric PSD matrix; a :class:`_PseudoInverse` when it
-    is not positive definite (singular, or indefinite by rounding)."""
+    is not positive definite (singular, or indefinite by rounding).
+
+    numpy: scipy's ``cho_factor``; other namespaces: a :class:`_Cholesky` (their
+    Cholesky raises, or -- CuPy -- returns NaN, on a matrix that is not).
+    """
+    xp = _namespace(matrix)
+    if is_numpy(xp):
+        try:
+            return linalg.cho_factor(matrix, lower=False, check_finite=False)
+        except linalg.LinAlgError:
+            return _PseudoInverse(matrix)
     try:
-        return linalg.cho_factor(matrix, lower=False, check_finite=False)
-    except linalg.LinAlgError:
+        lower = xp.linalg.cholesky(matrix)
+    except Exception:  # torch: _LinAlgError, others: their LinAlgError
         return _PseudoInverse(matrix)
+    if not bool(xp.all(xp.isfinite(lower))):
+        return _PseudoInverse(matrix)
+    return _Cholesky(lower)
 
 
 def _solve_psd(matrix, rhs, factor=None):
@@ -232,7 +335,7 @@ def _solve_psd(matrix, rhs, factor=None):
     """
     if factor is None:
         factor = _factor(matrix)
-    if isinstance(factor, _PseudoInverse):
+    if isinstance(factor, (_PseudoInverse, _Cholesky)):
         return factor.solve(rhs)
     return linalg.cho_solve(factor, rhs, check_finite=False)
 
@@ -278,20 +381,21 @@ def solve_projections(X, Y, attention, sample_weight=None, alpha=0.0):
 
 def _solve_projections(X, Y, attention, sample_weight, alpha, refine=True):
     """:func:`solve_projections` returning also ``(gram + alpha I)``'s factor."""
+    xp = _namespace(X, Y, attention)
     m, d, _ = attention.shape
     d_out = Y.shape[2]
     gram, rhs, _ = projection_normal_equations(X, Y, attention, sample_weight)
-    matrix = gram + alpha * np.eye(m * d)
+    matrix = gram + alpha * xp.eye(m * d, dtype=gram.dtype, device=device(gram))
     factor = _factor(matrix)
     flat = _solve_psd(matrix, rhs, factor)
     if refine:
         # residual of the normal equations computed from the data: -(dL/dW)
         _, _, grad = _loss_gradient(
-            X, Y, attention, flat.reshape(m, d, d_out), sample_weight, alpha
+            X, Y, attention, xp.reshape(flat, (m, d, d_out)), sample_weight, alpha
         )
-        correction = grad.reshape(m * d, d_out)
+        correction = xp.reshape(grad, (m * d, d_out))
         flat = flat - _solve_psd(matrix, correction, factor)
-    return flat.reshape(m, d, d_out), (matrix, factor)
+    return xp.reshape(flat, (m, d, d_out)), (matrix, factor)
 
 
 def reduced_loss_gradient(X, Y, attention, sample_weight=None, alpha=0.0):
@@ -352,8 +456,8 @@ def relative_residual(X, Y, attention, projection, sample_weight=None):
     >>> relative_residual(X, X, th, W)
     0.0
     """
-    omega = _normalized_weights(X.shape[0], sample_weight)
-    y_sq = float(np.sum(omega[:, None, None] * Y**2))
+    _, omega = _weights(X.shape[0], sample_weight, X)
+    y_sq = float(_namespace(X, Y).sum(omega[:, None, None] * Y**2))
     loss = _loss(X, Y, attention, projection, sample_weight, 0.0)
     return math.sqrt(2.0 * loss / y_sq) if y_sq > 0 else math.sqrt(2.0 * loss)
 

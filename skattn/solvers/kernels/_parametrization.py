@@ -13,13 +13,48 @@ products; the rest of the model (softmax, projections) is shared.  Shapes:
 The products cost ``O(n k d^2)`` per head for the full parametrization and
 ``O(n k d r + n k^2 r)`` for the low-rank one.  ``cache(X, p)`` precomputes what
 the products at ``p`` reuse (the token maps ``X Q_i``, ``X K_i``).
+
+Parameters and tokens may be arrays of any array-API namespace (numpy, torch,
+CuPy, array-api-strict; :mod:`skattn.utils._array_api`): the results are in their
+namespace and on their device, and numpy arrays get the numpy results of before.
+Random starts are drawn on the host (numpy) and moved, so that a seed gives the
+same start in every namespace.
 """
 
 import numpy as np
+from sklearn.externals.array_api_compat import is_array_api_obj
 from sklearn.utils import check_random_state
 
-from ...layer._math import balanced_factors
+from ...layer._math import _namespace, balanced_factors
+from ...utils._array_api import device, is_numpy, to_namespace
 from ._loss import solve_projections
+
+
+def _float_array(x):
+    """``x`` as a float64 array of its namespace (a numpy array for array-likes)."""
+    if isinstance(x, np.ndarray) or not hasattr(x, "shape"):
+        return np.asarray(x, dtype=float)
+    xp = _namespace(x)
+    return xp.astype(x, xp.float64, copy=False)
+
+
+def _flat(x):
+    """``x`` flattened (a view when it can be)."""
+    return _namespace(x).reshape(x, (-1,))
+
+
+def _like(x, like):
+    """``x`` (an array or array-like) as a float64 array of ``like``'s namespace and
+    device (numpy: ``numpy.asarray(x, dtype=float)``, no copy)."""
+    xp = _namespace(like)
+    if is_numpy(xp):
+        return np.asarray(x, dtype=float)
+    return to_namespace(x, xp, device(like), dtype=xp.float64)
+
+
+def _transpose(x):
+    """Swap the last two axes (``numpy.swapaxes(x, -2, -1)``)."""
+    return _namespace(x).matrix_transpose(x)
 
 
 class FullRank:
@@ -42,15 +77,16 @@ class FullRank:
     def attention(self, params):
         """Theta ``(m, d, d)`` from the flat parameters."""
         m, d = self.n_heads, self.n_features
-        return params.reshape(m, d, d)
+        return _namespace(params).reshape(params, (m, d, d))
 
     def from_attention(self, attention):
         """Flat parameters of the attention matrices ``(m, d, d)``."""
-        return np.asarray(attention, dtype=float).reshape(-1).copy()
+        attention = _float_array(attention)
+        return _namespace(attention).asarray(_flat(attention), copy=True)
 
     def attention_vjp(self, params, grad_attention):
         """Pull a gradient in Theta ``(m, d, d)`` back to the flat parameters."""
-        return np.asarray(grad_attention, dtype=float).reshape(-1)
+        return _flat(_float_array(grad_attention))
 
     def cache(self, X, params):
         """Nothing to precompute for the full parametrization."""
@@ -70,7 +106,8 @@ class FullRank:
 
     def logits_vjp(self, X, params, cotangent, cache=None):
         """Pull a cotangent ``G (n, m, k, k)`` back: ``sum_n X^T G_i X``, flat."""
-        return _pull_back(X, np.matmul(cotangent, X[:, None])).reshape(-1)
+        xp = _namespace(X, cotangent)
+        return _flat(_pull_back(X, xp.matmul(cotangent, X[:, None, ...])))
 
 
 class LowRank:
@@ -95,28 +132,27 @@ class LowRank:
         """``Q, K``, each ``(m, d, r)``."""
         m, d, r = self.n_heads, self.n_features, self.rank
         half = m * d * r
-        return params[:half].reshape(m, d, r), params[half:].reshape(m, d, r)
+        xp = _namespace(params)
+        return xp.reshape(params[:half], (m, d, r)), xp.reshape(
+            params[half:], (m, d, r)
+        )
 
     def attention(self, params):
         """``Theta_i = Q_i K_i^T``: ``(m, d, d)``."""
         Q, K = self.factors(params)
-        return np.matmul(Q, np.swapaxes(K, 1, 2))
+        return _namespace(Q).matmul(Q, _transpose(K))
 
     def from_attention(self, attention):
         """Balanced factors of the best rank-r approximation of each Theta_i."""
-        return np.concatenate(
-            [f.reshape(-1) for f in balanced_factors(attention, self.rank)]
-        )
+        factors = balanced_factors(attention, self.rank)
+        return _namespace(*factors).concat([_flat(f) for f in factors])
 
     def attention_vjp(self, params, grad_attention):
         """Pull a gradient ``G`` in Theta back to the factors: ``dQ_i = G_i K_i``,
         ``dK_i = G_i^T Q_i``, flat."""
         Q, K = self.factors(params)
-        return np.concatenate(
-            [
-                (grad_attention @ K).reshape(-1),
-                (np.swapaxes(grad_attention, 1, 2) @ Q).reshape(-1),
-            ]
+        return _namespace(Q).concat(
+            [_flat(grad_attention @ K), _flat(_transpose(grad_attention) @ Q)]
         )
 
     def preconditioner(self, params):
@@ -149,34 +185,30 @@ class LowRank:
     def cache(self, X, params):
         """The token maps ``X Q_i`` and ``X K_i``, each ``(n, m, k, r)``."""
         Q, K = self.factors(params)
-        both = _token_maps(X, np.concatenate([Q, K], axis=0))  # one GEMM
-        return both[:, : self.n_heads], both[:, self.n_heads :]
+        both = _token_maps(X, _namespace(Q).concat([Q, K], axis=0))  # one GEMM
+        return both[:, : self.n_heads, ...], both[:, self.n_heads :, ...]
 
     def logits(self, X, params, cache=None):
         """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)``."""
         xq, xk = self.cache(X, params) if cache is None else cache
-        return np.matmul(xq, np.swapaxes(xk, 2, 3))
+        return _namespace(xq).matmul(xq, _transpose(xk))
 
     def logits_jvp(self, X, params, direction, cache=None):
         """``(X dQ_i)(X K_i)^T + (X Q_i)(X dK_i)^T``."""
         xq, xk = self.cache(X, params) if cache is None else cache
         dxq, dxk = self.cache(X, direction)
-        return np.matmul(dxq, np.swapaxes(xk, 2, 3)) + np.matmul(
-            xq, np.swapaxes(dxk, 2, 3)
-        )
+        xp = _namespace(xq)
+        return xp.matmul(dxq, _transpose(xk)) + xp.matmul(xq, _transpose(dxk))
 
     def logits_vjp(self, X, params, cotangent, cache=None):
         """``dQ_i = sum_n X^T G_i (X K_i)``, ``dK_i = sum_n X^T G_i^T (X Q_i)``."""
         xq, xk = self.cache(X, params) if cache is None else cache
+        xp = _namespace(xq, cotangent)
         # both pull-backs in one GEMM: (d, n k) @ (n k, 2 m r); Q's block first
-        both = np.concatenate(
-            [
-                np.matmul(cotangent, xk),
-                np.matmul(np.swapaxes(cotangent, 2, 3), xq),
-            ],
-            axis=1,
+        both = xp.concat(
+            [xp.matmul(cotangent, xk), xp.matmul(_transpose(cotangent), xq)], axis=1
         )
-        return _pull_back(X, both).reshape(-1)
+        return _flat(_pull_back(X, both))
 
 
 class FactoredHeads:
@@ -210,14 +242,15 @@ class FactoredHeads:
         """``Q, K, V``, each ``(m, d, r)``."""
         m, d, r = self.n_heads, self.n_features, self.rank
         block = m * d * r
+        xp = _namespace(params)
         return tuple(
-            params[j * block : (j + 1) * block].reshape(m, d, r) for j in range(3)
+            xp.reshape(params[j * block : (j + 1) * block], (m, d, r)) for j in range(3)
         )
 
     def attention(self, params):
         """``Theta_i = Q_i K_i^T``: ``(m, d, d)``."""
         Q, K, _ = self.factors(params)
-        return np.matmul(Q, np.swapaxes(K, 1, 2))
+        return _namespace(Q).matmul(Q, _transpose(K))
 
     def from_attention(self, attention, projection):
         """Balanced Q, K of the best rank-r approximation of each Theta_i, and V
@@ -225,23 +258,26 @@ class FactoredHeads:
         ``(m, d, d_out)``): the column space is what the output factors do not
         absorb."""
         Q, K = balanced_factors(attention, self.rank)
-        U = np.linalg.svd(np.asarray(projection, dtype=float), full_matrices=False)[0]
+        projection = _float_array(projection)
+        xp = _namespace(projection)
+        U = xp.linalg.svd(projection, full_matrices=False)[0]
         values = U[:, :, : self.rank]
-        return np.concatenate([Q.reshape(-1), K.reshape(-1), values.reshape(-1)])
+        return xp.concat([_flat(Q), _flat(K), _flat(values)])
 
     def preconditioner(self, params):
         """Q and K as :meth:`LowRank.preconditioner`; V in its own variables (the
         variable projection's :meth:`regauge` balances it against O instead)."""
         Q, K, V = self.factors(params)
         qk_apply, qk_inverse = _scaled_metric(Q, K)
-        half = 2 * V.size
+        half = 2 * _size(V)
+        xp = _namespace(Q)
 
         def apply(z):
-            z = np.ravel(np.asarray(z, dtype=float))
-            return np.concatenate([qk_apply(z[:half]), z[half:]])
+            z = _flat(_like(z, Q))
+            return xp.concat([qk_apply(z[:half]), z[half:]])
 
         def inverse(p):
-            return np.concatenate([qk_inverse(p[:half]), p[half:]])
+            return xp.concat([qk_inverse(p[:half]), p[half:]])
 
         return apply, apply, inverse
 
@@ -253,23 +289,23 @@ class FactoredHeads:
         singular values (the metric of scaled gradient descent for ``V_i O_i``).
         """
         Q, K, V = self.factors(params)
-        grams = np.matmul(output_factors, np.swapaxes(output_factors, 1, 2))
+        xp = _namespace(Q)
+        output_factors = to_namespace(output_factors, xp, device(Q))
+        grams = xp.matmul(output_factors, _transpose(output_factors))
         _, root = _inverse_root(grams)
-        return np.concatenate(
-            [Q.reshape(-1), K.reshape(-1), np.matmul(V, root).reshape(-1)]
-        )
+        return xp.concat([_flat(Q), _flat(K), _flat(xp.matmul(V, root))])
 
     def cache(self, X, params):
         """The token maps ``X Q_i``, ``X K_i``, ``X V_i``, each ``(n, m, k, r)``."""
         Q, K, V = self.factors(params)
-        maps = _token_maps(X, np.concatenate([Q, K, V], axis=0))  # one GEMM
+        maps = _token_maps(X, _namespace(Q).concat([Q, K, V], axis=0))  # one GEMM
         m = self.n_heads
-        return maps[:, :m], maps[:, m : 2 * m], maps[:, 2 * m :]
+        return maps[:, :m, ...], maps[:, m : 2 * m, ...], maps[:, 2 * m :, ...]
 
     def logits(self, X, params, cache=None):
         """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)``."""
         xq, xk, _ = self.cache(X, params) if cache is None else cache
-        return np.matmul(xq, np.swapaxes(xk, 2, 3))
+        return _namespace(xq).matmul(xq, _transpose(xk))
 
     def values(self, X, params, cache=None):
         """``X V_i``: ``(n, m, k, r)``."""
@@ -279,55 +315,71 @@ class FactoredHeads:
         """Directional derivatives of the logits and of the values ``X dV_i``."""
         xq, xk, _ = self.cache(X, params) if cache is None else cache
         dxq, dxk, dxv = self.cache(X, direction)
-        d_logits = np.matmul(dxq, np.swapaxes(xk, 2, 3)) + np.matmul(
-            xq, np.swapaxes(dxk, 2, 3)
-        )
+        xp = _namespace(xq)
+        d_logits = xp.matmul(dxq, _transpose(xk)) + xp.matmul(xq, _transpose(dxk))
         return d_logits, dxv
 
     def vjp(self, X, params, d_logits, d_values, cache=None):
         """Pull back cotangents of the logits ``(n, m, k, k)`` and of the values
         ``(n, m, k, r)``: flat ``(3 m d r,)``, one GEMM."""
         xq, xk, _ = self.cache(X, params) if cache is None else cache
-        both = np.concatenate(
+        xp = _namespace(xq, d_logits, d_values)
+        both = xp.concat(
             [
-                np.matmul(d_logits, xk),
-                np.matmul(np.swapaxes(d_logits, 2, 3), xq),
+                xp.matmul(d_logits, xk),
+                xp.matmul(_transpose(d_logits), xq),
                 d_values,
             ],
             axis=1,
         )
-        return _pull_back(X, both).reshape(-1)
+        return _flat(_pull_back(X, both))
 
 
 def _scaled_metric(Q, K):
     """``(apply, inverse)`` of the scaled-gradient-descent change of variables of
     :meth:`LowRank.preconditioner`, on flat ``[Q, K]`` vectors."""
-    c_k, c_k_inv = _inverse_root(np.swapaxes(K, 1, 2) @ K)
-    c_q, c_q_inv = _inverse_root(np.swapaxes(Q, 1, 2) @ Q)
-    half = Q.size
+    xp = _namespace(Q, K)
+    c_k, c_k_inv = _inverse_root(_transpose(K) @ K)
+    c_q, c_q_inv = _inverse_root(_transpose(Q) @ Q)
+    half = _size(Q)
 
     def apply(z):
-        z = np.ravel(np.asarray(z, dtype=float))
-        z_q, z_k = z[:half].reshape(Q.shape), z[half:].reshape(K.shape)
-        return np.concatenate([(z_q @ c_k).reshape(-1), (z_k @ c_q).reshape(-1)])
+        z = _flat(_like(z, Q))
+        z_q = xp.reshape(z[:half], Q.shape)
+        z_k = xp.reshape(z[half:], K.shape)
+        return xp.concat([_flat(z_q @ c_k), _flat(z_k @ c_q)])
 
     def inverse(p):
-        p_q, p_k = p[:half].reshape(Q.shape), p[half:].reshape(K.shape)
-        return np.concatenate(
-            [(p_q @ c_k_inv).reshape(-1), (p_k @ c_q_inv).reshape(-1)]
-        )
+        p_q = xp.reshape(p[:half], Q.shape)
+        p_k = xp.reshape(p[half:], K.shape)
+        return xp.concat([_flat(p_q @ c_k_inv), _flat(p_k @ c_q_inv)])
 
     return apply, inverse
+
+
+def _size(x):
+    """Number of elements of ``x``."""
+    return int(np.prod(x.shape))
+
+
+def _at_least(x, value):
+    """``maximum(x, value)`` for a Python scalar ``value`` (torch's takes arrays)."""
+    xp = _namespace(x)
+    return xp.maximum(x, xp.asarray(value, dtype=x.dtype, device=device(x)))
 
 
 def _inverse_root(grams, ridge=1e-10):
     """``(G + eps I)^{-1/2}`` and its inverse for a stack of PSD ``(m, r, r)``,
     ``eps`` = ``ridge`` times the mean eigenvalue (at least the smallest normal)."""
-    values, vectors = np.linalg.eigh(grams)
-    floor = ridge * np.maximum(values.mean(axis=1, keepdims=True), np.finfo(float).tiny)
-    root = np.sqrt(np.maximum(values, 0.0) + floor)
-    inv_root = vectors / root[:, None, :] @ np.swapaxes(vectors, 1, 2)
-    root_mat = vectors * root[:, None, :] @ np.swapaxes(vectors, 1, 2)
+    xp = _namespace(grams)
+    values, vectors = xp.linalg.eigh(grams)
+    # float64's smallest normal, rounded to the values' dtype (numpy's rule)
+    floor = ridge * _at_least(
+        xp.mean(values, axis=1, keepdims=True), np.finfo(float).tiny
+    )
+    root = xp.sqrt(_at_least(values, 0.0) + floor)
+    inv_root = vectors / root[:, None, :] @ _transpose(vectors)
+    root_mat = vectors * root[:, None, :] @ _transpose(vectors)
     return inv_root, root_mat
 
 
@@ -351,13 +403,15 @@ def make_parametrization(n_heads, n_features, head_rank=None, factor_values=Fals
     return LowRank(n_heads, n_features, head_rank)
 
 
-def random_attention(n_heads, n_features, random_state=None, scale=1.0):
+def random_attention(n_heads, n_features, random_state=None, scale=1.0, *, like=None):
     """Random starting ``Theta_i``: i.i.d. ``N(0, (scale / d)^2)`` entries.
 
     So ``E ||Theta_i||_F^2 = scale^2``: for tokens with i.i.d. mean-0 variance-1
     entries the start's logits between distinct tokens have standard deviation
     about ``scale`` (at the default 1, soft, informative patterns: the softmax is
-    neither uniform nor saturated).
+    neither uniform nor saturated).  Drawn on the host (numpy); ``like`` (an
+    array) moves the draw to its namespace and device, so that a seed gives the
+    same start in every namespace.
 
     Examples
     --------
@@ -366,28 +420,39 @@ def random_attention(n_heads, n_features, random_state=None, scale=1.0):
     """
     rng = check_random_state(random_state)
     d = n_features
-    return rng.normal(scale=scale / d, size=(n_heads, d, d))
+    draw = rng.normal(scale=scale / d, size=(n_heads, d, d))
+    if like is None or isinstance(like, np.ndarray) or not is_array_api_obj(like):
+        return draw  # numpy tokens, or tokens read in batches from disk
+    return to_namespace(draw, _namespace(like), device(like))
 
 
 def _token_maps(X, maps):
     """``X M_i`` for ``X (n, k, d)``, ``maps (m, d, r)``: ``(n, m, k, r)``, one GEMM."""
+    xp = _namespace(X, maps)
     n, k, d = X.shape
     m, _, r = maps.shape
-    flat = X.reshape(n * k, d) @ maps.transpose(1, 0, 2).reshape(d, m * r)
-    return flat.reshape(n, k, m, r).transpose(0, 2, 1, 3)
+    flat = xp.reshape(X, (n * k, d)) @ xp.reshape(
+        xp.permute_dims(maps, (1, 0, 2)), (d, m * r)
+    )
+    return xp.permute_dims(xp.reshape(flat, (n, k, m, r)), (0, 2, 1, 3))
 
 
 def _pull_back(X, tensor):
     """``sum_n X_n^T T_ni`` for ``T (n, m, k, r)``: ``(m, d, r)``, one GEMM."""
+    xp = _namespace(X, tensor)
     n, k, d = X.shape
     m, r = tensor.shape[1], tensor.shape[3]
-    flat = tensor.transpose(0, 2, 1, 3).reshape(n * k, m * r)
-    return (X.reshape(n * k, d).T @ flat).reshape(d, m, r).transpose(1, 0, 2)
+    flat = xp.reshape(xp.permute_dims(tensor, (0, 2, 1, 3)), (n * k, m * r))
+    product = xp.reshape(X, (n * k, d)).T @ flat
+    return xp.permute_dims(xp.reshape(product, (d, m, r)), (1, 0, 2))
 
 
 def _bilinear(left, middle, right):
     """``left Theta_i right^T``: ``(n, k, d), (m, d, d), (n, k, d) -> (n, m, k, k)``."""
-    return np.matmul(_token_maps(left, middle), np.swapaxes(right, 1, 2)[:, None])
+    xp = _namespace(left, middle, right)
+    return xp.matmul(
+        _token_maps(left, middle), xp.permute_dims(right, (0, 2, 1))[:, None, ...]
+    )
 
 
 class _Projections:
@@ -411,15 +476,16 @@ class _Projections:
         """``V (m, d, r)``, ``O (m, r, d_out)``."""
         m, d, d_out = self.shape
         split = m * d * self.rank
+        xp = _namespace(params)
         return (
-            params[:split].reshape(m, d, self.rank),
-            params[split:].reshape(m, self.rank, d_out),
+            xp.reshape(params[:split], (m, d, self.rank)),
+            xp.reshape(params[split:], (m, self.rank, d_out)),
         )
 
     def projection(self, params):
         """``W (m, d, d_out)`` from the flat parameters."""
         if self.rank is None:
-            return params.reshape(self.shape)
+            return _namespace(params).reshape(params, self.shape)
         value, output = self.factors(params)
         return value @ output
 
@@ -427,22 +493,21 @@ class _Projections:
         """Flat parameters of ``W``: balanced factors of its best rank-r
         approximation for low rank."""
         if self.rank is None:
-            return np.asarray(projection, dtype=float).reshape(-1).copy()
+            projection = _float_array(projection)
+            return _namespace(projection).asarray(_flat(projection), copy=True)
         value, output = balanced_factors(projection, self.rank)
-        return np.concatenate(
-            [value.reshape(-1), np.swapaxes(output, 1, 2).reshape(-1)]
-        )
+        return _namespace(value).concat([_flat(value), _flat(_transpose(output))])
 
     def projection_vjp(self, params, grad_projection):
         """Pull a gradient ``G`` in ``W`` back: ``dV_i = G_i O_i^T``,
         ``dO_i = V_i^T G_i``, flat."""
         if self.rank is None:
-            return np.asarray(grad_projection, dtype=float).reshape(-1)
+            return _flat(_float_array(grad_projection))
         value, output = self.factors(params)
-        return np.concatenate(
+        return _namespace(value).concat(
             [
-                (grad_projection @ np.swapaxes(output, 1, 2)).reshape(-1),
-                (np.swapaxes(value, 1, 2) @ grad_projection).reshape(-1),
+                _flat(grad_projection @ _transpose(output)),
+                _flat(_transpose(value) @ grad_projection),
             ]
         )
 
@@ -462,12 +527,11 @@ class _Unknowns:
 
     def pack(self, attention, projection):
         """Flat parameters of the layer ``(Theta, W)``."""
-        return np.concatenate(
-            [
-                self.attention_part.from_attention(attention),
-                self.projection_part.from_projection(projection),
-            ]
-        )
+        parts = [
+            self.attention_part.from_attention(attention),
+            self.projection_part.from_projection(projection),
+        ]
+        return _namespace(*parts).concat(parts)
 
     def unpack(self, params):
         """``Theta (m, d, d)``, ``W (m, d, d_out)`` from the flat parameters."""
@@ -480,12 +544,11 @@ class _Unknowns:
     def gradient(self, params, grad_attention, grad_projection):
         """The gradient in the flat parameters from those in ``Theta`` and ``W``."""
         split = self.attention_part.size
-        return np.concatenate(
-            [
-                self.attention_part.attention_vjp(params[:split], grad_attention),
-                self.projection_part.projection_vjp(params[split:], grad_projection),
-            ]
-        )
+        parts = [
+            self.attention_part.attention_vjp(params[:split], grad_attention),
+            self.projection_part.projection_vjp(params[split:], grad_projection),
+        ]
+        return _namespace(*parts).concat(parts)
 
 
 def _initial_parameters(X, Y, sample_weight, n_heads, init_scale, alpha, random_state):
@@ -500,8 +563,11 @@ def _initial_parameters(X, Y, sample_weight, n_heads, init_scale, alpha, random_
     -------
     attention : ndarray of shape (m, d, d)
     projection : ndarray of shape (m, d, d_out)
+        Both in the namespace and on the device of ``X`` (drawn on the host).
     """
-    attention = random_attention(n_heads, X.shape[2], random_state, scale=init_scale)
+    attention = random_attention(
+        n_heads, X.shape[2], random_state, scale=init_scale, like=X
+    )
     # J's ridge on Theta does not change the minimising W given Theta
     projection = solve_projections(X, Y, attention, sample_weight, alpha)
     return attention, projection

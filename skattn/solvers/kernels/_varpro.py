@@ -16,27 +16,59 @@ explicitly.  The logits' derivatives come from a parametrization
 (:mod:`skattn.solvers.kernels._parametrization`).  Arrays in, arrays out: the
 optimizer that wraps the products in a scipy ``LinearOperator`` is
 :mod:`skattn.solvers.optimizers._lm_matrix_free`.
+
+The examples may be arrays of any array-API namespace (numpy, torch, CuPy,
+array-api-strict): the problem computes in their namespace and on their device,
+and returns arrays of it (numpy arrays get the numpy results of before).  On a
+device the chunks come from the memory it has free, and a product that runs out
+of it is redone with the kept states dropped, then with half the chunks.
 """
 
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from sklearn.externals import array_api_compat as _compat
 
-from ...layer._math import softmax
-from ...utils._validation import _normalized_weights
+from ...layer._math import _DEVICE_MEMORY_SHARE, _namespace, softmax
+from ...utils._array_api import (
+    device,
+    free_memory,
+    is_numpy,
+    is_out_of_memory,
+    lstsq,
+    to_namespace,
+)
 from . import _loss
-from ._loss import _chunks, _factor, _solve_psd
+from ._loss import _chunks, _factor, _slices, _solve_psd, _weights
 from ._parametrization import _token_maps
 
 # The states kept between Jacobian products (patterns, design, values) may take up to
 # this many times the chunk budget (2**21 floats): 2**29 floats, 4 GiB (12 heads of
 # MiniLM on 2464 sequences keep 2 GB; recomputing them doubles a product's cost).
 _KEEP_FLOATS_PER_CHUNK_FLOAT = 256
+# On a device, the kept states may take up to this share of the memory it has free
+# when the problem is made.
+_DEVICE_KEEP_SHARE = 0.5
 
 
 def _softmax_jvp(patterns, d_logits):
     """Derivative of the row softmax: ``S * (dL - rowsum(S * dL))``."""
-    return patterns * (d_logits - np.sum(patterns * d_logits, axis=-1, keepdims=True))
+    xp = _namespace(patterns, d_logits)
+    return patterns * (d_logits - xp.sum(patterns * d_logits, axis=-1, keepdims=True))
+
+
+def _contiguous(xp, x):
+    """``x`` laid out in C order where the library has strides (numpy, torch,
+    CuPy), so that a kept state, reshaped by every product, needs no copy."""
+    if is_numpy(xp):
+        return np.ascontiguousarray(x)
+    if _compat.is_torch_namespace(xp):
+        return x.contiguous()
+    if _compat.is_cupy_namespace(xp):
+        import cupy
+
+        return cupy.ascontiguousarray(x)
+    return x
 
 
 class VarproProblem:
@@ -62,7 +94,8 @@ class VarproProblem:
         :func:`~skattn.solvers.optimizers._lm_matrix_free.varpro_least_squares`).
     dtype : dtype, default=numpy.float64
         Precision of the products (``float32`` for loose steps); the eliminated
-        coefficients are solved, and results returned, in float64.
+        coefficients are solved, and results returned, in float64.  A numpy
+        dtype (or its name), whatever the namespace of ``X``.
     fixed_columns : ndarray of shape (n, k, f) or None
         Full ``W_i`` only: ``f`` more eliminated design columns that do not depend
         on the parameters (row ``(n, l)`` gets ``fixed_columns[n, l]``); their
@@ -73,7 +106,8 @@ class VarproProblem:
         Threads over the chunks of the examples in the Jacobian products (when
         the chunks' states are kept); the chunks' sums are taken in their order,
         so the results do not depend on it.  The caller limits BLAS to one
-        thread each (``threadpoolctl``).
+        thread each (``threadpoolctl``).  Arrays on a device (GPU) use one: the
+        device runs a chunk's products in parallel already.
 
     Attributes
     ----------
@@ -116,7 +150,10 @@ class VarproProblem:
         n_jobs=1,
     ):
         n, k, d = X.shape
-        self.n_jobs = max(1, int(n_jobs))
+        xp = _namespace(X, Y)
+        self._xp, self._device = xp, device(X)
+        free = free_memory(X)  # None on the host
+        self.n_jobs = max(1, int(n_jobs)) if free is None else 1
         self._pool = None
         self.par = parametrization
         self.m = parametrization.n_heads
@@ -131,16 +168,22 @@ class VarproProblem:
         # products in ``dtype`` (float32: the loose steps far from a minimum);
         # the eliminated coefficients are solved, and everything returned, in float64
         self.dtype = np.dtype(dtype)
+        self._dtype = getattr(xp, self.dtype.name)  # the namespace's
         self.X, self.Y = (
-            X.astype(self.dtype, copy=False),
-            Y.astype(self.dtype, copy=False),
+            xp.astype(X, self._dtype, copy=False),
+            xp.astype(Y, self._dtype, copy=False),
         )
-        self.root = np.sqrt(_normalized_weights(n, sample_weight)).astype(self.dtype)
+        omega, _ = _weights(n, sample_weight, X)
+        self.root = to_namespace(
+            np.sqrt(omega).astype(self.dtype), xp, self._device, dtype=self._dtype
+        )
         self.fixed = None
         if fixed_columns is not None:
             if self.factored:
                 raise ValueError("fixed_columns needs full W_i, not FactoredHeads.")
-            self.fixed = np.asarray(fixed_columns).astype(self.dtype, copy=False)
+            self.fixed = xp.astype(
+                to_namespace(fixed_columns, xp, self._device), self._dtype, copy=False
+            )
         self.width = (
             (self.m * r if self.factored else self.m * d)
             + (self.intercept_direction is not None)
@@ -153,11 +196,15 @@ class VarproProblem:
             per_sample = self.m * k * (k + d + self.d_out + 2 * r) + k * (
                 self.width - self.m * d
             )
-        self.slices = _chunks(n, 2 * per_sample)
-        # keep every chunk's state between products when it fits the budget
-        self._keep = n * per_sample <= _KEEP_FLOATS_PER_CHUNK_FLOAT * (
-            _loss._CHUNK_FLOATS
-        )
+        if free is None:
+            self.slices = _chunks(n, 2 * per_sample)
+            # keep every chunk's state between products when it fits the budget
+            keep_floats = _KEEP_FLOATS_PER_CHUNK_FLOAT * _loss._CHUNK_FLOATS
+        else:  # a device: its free memory sets both
+            budget = int(free * _DEVICE_MEMORY_SHARE) // self.dtype.itemsize
+            self.slices = _chunks(n, 2 * per_sample, budget)
+            keep_floats = int(free * _DEVICE_KEEP_SHARE) // self.dtype.itemsize
+        self._keep = n * per_sample <= keep_floats
         self.shape = (n * k * self.d_out, parametrization.size)
         self.n_products = 0
         self._params = None
@@ -170,24 +217,23 @@ class VarproProblem:
         The design's rows are ``(n, l)`` and its columns ``(i, p)``: row
         ``sqrt(w_n) (S_i X_n)_l``, laid out for one GEMM per product.
         """
-        x = self.X[rows]
+        xp = self._xp
+        x = self.X[rows, ...]
         c, k, _ = x.shape
         cache = self.par.cache(x, params)
         patterns = softmax(self.par.logits(x, params, cache), axis=-1)
         if self.factored:  # S_i X V_i: (c, m, k, r)
-            features = np.matmul(patterns, self.par.values(x, params, cache))
+            features = xp.matmul(patterns, self.par.values(x, params, cache))
         else:  # S_i X: (c, m, k, d)
-            features = np.matmul(patterns, x[:, None])
-        design = features.transpose(0, 2, 1, 3).reshape(c * k, -1)
+            features = xp.matmul(patterns, x[:, None, ...])
+        design = xp.reshape(xp.permute_dims(features, (0, 2, 1, 3)), (c * k, -1))
         if self.intercept_direction is not None:
-            design = np.concatenate(
-                [design, np.ones((c * k, 1), dtype=design.dtype)], axis=1
-            )
+            ones = xp.ones((c * k, 1), dtype=design.dtype, device=self._device)
+            design = xp.concat([design, ones], axis=1)
         if self.fixed is not None:
-            design = np.concatenate(
-                [design, self.fixed[rows].reshape(c * k, -1)], axis=1
-            )
-        design *= np.repeat(self.root[rows], k)[:, None]
+            fixed = xp.reshape(self.fixed[rows, ...], (c * k, -1))
+            design = xp.concat([design, fixed], axis=1)
+        design *= xp.repeat(self.root[rows], k)[:, None]
         return {"cache": cache, "patterns": patterns, "design": design}
 
     def _states(self):
@@ -198,17 +244,59 @@ class VarproProblem:
         for rows in self.slices:
             yield rows, self._chunk_state(rows, self._low)
 
+    def _retry(self, compute):
+        """``compute()``, again with less memory after an out-of-memory error
+        (:meth:`_shrink`) until it succeeds or nothing is left to shrink."""
+        while True:
+            try:
+                return compute()
+            except Exception as exc:
+                if not is_out_of_memory(exc) or not self._shrink():
+                    raise
+
+    def _shrink(self):
+        """Use less memory: drop the kept states, else halve the chunks.  False
+        when the chunks are single examples already."""
+        if self._keep or self._cached is not None:
+            self._keep, self._cached = False, None
+            return True
+        size = max(rows.stop - rows.start for rows in self.slices)
+        if size <= 1:
+            return False
+        self.slices = _slices(self.X.shape[0], size // 2)
+        return True
+
+    def _same_point(self, params):
+        """Whether ``params`` is the point evaluated last."""
+        if self._params is None:
+            return False
+        if is_numpy(self._xp):
+            return np.array_equal(params, self._params)
+        return params.shape == self._params.shape and bool(
+            self._xp.all(params == self._params)
+        )
+
     def _evaluate(self, params):
         """Patterns, ``W*``, its Gram factor and the residual at ``params``."""
-        if self._params is not None and np.array_equal(params, self._params):
+        params = to_namespace(params, self._xp, self._device)
+        if self._same_point(params):
             return
+        try:
+            self._retry(lambda: self._evaluate_at(params))
+        except BaseException:
+            self._params, self._cached = None, None  # no point evaluated
+            raise
+
+    def _evaluate_at(self, params):
+        """:meth:`_evaluate`, whatever the last point."""
+        xp = self._xp
         md, o = self.width, self.d_out
-        self._params = np.array(params, dtype=np.float64, copy=True)
-        self._low = self._params.astype(self.dtype)  # the products' precision
+        self._params = xp.asarray(params, dtype=xp.float64, copy=True)
+        self._low = xp.astype(self._params, self._dtype)  # the products' precision
         self._cached = None
         states = [] if self._keep else None
-        gram = np.zeros((md, md))
-        rhs = np.zeros((md, o))
+        gram = xp.zeros((md, md), dtype=xp.float64, device=self._device)
+        rhs = xp.zeros((md, o), dtype=xp.float64, device=self._device)
         for rows in self.slices:
             state = self._chunk_state(rows, self._low)
             if states is not None:
@@ -232,22 +320,26 @@ class VarproProblem:
         intercept column's row ``c`` goes to head 0 as ``g c^T`` (``X g = 1``):
         the same outputs, since every pattern row sums to one.
         """
+        xp = self._xp
         m, d, o = self.m, self.X.shape[2], self.d_out
         if not self.factored:
-            self.fixed_coefficients = flat[m * d :]
-            return flat[: m * d].reshape(m, d, o)
+            self.fixed_coefficients = flat[m * d :, ...]
+            return xp.reshape(flat[: m * d, ...], (m, d, o))
         r = self.par.rank
-        self.output_factors = flat[: m * r].reshape(m, r, o)
-        self._output_factors_low = self.output_factors.astype(self.dtype)
-        projection = np.matmul(self.par.factors(self._params)[2], self.output_factors)
+        self.output_factors = xp.reshape(flat[: m * r, ...], (m, r, o))
+        self._output_factors_low = xp.astype(self.output_factors, self._dtype)
+        projection = xp.matmul(self.par.factors(self._params)[2], self.output_factors)
         if self.intercept_direction is not None:
-            projection[0] += np.outer(self.intercept_direction, flat[m * r])
+            # the outer product g c^T
+            projection[0, ...] += (
+                self.intercept_direction[:, None] * flat[m * r, :][None, :]
+            )
         return projection
 
     def _target(self, rows):
         """``sqrt(w) Y`` on a chunk, as rows ``(n, l)``: ``(c k, d_out)``."""
-        y = self.Y[rows]
-        return (y * self.root[rows, None, None]).reshape(-1, self.d_out)
+        y = self.Y[rows, ...]
+        return self._xp.reshape(y * self.root[rows, None, None], (-1, self.d_out))
 
     def _map(self, function):
         """``function(rows, state)`` over the chunks, an iterator over the results
@@ -261,22 +353,28 @@ class VarproProblem:
 
     def _residual_for(self, flat):
         """``sqrt(w) (A W - Y)`` as rows ``(n, l)``: ``(n k, d_out)``."""
-        out = np.empty((self.shape[0] // self.d_out, self.d_out), dtype=self.dtype)
-        flat = flat.astype(self.dtype, copy=False)
+        xp = self._xp
+        out = xp.empty(
+            (self.shape[0] // self.d_out, self.d_out),
+            dtype=self._dtype,
+            device=self._device,
+        )
+        flat = xp.astype(flat, self._dtype, copy=False)
         k = self.X.shape[1]
         for rows, state in self._states():
             block = slice(rows.start * k, rows.stop * k)
-            out[block] = state["design"] @ flat - self._target(rows)
+            out[block, ...] = state["design"] @ flat - self._target(rows)
         return out
 
     def _design_transpose(self, rows_out):
         """``A^T u`` for ``u`` as rows ``(n k, d_out)``: ``(width, d_out)``."""
-        rows_out = rows_out.astype(self.dtype, copy=False)
+        xp = self._xp
+        rows_out = xp.astype(rows_out, self._dtype, copy=False)
         k = self.X.shape[1]
-        out = np.zeros((self.width, self.d_out))
+        out = xp.zeros((self.width, self.d_out), dtype=xp.float64, device=self._device)
         for part in self._map(
             lambda rows, state: (
-                state["design"].T @ rows_out[rows.start * k : rows.stop * k]
+                state["design"].T @ rows_out[rows.start * k : rows.stop * k, ...]
             )
         ):
             out += part
@@ -285,13 +383,14 @@ class VarproProblem:
     def _project_out(self, rows_out, inplace=False):
         """``(I - P) u``: remove the part of ``u`` that the projections can fit
         (in ``rows_out`` itself with ``inplace``)."""
+        xp = self._xp
         coef = _solve_psd(self._gram, self._design_transpose(rows_out), self._factor)
-        coef = coef.astype(self.dtype, copy=False)
-        out = rows_out if inplace else rows_out.astype(self.dtype)
+        coef = xp.astype(coef, self._dtype, copy=False)
+        out = rows_out if inplace else xp.astype(rows_out, self._dtype)
         k = self.X.shape[1]
 
         def subtract(rows, state):
-            out[rows.start * k : rows.stop * k] -= state["design"] @ coef
+            out[rows.start * k : rows.stop * k, ...] -= state["design"] @ coef
 
         for _ in self._map(subtract):
             pass
@@ -299,16 +398,20 @@ class VarproProblem:
 
     def _values(self, rows, state):
         """``X W*_i`` on a chunk: ``(c, m, k, d_out)`` (kept with the chunk's state)."""
+        xp = self._xp
         values = state.get("values")
         if values is None:
             if self.factored:  # (X V_i) O_i, r columns at a time
-                values = np.matmul(
-                    self.par.values(self.X[rows], self._low, state["cache"]),
+                values = xp.matmul(
+                    self.par.values(self.X[rows, ...], self._low, state["cache"]),
                     self._output_factors_low,
                 )
             else:
-                values = np.ascontiguousarray(
-                    _token_maps(self.X[rows], self.projection.astype(self.dtype))
+                values = _contiguous(
+                    xp,
+                    _token_maps(
+                        self.X[rows, ...], xp.astype(self.projection, self._dtype)
+                    ),
                 )
             if self._cached is not None:
                 state["values"] = values
@@ -318,18 +421,28 @@ class VarproProblem:
     def residual(self, params):
         """The weighted residual at ``params``, flat ``(n k d_out,)``."""
         self._evaluate(params)
-        return self._residual.reshape(-1).astype(np.float64, copy=False)
+        xp = self._xp
+        return xp.astype(xp.reshape(self._residual, (-1,)), xp.float64, copy=False)
 
     def matvec(self, params, direction):
         """``J v``, flat ``(n k d_out,)``."""
         self._evaluate(params)
         self.n_products += 1
-        k = self.X.shape[1]
-        direction = np.asarray(direction).astype(self.dtype, copy=False)
-        out = np.empty((self.shape[0] // self.d_out, self.d_out), dtype=self.dtype)
+        xp = self._xp
+        direction = xp.astype(
+            to_namespace(direction, xp, self._device), self._dtype, copy=False
+        )
+        out = self._retry(lambda: self._matvec(direction))
+        return xp.astype(xp.reshape(out, (-1,)), xp.float64, copy=False)
+
+    def _matvec(self, direction):
+        """``J v`` as rows ``(n k, d_out)``, in the products' precision."""
+        xp = self._xp
+        k, o = self.X.shape[1], self.d_out
+        out = xp.empty((self.shape[0] // o, o), dtype=self._dtype, device=self._device)
 
         def chunk(rows, state):
-            x = self.X[rows]
+            x = self.X[rows, ...]
             if self.factored:
                 d_logits, d_values = self.par.jvp(
                     x, self._low, direction, state["cache"]
@@ -339,27 +452,26 @@ class VarproProblem:
             d_patterns = _softmax_jvp(state["patterns"], d_logits)
             c, m = d_patterns.shape[:2]
             # sum_i dS_i (X W_i): one (k, m k) @ (m k, o) product a sample
-            change = np.matmul(
-                d_patterns.transpose(0, 2, 1, 3).reshape(c, k, m * k),
-                self._values(rows, state).reshape(c, m * k, self.d_out),
+            change = xp.matmul(
+                xp.reshape(xp.permute_dims(d_patterns, (0, 2, 1, 3)), (c, k, m * k)),
+                xp.reshape(self._values(rows, state), (c, m * k, o)),
             )  # (c, k, o)
             if self.factored:  # + sum_i S_i (X dV_i) O_i, one GEMM over heads
-                moved = np.matmul(state["patterns"], d_values)  # (c, m, k, r)
+                moved = xp.matmul(state["patterns"], d_values)  # (c, m, k, r)
                 c, m, k_, r = moved.shape
-                change += (
-                    moved.transpose(0, 2, 1, 3).reshape(c * k_, m * r)
-                    @ self._output_factors_low.reshape(m * r, self.d_out)
-                ).reshape(c, k_, self.d_out)
+                moved = xp.reshape(
+                    xp.permute_dims(moved, (0, 2, 1, 3)), (c * k_, m * r)
+                )
+                change += xp.reshape(
+                    moved @ xp.reshape(self._output_factors_low, (m * r, o)),
+                    (c, k_, o),
+                )
             change *= self.root[rows, None, None]
-            out[rows.start * k : rows.stop * k] = change.reshape(-1, self.d_out)
+            out[rows.start * k : rows.stop * k, ...] = xp.reshape(change, (-1, o))
 
         for _ in self._map(chunk):
             pass
-        return (
-            self._project_out(out, inplace=True)
-            .reshape(-1)
-            .astype(np.float64, copy=False)
-        )
+        return self._project_out(out, inplace=True)
 
     def rmatvec(self, params, vector, *, orthogonal=False):
         """``J^T u``, flat ``(p,)``.
@@ -371,28 +483,35 @@ class VarproProblem:
         """
         self._evaluate(params)
         self.n_products += 1
-        k = self.X.shape[1]
-        projected = vector.reshape(-1, self.d_out).astype(self.dtype, copy=False)
+        xp = self._xp
+        vector = to_namespace(vector, xp, self._device)
+        return self._retry(lambda: self._rmatvec(vector, orthogonal))
+
+    def _rmatvec(self, vector, orthogonal):
+        """:meth:`rmatvec` at the point evaluated."""
+        xp = self._xp
+        k, o = self.X.shape[1], self.d_out
+        projected = xp.astype(xp.reshape(vector, (-1, o)), self._dtype, copy=False)
         if not orthogonal:
             projected = self._project_out(projected)
 
         def chunk(rows, state):
-            x = self.X[rows]
+            x = self.X[rows, ...]
             scaled = (
-                projected[rows.start * k : rows.stop * k].reshape(-1, 1, k, self.d_out)
+                xp.reshape(
+                    projected[rows.start * k : rows.stop * k, ...], (-1, 1, k, o)
+                )
                 * self.root[rows, None, None, None]
             )
             c, m = scaled.shape[0], self.m
             # u_l . (X W_i)_a for every head: one (k, o) @ (o, m k) product a sample
-            d_patterns = (
-                np.matmul(
-                    scaled[:, 0],
-                    np.swapaxes(
-                        self._values(rows, state).reshape(c, m * k, self.d_out), 1, 2
-                    ),
-                )
-                .reshape(c, k, m, k)
-                .transpose(0, 2, 1, 3)
+            values = xp.reshape(self._values(rows, state), (c, m * k, o))
+            d_patterns = xp.permute_dims(
+                xp.reshape(
+                    xp.matmul(scaled[:, 0, ...], xp.matrix_transpose(values)),
+                    (c, k, m, k),
+                ),
+                (0, 2, 1, 3),
             )
             d_logits = _softmax_jvp(state["patterns"], d_patterns)
             if not self.factored:
@@ -400,17 +519,14 @@ class VarproProblem:
             # the values' cotangent S_i^T (u O_i^T), the heads' O_i in one GEMM
             r = self.par.rank
             u_o = (
-                (
-                    scaled.reshape(c * k, self.d_out)
-                    @ self._output_factors_low.reshape(m * r, self.d_out).T
-                )
-                .reshape(c, k, m, r)
-                .transpose(0, 2, 1, 3)
+                xp.reshape(scaled, (c * k, o))
+                @ xp.reshape(self._output_factors_low, (m * r, o)).T
             )
-            d_values = np.matmul(np.swapaxes(state["patterns"], 2, 3), u_o)
+            u_o = xp.permute_dims(xp.reshape(u_o, (c, k, m, r)), (0, 2, 1, 3))
+            d_values = xp.matmul(xp.matrix_transpose(state["patterns"]), u_o)
             return self.par.vjp(x, self._low, d_logits, d_values, state["cache"])
 
-        grad = np.zeros(self.par.size)
+        grad = xp.zeros(self.par.size, dtype=xp.float64, device=self._device)
         for part in self._map(chunk):
             grad += part
         return grad
@@ -419,10 +535,17 @@ class VarproProblem:
 def _intercept_direction(X):
     """A token-space vector ``g`` with ``X g = 1`` on every token (a constant
     coordinate, possibly mixed by a whitening), by least squares on the tokens."""
-    tokens = X[: max(1, _loss._CHUNK_FLOATS // max(1, X.shape[1] * X.shape[2]))]
-    tokens = tokens.reshape(-1, X.shape[2])
-    g = np.linalg.lstsq(tokens, np.ones(len(tokens)), rcond=None)[0]
-    if np.abs(tokens @ g - 1.0).max() > 1e-8:
+    xp = _namespace(X)
+    n_tokens = max(1, _loss._CHUNK_FLOATS // max(1, X.shape[1] * X.shape[2]))
+    tokens = X[: min(n_tokens, X.shape[0]), ...]  # the standard: stop <= n
+    tokens = xp.reshape(tokens, (-1, X.shape[2]))
+    if is_numpy(xp):
+        g = np.linalg.lstsq(tokens, np.ones(len(tokens)), rcond=None)[0]
+    else:
+        tokens = xp.astype(tokens, xp.float64)
+        ones = xp.ones(tokens.shape[0], dtype=xp.float64, device=device(X))
+        g = lstsq(xp, tokens, ones)
+    if float(xp.max(xp.abs(tokens @ g - 1.0))) > 1e-8:
         raise ValueError(
             "intercept=True needs tokens with a constant coordinate (such as the "
             "[x, 1] tokens of fit_intercept): no linear map of these tokens is 1 "

@@ -2,11 +2,14 @@
 
 :func:`whitening_map` maps the tokens to identity second moment on the subspace
 they reach; a layer fitted on the whitened tokens maps back exactly
-(:func:`_unwhiten`).  Arrays in, arrays out.
+(:func:`_unwhiten`).  Arrays in, arrays out, of any array-API namespace (numpy
+arrays get the numpy results of before).
 """
 
 import numpy as np
 
+from ...layer._math import _einsum, _namespace
+from ...utils._array_api import device, to_namespace, to_numpy
 from ...utils._validation import _normalized_weights
 
 # Whiten the tokens of a random-start polish (whiten="auto") when their second
@@ -58,22 +61,29 @@ def whitening_map(X, sample_weight=None, max_samples=_WHITEN_SAMPLES):
     >>> bool(np.allclose(Z.T @ Z / len(Z), np.eye(2))), bool(9e3 < condition < 1.1e4)
     (True, True)
     """
-    X = X[:max_samples]
+    xp = _namespace(X)
+    X = X[: min(max_samples, X.shape[0]), ...]  # the standard: stop <= n
     n, k, d = X.shape
-    omega = _normalized_weights(n, None if sample_weight is None else sample_weight[:n])
-    tokens = X.reshape(n * k, d)
-    moment = (tokens * np.repeat(omega, k)[:, None]).T @ tokens / k
-    values, vectors = np.linalg.eigh(moment)
-    keep = values > d * np.finfo(float).eps * max(values.max(), 0.0)
+    weights = None if sample_weight is None else to_numpy(sample_weight)[:n]
+    omega = to_namespace(_normalized_weights(n, weights), xp, device(X))
+    tokens = xp.reshape(X, (n * k, d))
+    moment = (tokens * xp.repeat(omega, k)[:, None]).T @ tokens / k
+    # the d x d eigenproblem on the host, in every namespace: libraries pick
+    # different bases of (nearly) equal eigenvalues, and a start drawn in other
+    # coordinates would give another (equally good) fit than numpy's
+    values, vectors = np.linalg.eigh(to_numpy(moment))
+    keep = values > d * float(np.finfo(float).eps) * max(float(np.max(values)), 0.0)
     if not np.any(keep):
-        return np.eye(d), 1.0
+        return xp.eye(d, dtype=xp.float64, device=device(X)), 1.0
     kept = values[keep]
-    return vectors[:, keep] / np.sqrt(kept), float(kept.max() / kept.min())
+    whitener = to_namespace(vectors[:, keep] / np.sqrt(kept), xp, device(X))
+    return whitener, float(np.max(kept) / np.min(kept))
 
 
 def _unwhiten(attention, projection, A):
     """``A Theta'_i A^T`` and ``A W'_i``: a layer fitted on whitened tokens."""
+    xp = _namespace(attention, projection, A)
     return (
-        np.einsum("ap,mpq,bq->mab", A, attention, A, optimize=True),
-        np.einsum("ap,mpo->mao", A, projection, optimize=True),
+        _einsum(xp, "ap,mpq,bq->mab", A, attention, A),
+        _einsum(xp, "ap,mpo->mao", A, projection),
     )

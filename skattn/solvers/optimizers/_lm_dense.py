@@ -7,12 +7,20 @@ iterations to machine precision), hopeless past ``d ~ 32``, where
 :mod:`skattn.solvers.optimizers._lm_matrix_free` takes over.
 """
 
-import warnings
+import math
 
 import numpy as np
-from scipy import linalg
 
 from ...layer._math import attention_patterns
+from ...utils._array_api import (
+    cholesky_solve,
+    device,
+    einsum,
+    is_numpy,
+    namespace,
+    to_namespace,
+    to_numpy,
+)
 from ..kernels._loss import (
     _chunks,
     _loss,
@@ -23,26 +31,62 @@ from ..kernels._loss import (
 )
 
 
+def _einsum_optimized(xp, subscripts, *operands):
+    """``einsum`` with numpy's contraction order search (``optimize=True``: pairwise
+    BLAS contractions, the bits of before); the shim's :func:`einsum` elsewhere."""
+    if is_numpy(xp):
+        return np.einsum(subscripts, *operands, optimize=True)
+    return einsum(xp, subscripts, *operands)
+
+
+def _solve_positive(xp, matrix, rhs):
+    """Solve ``matrix x = rhs`` for a symmetric positive definite ``matrix``
+    (Cholesky; ``numpy.linalg.LinAlgError`` when it is not).
+
+    On numpy the factorisation of scipy's ``linalg.solve(assume_a="pos")``, which
+    this replaced (bit for bit), including its ``1 x 1`` case: a division.
+    """
+    if matrix.shape[0] == 1:
+        if float(matrix[0, 0]) == 0.0:
+            raise np.linalg.LinAlgError("A singular matrix detected.")
+        return rhs / matrix[0, 0]
+    return cholesky_solve(xp, matrix, rhs)
+
+
 def _hull_basis(hull, m, d):
     """``(offset (m, d, d), basis (m d d, p))`` of Theta = offset + basis @ coords.
 
     ``hull = (point, directions)``: every Theta_i = point + sum_j C[i, j] D_j, so the
-    coordinates are C (m, m - 1) flattened row-major.
+    coordinates are C (m, m - 1) flattened row-major.  In the namespace of the
+    hull's arrays.
     """
     point, directions = hull
+    xp = namespace(point, directions)
     r = directions.shape[0]
-    flat_dirs = directions.reshape(r, d * d).T  # (d d, r)
-    basis = np.zeros((m * d * d, m * r))
+    flat_dirs = xp.reshape(directions, (r, d * d)).T  # (d d, r)
+    basis = xp.zeros((m * d * d, m * r), dtype=flat_dirs.dtype, device=device(point))
     for i in range(m):
         basis[i * d * d : (i + 1) * d * d, i * r : (i + 1) * r] = flat_dirs
-    offset = np.broadcast_to(point, (m, d, d)).copy()
+    offset = xp.asarray(xp.broadcast_to(point, (m, d, d)), copy=True)
     return offset, basis
 
 
 def _hull_coordinates(attention, hull):
     """Least-squares hull coordinates C (m, r) of the Theta_i (orthonormal D_j)."""
     point, directions = hull
-    return np.einsum("mde,rde->mr", attention - point, directions)
+    xp = namespace(attention, point, directions)
+    return einsum(xp, "mde,rde->mr", attention - point, directions)
+
+
+def _symmetric_gather(d):
+    """Indices that rebuild a symmetric ``(d, d, ...)`` array from its rows on the
+    pairs ``p <= p'`` (``numpy.triu_indices(d)`` order): ``full[p, p'] =
+    rows[index[p, p']]``, a gather (no fancy assignment in the array API)."""
+    upper = np.triu_indices(d)
+    index = np.empty((d, d), dtype=np.int64)
+    index[upper[0], upper[1]] = np.arange(upper[0].size)
+    index[upper[1], upper[0]] = np.arange(upper[0].size)
+    return upper, index.reshape(-1)
 
 
 def _gauss_newton_system(X, Y, attention, projection, sample_weight, alpha):
@@ -53,87 +97,110 @@ def _gauss_newton_system(X, Y, attention, projection, sample_weight, alpha):
     pattern on row l, times W_i), and ``delta_{o o'} (S_i X)_l[p']`` in
     W_i[p', o'].  Returns ``loss``, ``g_theta (m d d,)``, ``g_w (m d, d_out)``,
     ``h_tt (m d d, m d d)``, ``h_tw (m d d, m d, d_out)`` and ``gram (m d, m d)``
-    (the W-W block is ``gram kron I_{d_out}``, without the ridge).
+    (the W-W block is ``gram kron I_{d_out}``, without the ridge); the arrays in
+    the inputs' namespace, ``loss`` a float.
     """
+    xp = namespace(X, Y, attention, projection)
+    where = device(X)
     n, k, d = X.shape
     m = attention.shape[0]
     d_out = Y.shape[2]
     md = m * d
-    omega = _normalized_weights(n, sample_weight)
-    loss = 0.0
-    g_theta = np.zeros((d, md))  # (p, (i, q))
-    g_w = np.zeros((md, d_out))
-    upper = np.triu_indices(d)  # x x^T is symmetric: pairs p <= p' only
-    h_tt = np.zeros((upper[0].size, md * md))  # ((p <= p'), (i, q, j, q'))
+    omega = to_namespace(
+        _normalized_weights(n, to_numpy(sample_weight)), xp, where, dtype=xp.float64
+    )
+    loss = 0.0  # a 0-d array after the first chunk: one host sync at the end
+
+    def zeros(*shape):
+        return xp.zeros(shape, dtype=xp.float64, device=where)
+
+    g_theta = zeros(d, md)  # (p, (i, q))
+    g_w = zeros(md, d_out)
+    # x x^T is symmetric: pairs p <= p' only
+    upper, gather = _symmetric_gather(d)
+    first, second_index = (to_namespace(u, xp, where) for u in upper)
+    h_tt = zeros(upper[0].size, md * md)  # ((p <= p'), (i, q, j, q'))
     # With d_out > d, h_tw is accumulated against the token covariances (its
     # dominant cost drops from n k m^2 d^3 d_out to n k m^2 d^4 flops).
     via_cov = d_out > d
-    h_tw = np.zeros((d * md, md * (d if via_cov else d_out)))
-    gram = np.zeros((md, md))
+    h_tw = zeros(d * md, md * (d if via_cov else d_out))
+    gram = zeros(md, md)
     per_sample = k * max(m * k * (k + d + d_out), md * md, d * md, md * d_out)
     for part in _chunks(n, per_sample):
-        x = X[part]
+        x = X[part, ...]
         c = x.shape[0]
         patterns = attention_patterns(x, attention)  # (c, m, k, k)
-        features = np.matmul(patterns, x[:, None])  # (c, m, k, d)
-        values = np.einsum("nad,mdo->nmao", x, projection)  # (c, m, k, o)
-        mean_values = np.matmul(patterns, values)  # (c, m, k, o)
-        residual = mean_values.sum(axis=1) - Y[part]  # (c, k, o)
+        features = xp.matmul(patterns, x[:, None, ...])  # (c, m, k, d)
+        values = einsum(xp, "nad,mdo->nmao", x, projection)  # (c, m, k, o)
+        mean_values = xp.matmul(patterns, values)  # (c, m, k, o)
+        residual = xp.sum(mean_values, axis=1) - Y[part, ...]  # (c, k, o)
         rows = c * k
         if via_cov:
             # token covariance under each pattern, (c, m, k, d, d), then C = Cov W
-            second = np.einsum("nmla,nap,naq->nmlpq", patterns, x, x, optimize=True)
+            second = _einsum_optimized(xp, "nmla,nap,naq->nmlpq", patterns, x, x)
             second -= features[..., :, None] * features[..., None, :]
-            cov = np.matmul(second, projection[None, :, None])
-            sr = second.transpose(0, 2, 1, 3, 4).reshape(rows, md * d)  # (i, q, s)
+            cov = xp.matmul(second, projection[None, :, None, ...])
+            # (i, q, s)
+            sr = xp.reshape(xp.permute_dims(second, (0, 2, 1, 3, 4)), (rows, md * d))
         else:
             # C_il = sum_a s_la x_a v_a^T - xbar_l vbar_l^T : (c, m, k, d, o)
-            cov = np.einsum("nmla,nap,nmao->nmlpo", patterns, x, values, optimize=True)
+            cov = _einsum_optimized(xp, "nmla,nap,nmao->nmlpo", patterns, x, values)
             cov -= features[..., :, None] * mean_values[..., None, :]
-        wt = np.repeat(omega[part], k)  # (rows,)
-        xr = x.reshape(rows, d)
-        cr = cov.transpose(0, 2, 1, 3, 4).reshape(rows, md, d_out)  # (i, q)
-        fr = features.transpose(0, 2, 1, 3).reshape(rows, md)  # (j, p')
-        rr = residual.reshape(rows, d_out)
-        loss += 0.5 * float(np.sum(wt[:, None] * rr**2))
+        wt = xp.repeat(omega[part], k)  # (rows,)
+        xr = xp.reshape(x, (rows, d))
+        # (i, q)
+        cr = xp.reshape(xp.permute_dims(cov, (0, 2, 1, 3, 4)), (rows, md, d_out))
+        # (j, p')
+        fr = xp.reshape(xp.permute_dims(features, (0, 2, 1, 3)), (rows, md))
+        rr = xp.reshape(residual, (rows, d_out))
+        loss += 0.5 * xp.sum(wt[:, None] * rr**2)
         wr = wt[:, None] * rr
         # g_theta[p, (i, q)] = sum_rows x[p] (C r)[(i, q)]
-        g_theta += (xr * wt[:, None]).T @ np.einsum("rqo,ro->rq", cr, rr)
+        g_theta += (xr * wt[:, None]).T @ einsum(xp, "rqo,ro->rq", cr, rr)
         g_w += fr.T @ wr
         gram += (fr * wt[:, None]).T @ fr
         # h_tt[(p, p'), (iq, jq')] = sum_rows w x[p] x[p'] (C C^T)[iq, jq']
-        ccT = np.matmul(cr, cr.transpose(0, 2, 1)).reshape(rows, md * md)
-        xx = xr[:, upper[0]] * xr[:, upper[1]] * wt[:, None]
+        ccT = xp.reshape(xp.matmul(cr, xp.permute_dims(cr, (0, 2, 1))), (rows, md * md))
+        # the pairs' columns gathered from x^T: a Fortran-ordered xx on numpy, as
+        # its fancy indexing gave, so that the GEMM below gives the same bits
+        xt = xr.T
+        xx = (
+            xp.take(xt, first, axis=0).T
+            * xp.take(xt, second_index, axis=0).T
+            * wt[:, None]
+        )
         h_tt += xx.T @ ccT
         # h_tw[(p, jp'), (iq, o)] = sum_rows w x[p] f[jp'] C[iq, o]
-        xf = ((xr * wt[:, None])[:, :, None] * fr[:, None, :]).reshape(rows, d * md)
+        xf = xp.reshape((xr * wt[:, None])[:, :, None] * fr[:, None, :], (rows, d * md))
         if via_cov:
             # C = Cov W: accumulate against Cov ((i, q, s): m d^2 columns instead
             # of m d d_out) and apply W_i once after the loop
             h_tw += xf.T @ sr
         else:
-            h_tw += xf.T @ cr.reshape(rows, md * d_out)
+            h_tw += xf.T @ xp.reshape(cr, (rows, md * d_out))
+    loss = float(loss)
     if via_cov:  # ((p, j, p'), (i, q, s)) -> ((p, j, p'), (i, q, o))
-        h_tw = np.einsum(
-            "Piqs,iso->Piqo", h_tw.reshape(d * md, m, d, d), projection
-        ).reshape(d * md, md * d_out)
+        h_tw = xp.reshape(
+            einsum(
+                xp, "Piqs,iso->Piqo", xp.reshape(h_tw, (d * md, m, d, d)), projection
+            ),
+            (d * md, md * d_out),
+        )
     # reorder to parameter order (i, p, q)
-    g_theta = g_theta.reshape(d, m, d).transpose(1, 0, 2).reshape(-1)
-    full = np.empty((d, d, md * md))
-    full[upper[0], upper[1]] = h_tt
-    full[upper[1], upper[0]] = h_tt
-    h_tt = (
-        full.reshape(d, d, m, d, m, d)
-        .transpose(2, 0, 3, 4, 1, 5)
-        .reshape(m * d * d, m * d * d)
+    g_theta = xp.reshape(
+        xp.permute_dims(xp.reshape(g_theta, (d, m, d)), (1, 0, 2)), (-1,)
     )
-    h_tw = (
-        h_tw.reshape(d, md, m, d, d_out)
-        .transpose(2, 0, 3, 1, 4)
-        .reshape(m * d * d, md, d_out)
+    full = xp.take(h_tt, to_namespace(gather, xp, where), axis=0)  # (d d, md md)
+    h_tt = xp.reshape(
+        xp.permute_dims(xp.reshape(full, (d, d, m, d, m, d)), (2, 0, 3, 4, 1, 5)),
+        (m * d * d, m * d * d),
     )
-    loss += 0.5 * alpha * float(np.sum(projection**2))
-    g_w += alpha * projection.reshape(md, d_out)
+    h_tw = xp.reshape(
+        xp.permute_dims(xp.reshape(h_tw, (d, md, m, d, d_out)), (2, 0, 3, 1, 4)),
+        (m * d * d, md, d_out),
+    )
+    loss += 0.5 * alpha * float(xp.sum(projection**2))
+    g_w += alpha * xp.reshape(projection, (md, d_out))
     return loss, g_theta, g_w, h_tt, h_tw, gram
 
 
@@ -152,13 +219,22 @@ def _varpro_levenberg_marquardt(
     ``||Theta||`` ("step"), when no damping gives a decrease any more
     ("no_decrease": the loss is at its rounding floor), when the damped system
     stays singular ("singular"), or after ``max_iter`` Jacobian evaluations.
+
+    The arrays may be of any array-API namespace: the matrices and steps stay in
+    that of ``X`` (on its device), the damping and the acceptance test run on the
+    host; numpy gives the results of before, bit for bit.  Returns ``theta``,
+    ``projection`` (in ``X``'s namespace) and ``info``.
     """
+    xp = namespace(X, Y)
+    where = device(X)
+    attention = to_namespace(attention, xp, where, dtype=xp.float64)
     m, d, _ = attention.shape
     md = m * d
     if hull is not None:
+        hull = tuple(to_namespace(a, xp, where, dtype=xp.float64) for a in hull)
         offset, basis = _hull_basis(hull, m, d)
-        coords = _hull_coordinates(attention, hull).reshape(-1)
-        attention = offset + (basis @ coords).reshape(m, d, d)
+        coords = xp.reshape(_hull_coordinates(attention, hull), (-1,))
+        attention = offset + xp.reshape(basis @ coords, (m, d, d))
 
     def evaluate(theta):
         projection, (matrix, factor) = _solve_projections(
@@ -171,48 +247,60 @@ def _varpro_levenberg_marquardt(
         loss, g_t, g_w, h_tt, h_tw, _ = system
         d_out = g_w.shape[1]
         # Schur complement of the W block (matrix kron I_{d_out})
-        z = _solve_psd(matrix, h_tw.transpose(1, 0, 2).reshape(md, -1), factor)
-        z = z.reshape(md, -1, d_out)
-        schur = h_tt - np.einsum("Pro,rQo->PQ", h_tw, z, optimize=True)
-        grad = g_t - np.einsum("Pro,ro->P", h_tw, _solve_psd(matrix, g_w, factor))
+        z = _solve_psd(
+            matrix,
+            xp.reshape(xp.permute_dims(h_tw, (1, 0, 2)), (md, -1)),
+            factor,
+        )
+        z = xp.reshape(z, (md, -1, d_out))
+        schur = h_tt - _einsum_optimized(xp, "Pro,rQo->PQ", h_tw, z)
+        grad = g_t - einsum(xp, "Pro,ro->P", h_tw, _solve_psd(matrix, g_w, factor))
         if hull is not None:
             schur = basis.T @ schur @ basis
             grad = basis.T @ grad
         return loss, grad, 0.5 * (schur + schur.T)
 
-    theta = attention.copy()
+    def largest_diagonal(schur):
+        return float(xp.max(xp.linalg.diagonal(schur)))
+
+    def norm(a):  # numpy.linalg.norm's dot product of the flattened array
+        flat = xp.reshape(a, (-1,))
+        return math.sqrt(float(flat @ flat))
+
+    theta = xp.asarray(attention, copy=True)
     projection, matrix, factor, system = evaluate(theta)
     loss, grad, schur = reduced(system, matrix, factor)
     loss_start = loss
-    mu = damping * max(float(np.max(np.diag(schur))), np.finfo(float).tiny)
+    mu = damping * max(largest_diagonal(schur), np.finfo(float).tiny)
     nu = 2.0
     n_eval, n_iter, stop = 1, 0, "max_iter"
+    eye = xp.eye(schur.shape[0], dtype=schur.dtype, device=where)
     while n_eval < max_iter:
         n_iter += 1
-        diag = np.maximum(np.diag(schur), 1e-12 * max(np.max(np.diag(schur)), 1e-300))
+        floor = 1e-12 * max(largest_diagonal(schur), 1e-300)
+        diag = xp.maximum(
+            xp.linalg.diagonal(schur),
+            xp.asarray(floor, dtype=schur.dtype, device=where),
+        )
         try:
-            with warnings.catch_warnings():
-                # an ill-conditioned damped system is expected when n is too small;
-                # the acceptance test below guards the step
-                warnings.simplefilter("ignore", linalg.LinAlgWarning)
-                step = -linalg.solve(
-                    schur + mu * np.diag(diag), grad, assume_a="pos", check_finite=False
-                )
-        except (linalg.LinAlgError, ValueError):
+            # an ill-conditioned damped system is expected when n is too small;
+            # the acceptance test below guards the step
+            step = -_solve_positive(xp, schur + float(mu) * (eye * diag), grad)
+        except (np.linalg.LinAlgError, ValueError):
             step = None
-        if step is None or not np.all(np.isfinite(step)):
+        if step is None or not bool(xp.all(xp.isfinite(step))):
             mu *= nu
             nu *= 2.0
             # not (mu <= ...): a NaN system (overflowed logits) stops too, where
             # mu > ... would be False forever and the loop would never end
-            if not mu <= 1e20 * max(float(np.max(np.diag(schur))), 1e-300):
+            if not mu <= 1e20 * max(largest_diagonal(schur), 1e-300):
                 stop = "singular"
                 break
             continue
         full_step = step if hull is None else basis @ step
-        step_norm = float(np.linalg.norm(full_step))
-        trial = theta + full_step.reshape(m, d, d)
-        if step_norm <= tol * (float(np.linalg.norm(theta)) + tol):
+        step_norm = norm(full_step)
+        trial = theta + xp.reshape(full_step, (m, d, d))
+        if step_norm <= tol * (norm(theta) + tol):
             # last step: keep it if it does not increase the loss, then stop
             t_projection = solve_projections(X, Y, trial, sample_weight, alpha)
             t_loss = _loss(X, Y, trial, t_projection, sample_weight, alpha)
@@ -223,7 +311,7 @@ def _varpro_levenberg_marquardt(
         t_projection, t_matrix, t_factor, t_system = evaluate(trial)
         n_eval += 1
         t_loss = t_system[0]
-        predicted = -(grad @ step) - 0.5 * step @ schur @ step
+        predicted = np.float64(float(-(grad @ step) - 0.5 * step @ schur @ step))
         if t_loss < loss:
             rho = (loss - t_loss) / max(predicted, np.finfo(float).tiny)
             theta, projection = trial, t_projection
@@ -234,7 +322,7 @@ def _varpro_levenberg_marquardt(
         else:
             mu *= nu
             nu *= 2.0
-            if not mu <= 1e20 * max(float(np.max(np.diag(schur))), 1e-300):
+            if not mu <= 1e20 * max(largest_diagonal(schur), 1e-300):
                 stop = "no_decrease"  # at the floor of representable decrease
                 break
     # final W by the refined least-squares solve, and the loss it gives
@@ -244,7 +332,7 @@ def _varpro_levenberg_marquardt(
         "n_iter": n_iter,
         "n_evaluations": n_eval,
         "loss_start": float(loss_start),
-        "loss": _loss(X, Y, theta, projection, sample_weight, alpha),
+        "loss": float(_loss(X, Y, theta, projection, sample_weight, alpha)),
         "converged": stop in ("step", "no_decrease"),
         "stop_reason": stop,
     }

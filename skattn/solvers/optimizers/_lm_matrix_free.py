@@ -1,15 +1,16 @@
-"""Matrix-free Levenberg-Marquardt for large layers: scipy's ``least_squares`` on
+"""Matrix-free Levenberg-Marquardt for large layers: trust-region least squares on
 the reduced problem, its Jacobian given only through products.
 
 The variable-projection problem (the W_i eliminated by least squares;
 :class:`~skattn.solvers.kernels._varpro.VarproProblem` evaluates its residual and
-Jacobian products) is solved by ``scipy.optimize.least_squares`` (trust-region
-reflective, ``tr_solver="lsmr"``), the Jacobian a ``scipy.sparse.linalg.
-LinearOperator`` over the products (:func:`jacobian_operator`).  No ``(m d^2)^2``
-matrix is ever formed: memory is that of a few residual vectors and the per-sample
-patterns.
+Jacobian products) is solved by the trust-region reflective method with LSMR steps
+(:func:`~skattn.solvers.optimizers._trf.trf`: scipy's ``least_squares(method="trf",
+tr_solver="lsmr")``, written against the array namespace of the data, so that torch
+or CuPy arrays stay on their device; on numpy it is scipy's, to the bit).  No
+``(m d^2)^2`` matrix is ever formed: memory is that of a few residual vectors and
+the per-sample patterns.
 
-:func:`varpro_least_squares` runs scipy's solver in two stages: loose LSMR steps
+:func:`varpro_least_squares` runs the solver in two stages: loose LSMR steps
 while the residual is large (``COARSE_UNTIL``), then steps solved to LSMR's default
 tolerance for the quadratic convergence at the end.  Each stage works in the
 variables of the parametrization's right preconditioner at its start (for low-rank
@@ -21,26 +22,37 @@ stay in double: the steps are then a little less accurate, the optimum is not.
 
 import functools
 import math
+import time
 
 import numpy as np
-from scipy.optimize import least_squares
-from scipy.sparse.linalg import LinearOperator
 
+from ...utils._array_api import device, einsum, namespace, to_namespace, to_numpy
+from ...utils._progress import _Silent, iteration_bar
 from ...utils._validation import _normalized_weights
 from ..kernels._varpro import VarproProblem
+from ._trf import trf
 
 
 def jacobian_operator(problem, params, *, orthogonal=False):
-    """The Jacobian of ``problem`` at ``params`` as a ``LinearOperator``
-    (``orthogonal``: see :meth:`VarproProblem.rmatvec`)."""
-    problem._evaluate(params)
-    p = np.array(params, copy=True)
-    return LinearOperator(
-        problem.shape,
-        matvec=lambda v: problem.matvec(p, np.ravel(v)),
-        rmatvec=lambda u: problem.rmatvec(p, np.ravel(u), orthogonal=orthogonal),
-        dtype=float,
-    )
+    """The Jacobian of ``problem`` at ``params`` as a scipy ``LinearOperator`` on
+    numpy vectors (``orthogonal``: see :meth:`VarproProblem.rmatvec`); the
+    solvers here use the products directly.  For a problem on another namespace
+    the vectors are moved to it and back."""
+    from scipy.sparse.linalg import LinearOperator
+
+    xp = namespace(problem.X)
+    where = device(problem.X)
+    p = xp.asarray(to_namespace(params, xp, where, dtype=xp.float64), copy=True)
+
+    def matvec(v):
+        v = to_namespace(np.ravel(v), xp, where, dtype=xp.float64)
+        return to_numpy(problem.matvec(p, v))
+
+    def rmatvec(u):
+        u = to_namespace(np.ravel(u), xp, where, dtype=xp.float64)
+        return to_numpy(problem.rmatvec(p, u, orthogonal=orthogonal))
+
+    return LinearOperator(problem.shape, matvec=matvec, rmatvec=rmatvec, dtype=float)
 
 
 # Far from a minimum the trust region, not the accuracy of the Gauss-Newton step,
@@ -70,17 +82,22 @@ def varpro_least_squares(
     stop_below=None,
     n_jobs=1,
     verbose=0,
+    memory=None,
 ):
-    """Minimise the reduced loss matrix-free: scipy's ``least_squares``, TRF + LSMR.
+    """Minimise the reduced loss matrix-free: trust-region reflective steps by LSMR.
+
+    The arrays may be of any array-API namespace (numpy, torch, CuPy,
+    array-api-strict): the solver runs in that of ``X``, on its device, and numpy
+    gives the results of scipy's ``least_squares`` (which it replaced) to the bit.
 
     Parameters
     ----------
-    X : ndarray of shape (n, k, d)
-    Y : ndarray of shape (n, k, d_out)
-    params : ndarray of shape (p,)
-        Starting parameters of ``parametrization``.
+    X : array of shape (n, k, d)
+    Y : array of shape (n, k, d_out)
+    params : array of shape (p,)
+        Starting parameters of ``parametrization`` (numpy or ``X``'s namespace).
     parametrization : FullRank or LowRank
-    sample_weight : ndarray of shape (n,) or None
+    sample_weight : array of shape (n,) or None
     max_iter : int, default=100
         Residual evaluations (``max_nfev``).
     tol : float, default=1e-10
@@ -108,7 +125,7 @@ def varpro_least_squares(
         (an intercept column in the design; the tokens must have a constant
         coordinate, as the ``[x, 1]`` tokens of ``fit_intercept``).  A rank-r
         ``V_i O_i`` cannot hold it; full ``W_i`` hold it in that coordinate.
-    fixed_columns : ndarray of shape (n, k, f) or None
+    fixed_columns : array of shape (n, k, f) or None
         Full ``W_i`` only: more eliminated design columns that do not depend on
         the parameters (see :class:`VarproProblem`).
     stop_below : float or None
@@ -120,16 +137,24 @@ def varpro_least_squares(
     n_jobs : int, default=1
         Threads of the Jacobian products (see :class:`VarproProblem`).
     verbose : int, default=0
-        Passed to ``least_squares``: 2 prints one line per iteration.
+        Passed to :func:`~skattn.solvers.optimizers._trf.trf`: 2 prints one line
+        per iteration.
 
+    memory : StageMemory or None
+        Keeps the run's result, each stage's end and its iterates at intervals
+        (:mod:`skattn.solvers._checkpoints`): run again after an interruption,
+        it goes on from the last kept one to the same result.
     Returns
     -------
-    params : ndarray of shape (p,)
-    projection : ndarray of shape (m, d, d_out)
+    params : array of shape (p,)
+        In ``X``'s namespace and on its device, as ``projection``.
+    projection : array of shape (m, d, d_out)
     info : dict
         ``method``, ``n_iter`` (Jacobian evaluations), ``n_coarse_iter`` (those
         with loose steps), ``n_evaluations``,
-        ``n_products`` (Jacobian-vector products: the linear solver's work),
+        ``n_products`` (Jacobian-vector products: the linear solver's work; the
+        scipy solver this replaced also spent, and counted, one a step on a zero
+        vector),
         ``loss_start``, ``loss``, ``converged``, ``stop_reason``.
 
     Examples
@@ -146,6 +171,15 @@ def varpro_least_squares(
     >>> bool(np.allclose(p, th.reshape(-1), atol=1e-8)), info["converged"]
     (True, True)
     """
+    if memory is None or not memory.enabled:
+        memory, name = None, None
+    else:
+        name = memory.next_name("lm")
+        found, kept = memory.load(name)
+        if found:
+            memory.reused.append(name)
+            return kept
+    xp = namespace(X, Y)
     # the problem in double precision, and its twins in other precisions
     make = functools.partial(
         VarproProblem,
@@ -159,9 +193,9 @@ def varpro_least_squares(
     )
     problem = make()
     loose = problem
-    if coarse and np.dtype(coarse_dtype) != problem.dtype:
+    if coarse and not _same_dtype(coarse_dtype, problem.dtype):
         loose = make(dtype=coarse_dtype)
-    x = np.asarray(params, dtype=float)
+    x = to_namespace(params, xp, device(X), dtype=xp.float64)
     start = loose.residual(x)
     loss_start = 0.5 * float(start @ start)
     if max_products is None:
@@ -174,8 +208,9 @@ def varpro_least_squares(
         "verbose": verbose,
     }
     n_iter = n_evaluations = n_coarse = 0
-    omega = _normalized_weights(len(X), sample_weight)
-    target = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", Y, Y)))
+    omega = _normalized_weights(X.shape[0], to_numpy(sample_weight))
+    omega = to_namespace(omega, xp, device(Y), dtype=xp.float64)
+    target = math.sqrt(float(omega @ einsum(xp, "nkj,nkj->n", Y, Y)))
     status = None
     if stop_below is not None:
         exact = problem.residual(x) if loose is not problem else start
@@ -191,30 +226,48 @@ def varpro_least_squares(
             if math.sqrt(2.0 * intermediate_result.cost) <= COARSE_UNTIL * target:
                 raise StopIteration
 
-        x, result = _stage(
-            loose,
-            x,
-            {"maxiter": max_products, "atol": COARSE_LSMR_TOL, "btol": COARSE_LSMR_TOL},
-            max_iter,
-            callback=close_enough,
-            **options,
-        )
-        n_iter, n_evaluations = int(result.njev), int(result.nfev)
-        n_coarse, status = n_iter, result.status
-    n_loose_products = loose.n_products if loose is not problem else 0
+        def coarse_stage():
+            x_end, result = _stage(
+                xp,
+                loose,
+                x,
+                {
+                    "maxiter": max_products,
+                    "atol": COARSE_LSMR_TOL,
+                    "btol": COARSE_LSMR_TOL,
+                },
+                max_iter,
+                callback=close_enough,
+                keep=None if memory is None else (memory, f"{name}-coarse-iterate"),
+                **options,
+            )
+            products = loose.n_products if loose is not problem else 0
+            return x_end, int(result.njev), int(result.nfev), result.status, products
+
+        if memory is None:
+            x, n_iter, n_evaluations, status, n_loose_products = coarse_stage()
+        else:  # its end kept: a resumed run goes on to the next stage
+            x, n_iter, n_evaluations, status, n_loose_products = memory.stage(
+                f"{name}-coarse", coarse_stage
+            )
+        n_coarse = n_iter
+    else:
+        n_loose_products = loose.n_products if loose is not problem else 0
     # a single-precision stage may stop on rounding: the float64 stage always follows
     finish = status in (None, -2) or loose is not problem
     loose = None  # its kept states
     products = None
     if n_evaluations < max_iter and finish:
-        if np.dtype(jacobian_dtype) != problem.dtype:
+        if not _same_dtype(jacobian_dtype, problem.dtype):
             products = make(dtype=jacobian_dtype)
         x, result = _stage(
+            xp,
             problem,
             x,
             {"maxiter": max_products},
             max_iter - n_evaluations,
             products=products,
+            keep=None if memory is None else (memory, f"{name}-iterate"),
             **options,
         )
         n_iter += int(result.njev)
@@ -237,56 +290,137 @@ def varpro_least_squares(
         # scipy's other status (-1, improper input) does not arise for "trf"
         "stop_reason": _STATUS[status],
     }
+    if memory is not None:
+        memory.save(name, (x, problem.projection, info))
+        memory.computed.append(name)
     return x, problem.projection, info
 
 
 def _stage(
-    problem, params, tr_options, max_nfev, callback=None, products=None, **options
+    xp,
+    problem,
+    params,
+    tr_options,
+    max_nfev,
+    callback=None,
+    products=None,
+    keep=None,
+    **options,
 ):
-    """One run of scipy's ``least_squares`` (TRF, LSMR) from ``params``.
+    """One run of :func:`~skattn.solvers.optimizers._trf.trf` (LSMR steps) from
+    ``params``.
 
     In the variables ``z`` of the parametrization's right preconditioner ``M``
     at ``params`` (``p = M z``; see ``LowRank.preconditioner``), or in ``p``
-    itself when it has none.  The Jacobian products come from ``products`` (the
-    same problem in another precision) when given, else from ``problem``, which
-    gives the residuals.  Returns the final ``p`` and scipy's result.
+    itself when it has none: the Jacobian in ``z`` is ``J M``, its products
+    ``J (M v)`` and ``M^T (J^T u)``.  The Jacobian products come from
+    ``products`` (the same problem in another precision) when given, else from
+    ``problem``, which gives the residuals.  Returns the final ``p`` and the
+    solver's result.  ``keep=(memory, name)`` keeps the iterates at intervals
+    (``memory.iterate_interval`` seconds) and goes on from a kept one.
     """
     products = problem if products is None else products
+    resume = None
+    if keep is not None:
+        found, kept = keep[0].load(keep[1])
+        if found:  # an interrupted run's iterate, and the stage's start
+            params, resume = kept["start"], kept["state"]
+            keep[0].reused.append(keep[1])
+        callback = _keeping(keep, params, callback)
+    callback = _ticking(iteration_bar(), callback)
     if problem.factored:  # balance V_i against the eliminated O_i
         problem.residual(params)
         params = problem.par.regauge(params, problem.output_factors)
     precond = problem.par.preconditioner(params)
     if precond is None:
-        apply = np.asarray
+        apply = transpose = _identity
         z0 = params
     else:
         apply, transpose, inverse = precond
         z0 = inverse(params)
-        size = problem.shape[1]
-        M = LinearOperator((size, size), matvec=apply, rmatvec=transpose, dtype=float)
+
+    def residual(z):
+        return problem.residual(apply(z))
 
     def jacobian(z):
+        p = apply(z)  # the problems keep their own copy of the point
+
         # LSMR's left vectors stay orthogonal to the design (they are built from
         # the residual at W* and from J v): the cheaper adjoint is exact there
-        J = jacobian_operator(products, apply(z), orthogonal=True)
-        return J if precond is None else J @ M
+        def matvec(v):
+            return products.matvec(p, apply(v))
 
-    result = least_squares(
-        lambda z: problem.residual(apply(z)),
+        def rmatvec(u):
+            return transpose(products.rmatvec(p, u, orthogonal=True))
+
+        return matvec, rmatvec
+
+    result = trf(
+        xp,
+        residual,
+        jacobian,
         z0,
-        jac=jacobian,
-        method="trf",
-        tr_solver="lsmr",
         tr_options=tr_options,
-        x_scale=1.0,
         max_nfev=max_nfev,
         callback=callback,
+        resume=resume,
         **options,
     )
     return apply(result.x), result
 
 
-# least_squares' status -> stop_reason; _START: the start fitted already
+def _ticking(bar, callback):
+    """``callback`` that also moves the joint polish's bar by an iteration
+    (with the cost); ``callback`` itself where no bar is shown."""
+    if isinstance(bar, _Silent):
+        return callback
+
+    def ticking(intermediate):
+        bar.update(1)
+        bar.set_postfix_str(f"loss {intermediate.cost:.3g}")
+        if callback is not None:
+            callback(intermediate)
+
+    return ticking
+
+
+def _keeping(keep, start, callback):
+    """``callback`` that also keeps the iterate (with the stage's ``start``)
+    every ``memory.iterate_interval`` seconds; an iterate at which ``callback``
+    stops the run is not kept (a resumed run reaches that stop again)."""
+    memory, name = keep
+    last = [time.monotonic()]
+
+    def keeping(intermediate):
+        if callback is not None:
+            callback(intermediate)
+        if time.monotonic() - last[0] >= memory.iterate_interval:
+            memory.save(name, {"start": start, "state": intermediate["state"]})
+            last[0] = time.monotonic()
+
+    return keeping
+
+
+def _identity(v):
+    """The right preconditioner of a parametrization that has none."""
+    return v
+
+
+def _same_dtype(requested, dtype):
+    """Whether ``requested`` (a numpy dtype, as the public keywords take) is the
+    problem's ``dtype`` (numpy's or another namespace's), compared by name."""
+    return _dtype_name(requested) == _dtype_name(dtype)
+
+
+def _dtype_name(dtype):
+    """``"float32"`` for numpy's, torch's or array-api-strict's float32."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # torch.float32, array_api_strict.float32
+        return str(dtype).rsplit(".", 1)[-1]
+
+
+# trf's status (scipy's least_squares') -> stop_reason; _START: the start fitted already
 _START = 5
 _STATUS = {
     _START: "start",

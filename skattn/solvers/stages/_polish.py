@@ -7,6 +7,12 @@ the variable projection (the W_i eliminated) by Levenberg-Marquardt, dense
 (:mod:`skattn.solvers.optimizers._lbfgs`); optionally then L-BFGS-B over all
 parameters.  :func:`staged_polish` runs it on a random subset first (the warm-up)
 and then on all examples.
+
+The arrays may be of any array-API namespace (numpy, torch, CuPy): the
+Levenberg-Marquardt polish runs in the namespace and on the device of ``X``, its
+subsets drawn on the host.  scipy's L-BFGS-B (``method="lbfgs"``, ``mode="full"``
+or ``"both"``, never the random-start path's choice) runs on host copies, the layer
+moved back (``info["host_copy"]``).
 """
 
 import math
@@ -14,12 +20,15 @@ import math
 import numpy as np
 from sklearn.utils import check_random_state
 
+from ...utils._array_api import device, is_numpy, namespace, to_namespace, to_numpy
+from ...utils._progress import stage_bar
 from .._options import PolishOptions
 from ..kernels._loss import REALISABLE_RESIDUAL, relative_residual, solve_projections
 from ..kernels._parametrization import make_parametrization
 from ..optimizers._lbfgs import lbfgs_layer, lbfgs_reduced
 from ..optimizers._lm_dense import _varpro_levenberg_marquardt
 from ..optimizers._lm_matrix_free import varpro_least_squares
+from ._search import _copy, _take
 
 # the polish's defaults (written once, in PolishOptions)
 _POLISH = PolishOptions()
@@ -108,6 +117,7 @@ def polish(
     factor_values=_POLISH.factor_values,
     intercept=_POLISH.intercept,
     stop_below=None,
+    memory=None,
 ):
     """Locally optimise an attention layer from a starting point.
 
@@ -179,6 +189,9 @@ def polish(
         Matrix-free solver only: return the start when it fits to this relative
         residual already (``stop_reason`` ``"start"``; see
         :func:`~skattn.solvers.optimizers._lm_matrix_free.varpro_least_squares`).
+    memory : StageMemory or None
+        Matrix-free solver only: keeps its result and its iterates at intervals
+        (:mod:`skattn.solvers._checkpoints`).
 
     Returns
     -------
@@ -221,7 +234,8 @@ def polish(
         raise ValueError(
             f"solver must be 'auto', 'dense' or 'matrix-free', got {solver!r}."
         )
-    attention = np.asarray(attention, dtype=float)
+    xp = namespace(X, Y)
+    attention = to_namespace(attention, xp, device(X), dtype=xp.float64)
     m, d, _ = attention.shape
     low_rank = head_rank is not None and head_rank < d
     if solver == "auto":
@@ -235,6 +249,32 @@ def polish(
         raise ValueError(
             "The matrix-free polish supports neither a hull restriction nor a ridge "
             "alpha; use solver='dense'."
+        )
+    if not is_numpy(xp) and (method == "lbfgs" or mode != "varpro"):
+        # scipy's L-BFGS-B runs on the host: the polish on host copies, its
+        # results moved back (the random-start path never asks for it)
+        attention, projection, info = polish(
+            *(to_numpy(a) for a in (X, Y, attention, projection)),
+            sample_weight=to_numpy(sample_weight),
+            alpha=alpha,
+            mode=mode,
+            method=method,
+            hull=None if hull is None else tuple(to_numpy(h) for h in hull),
+            max_iter=max_iter,
+            tol=tol,
+            solver=solver,
+            head_rank=head_rank,
+            verbose=verbose,
+            damping=damping,
+            factor_values=factor_values,
+            intercept=intercept,
+            stop_below=stop_below,
+        )
+        info["host_copy"] = True  # scipy's L-BFGS-B needs numpy arrays
+        return (
+            to_namespace(attention, xp, device(X)),
+            to_namespace(projection, xp, device(X)),
+            info,
         )
     stages = []
     if mode in ("varpro", "both"):
@@ -267,6 +307,7 @@ def polish(
                 intercept=intercept,
                 stop_below=stop_below,
                 verbose=verbose,
+                memory=memory,
             )
             attention = par.attention(params)
             info["factored_values"] = bool(factor_values)
@@ -350,13 +391,15 @@ def output_basis(Y, rank, slack=9):
     >>> output_basis(Y, 20) is None
     True
     """
+    xp = namespace(Y)
     d_out = Y.shape[2]
     p = rank + slack
     if 2 * p > d_out:
         return None
-    flat = Y.reshape(-1, d_out)
-    _, vectors = np.linalg.eigh(flat.T @ flat)
-    return vectors[:, ::-1][:, :p].copy()
+    flat = xp.reshape(Y, (-1, d_out))
+    _, vectors = xp.linalg.eigh(flat.T @ flat)
+    # the top p, largest first (numpy: the reversed view's copy, as before)
+    return _copy(xp, xp.flip(vectors, axis=1)[:, :p])
 
 
 def staged_polish(
@@ -423,64 +466,69 @@ def staged_polish(
     >>> info["final_stage"], bool(info["relative_residual"] < 1e-10)
     ('skipped: realisable', True)
     """
-    rng = check_random_state(random_state)
-    # a start fitted already (decoupled heads) is not polished again: on 12 MiniLM
-    # heads that cost 2 iterations and 10 minutes for nothing
-    options.setdefault("stop_below", REALISABLE_RESIDUAL)
-    n = X.shape[0]
-    if n_polish_samples is not None and n > n_polish_samples:
-        rows = np.sort(rng.choice(n, size=n_polish_samples, replace=False))
-        X, Y = X[rows], Y[rows]
-        sample_weight = None if sample_weight is None else sample_weight[rows]
-    warmup_info, final_stage = None, "none"
-    m, d = attention.shape[0], attention.shape[1]
-    output_rank = m * min(options.get("head_rank") or d, d)
-    X_w = None
-    if n_warmup_samples is not None and X.shape[0] > n_warmup_samples:
-        rows = np.sort(rng.choice(X.shape[0], size=n_warmup_samples, replace=False))
-        X_w, Y_w = X[rows], Y[rows]
-        w_w = None if sample_weight is None else sample_weight[rows]
-        basis = output_basis(Y_w, output_rank)
-    elif n_warmup_samples is not None:
-        # no more examples than a warm-up: warm up on all of them when the heads'
-        # outputs span few of the output coordinates (the cheaper products of
-        # the principal outputs; without this, fewer examples fitted slower)
-        basis = output_basis(Y, output_rank)
-        if basis is not None:
-            X_w, Y_w, w_w = X, Y, sample_weight
-    if X_w is not None:
-        attention, projection, warmup_info = polish(
-            X_w,
-            Y_w if basis is None else Y_w @ basis,
-            attention,
-            None if projection is None or basis is not None else projection,
-            sample_weight=w_w,
-            **options,
-        )
-        warmup_info["output_rank"] = Y.shape[2] if basis is None else basis.shape[1]
-        if basis is not None:  # the projections onto all outputs
-            projection = solve_projections(X_w, Y_w, attention, w_w)
-        final_stage = "ran"
-        residual = relative_residual(X, Y, attention, projection, sample_weight)
-        if residual <= REALISABLE_RESIDUAL:
-            final_stage = "skipped: realisable"
-    if final_stage == "skipped: realisable":
-        info = dict(warmup_info)
-    else:
-        if warmup_info is not None:
-            # a warm start: begin with (nearly) undamped Gauss-Newton steps
-            options.setdefault("damping", _WARM_DAMPING)
-        attention, projection, info = polish(
-            X, Y, attention, projection, sample_weight=sample_weight, **options
-        )
-        if warmup_info is not None:
-            info["n_iter"] += warmup_info["n_iter"]
-            info["n_products"] += warmup_info["n_products"]
-            info["loss_start"] = warmup_info["loss_start"]
-    info["warmup"] = warmup_info
-    info["final_stage"] = final_stage
-    info["n_polish_samples"] = int(X.shape[0])
-    if final_stage != "skipped: realisable":
-        residual = relative_residual(X, Y, attention, projection, sample_weight)
-    info["relative_residual"] = residual
-    return attention, projection, info
+    # one bar for the polish's iterations, warm-up and final stage (at most
+    # max_iter each): tqdm's estimate of the time left is an upper bound
+    total = options.get("max_iter", _POLISH.max_iter) * (2 if n_warmup_samples else 1)
+    with stage_bar("polish", total, "iter", iterations=True):
+        xp = namespace(X, Y)
+        rng = check_random_state(random_state)
+        # a start fitted already (decoupled heads) is not polished again: on 12 MiniLM
+        # heads that cost 2 iterations and 10 minutes for nothing
+        options.setdefault("stop_below", REALISABLE_RESIDUAL)
+        n = X.shape[0]
+        if n_polish_samples is not None and n > n_polish_samples:
+            rows = np.sort(rng.choice(n, size=n_polish_samples, replace=False))
+            X, Y = _take(xp, X, rows), _take(xp, Y, rows)
+            sample_weight = _take(xp, sample_weight, rows)
+        warmup_info, final_stage = None, "none"
+        m, d = attention.shape[0], attention.shape[1]
+        output_rank = m * min(options.get("head_rank") or d, d)
+        X_w = None
+        if n_warmup_samples is not None and X.shape[0] > n_warmup_samples:
+            rows = np.sort(rng.choice(X.shape[0], size=n_warmup_samples, replace=False))
+            X_w, Y_w = _take(xp, X, rows), _take(xp, Y, rows)
+            w_w = _take(xp, sample_weight, rows)
+            basis = output_basis(Y_w, output_rank)
+        elif n_warmup_samples is not None:
+            # no more examples than a warm-up: warm up on all of them when the heads'
+            # outputs span few of the output coordinates (the cheaper products of
+            # the principal outputs; without this, fewer examples fitted slower)
+            basis = output_basis(Y, output_rank)
+            if basis is not None:
+                X_w, Y_w, w_w = X, Y, sample_weight
+        if X_w is not None:
+            attention, projection, warmup_info = polish(
+                X_w,
+                Y_w if basis is None else Y_w @ basis,
+                attention,
+                None if projection is None or basis is not None else projection,
+                sample_weight=w_w,
+                **options,
+            )
+            warmup_info["output_rank"] = Y.shape[2] if basis is None else basis.shape[1]
+            if basis is not None:  # the projections onto all outputs
+                projection = solve_projections(X_w, Y_w, attention, w_w)
+            final_stage = "ran"
+            residual = relative_residual(X, Y, attention, projection, sample_weight)
+            if residual <= REALISABLE_RESIDUAL:
+                final_stage = "skipped: realisable"
+        if final_stage == "skipped: realisable":
+            info = dict(warmup_info)
+        else:
+            if warmup_info is not None:
+                # a warm start: begin with (nearly) undamped Gauss-Newton steps
+                options.setdefault("damping", _WARM_DAMPING)
+            attention, projection, info = polish(
+                X, Y, attention, projection, sample_weight=sample_weight, **options
+            )
+            if warmup_info is not None:
+                info["n_iter"] += warmup_info["n_iter"]
+                info["n_products"] += warmup_info["n_products"]
+                info["loss_start"] = warmup_info["loss_start"]
+        info["warmup"] = warmup_info
+        info["final_stage"] = final_stage
+        info["n_polish_samples"] = int(X.shape[0])
+        if final_stage != "skipped: realisable":
+            residual = relative_residual(X, Y, attention, projection, sample_weight)
+        info["relative_residual"] = residual
+        return attention, projection, info

@@ -34,7 +34,10 @@ others'; the one-head problems are each well scaled on their own: from the searc
 end, ten of the twelve converged to rounding in 6-17 iterations each
 (benchmarks/HISTORY.md).
 
-Pure functions on token tensors (no validation; callers validate).
+Pure functions on token tensors (no validation; callers validate), of any array-API
+namespace (numpy, torch, CuPy): the heads' problems run in the namespace and on the
+device of ``X`` (in host threads on the CPU, one after another on a GPU), the
+sequences are drawn on the host, and the records hold Python numbers.
 """
 
 import math
@@ -43,23 +46,29 @@ import time
 import numpy as np
 from joblib import Parallel, delayed
 from sklearn.utils import check_random_state
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
-from ...utils._validation import _normalized_weights
+from ...utils._array_api import device, einsum, is_numpy, namespace, to_namespace
+from ...utils._progress import current_bar, stage_bar
+from .._checkpoints import kept
 from ..kernels._decoupling import (
     _one_head_problem,
     _output_factors,
     decoupling_map,
 )
-from ..kernels._loss import REALISABLE_RESIDUAL
+from ..kernels._loss import REALISABLE_RESIDUAL, _weights
 from ..kernels._parametrization import LowRank
 from ..optimizers._lm_matrix_free import varpro_least_squares
 from ._search import (
     _BATCH_SIZE,
     _LEARNING_RATE,
     _REPLACEMENT_BATCHES,
+    _blas_limits,
+    _copy,
+    _on_accelerator,
     _replace_head,
     _search_alone,
+    _take,
 )
 
 # The one-head problems' rows: this many equations per unknown at least (each row
@@ -134,6 +143,7 @@ def _solve_head(
     tol,
     jacobian_dtype=np.float32,
     n_jobs=1,
+    memory=None,
 ):
     """Head i's problem: targets ``Y D_i``, the other heads' shares ``Y D_{-i}`` as
     fixed columns.  Returns its ``Q_i, K_i``, value factor ``V_i`` (each ``(d,
@@ -142,16 +152,14 @@ def _solve_head(
     call; benchmarks/studies/bench_decoupled_precision.py compares the two); ``n_jobs``:
     threads of its products."""
     clock = time.perf_counter()
+    xp = namespace(X, shares)
     n, k, m, r = shares.shape
-    target = np.ascontiguousarray(shares[:, :, i])
-    fixed = None
-    if m > 1:
-        fixed = np.delete(shares, i, axis=2).reshape(n, k, (m - 1) * r)
+    target, fixed = _head_shares(xp, shares, i)
     par = LowRank(1, Q.shape[1], r)
     params, projection, info = varpro_least_squares(
         X,
         target,
-        np.concatenate([Q[i].reshape(-1), K[i].reshape(-1)]),
+        xp.concat([xp.reshape(Q[i, ...], (-1,)), xp.reshape(K[i, ...], (-1,))]),
         par,
         sample_weight,
         max_iter=max_iter,
@@ -170,15 +178,34 @@ def _solve_head(
         jacobian_dtype=jacobian_dtype,
         fixed_columns=fixed,
         n_jobs=n_jobs,
+        memory=memory,
     )
-    omega = _normalized_weights(n, sample_weight)
-    norm = math.sqrt(float(omega @ np.einsum("nkj,nkj->n", target, target)))
+    omega = _weights(n, sample_weight, X)[1]
+    norm = math.sqrt(float(omega @ einsum(xp, "nkj,nkj->n", target, target)))
     info["relative_residual"] = math.sqrt(2.0 * info["loss"]) / max(
         norm, np.finfo(float).tiny
     )
     info["seconds"] = time.perf_counter() - clock
     q, kk = par.factors(params)
-    return q[0], kk[0], projection[0], info
+    return q[0, ...], kk[0, ...], projection[0, ...], info
+
+
+def _head_shares(xp, shares, i):
+    """Head ``i``'s targets ``(n, k, r)`` and the other heads' shares as fixed
+    columns ``(n, k, (m - 1) r)`` (None for one head), copies of ``shares``."""
+    n, k, m, r = shares.shape
+    if is_numpy(xp):  # as before (the same memory order, the same bits)
+        target = np.ascontiguousarray(shares[:, :, i])
+        fixed = None
+        if m > 1:
+            fixed = np.delete(shares, i, axis=2).reshape(n, k, (m - 1) * r)
+        return target, fixed
+    target = xp.asarray(shares[:, :, i, :], copy=True)
+    fixed = None
+    if m > 1:
+        others = xp.concat([shares[:, :, :i, :], shares[:, :, i + 1 :, :]], axis=2)
+        fixed = xp.reshape(others, (n, k, (m - 1) * r))
+    return target, fixed
 
 
 def _threads(n_jobs, size):
@@ -209,6 +236,7 @@ def decoupled_refine(
     tol=1e-10,
     n_jobs=None,
     verbose=0,
+    memory=None,
 ):
     """Refine every head on its own problem (see the module's docstring).
 
@@ -253,6 +281,9 @@ def decoupled_refine(
     verbose : int, default=0
         1 prints one line per problem.
 
+    memory : StageMemory or None
+        Keeps each head's solve, and its iterates at intervals
+        (:mod:`skattn.solvers._checkpoints`).
     Returns
     -------
     params : ndarray of shape (3 m d r,)
@@ -285,6 +316,7 @@ def decoupled_refine(
     >>> bool(info["residual_start"] > 1e-3), bool(info["residual"] < 1e-10)
     (True, True)
     """
+    xp = namespace(X, Y)
     m, r = parametrization.n_heads, parametrization.rank
     n, k, o = Y.shape
     if not can_decouple(m, r, o):
@@ -295,14 +327,17 @@ def decoupled_refine(
     intercept = intercept_direction is not None
 
     def flat(Q, K, V):
-        return np.concatenate([Q.reshape(-1), K.reshape(-1), V.reshape(-1)])
+        return xp.concat(
+            [xp.reshape(Q, (-1,)), xp.reshape(K, (-1,)), xp.reshape(V, (-1,))]
+        )
 
     def fit(params):
         return _output_factors(X, Y, params, parametrization, sample_weight, intercept)
 
-    Q, K, V = (f.copy() for f in parametrization.factors(params))
+    params = to_namespace(params, xp, device(X))
+    Q, K, V = (_copy(xp, f) for f in parametrization.factors(params))
     start = flat(Q, K, V)
-    Qc, Kc, Vc = Q.copy(), K.copy(), V.copy()  # only converged heads taken
+    Qc, Kc, Vc = _copy(xp, Q), _copy(xp, K), _copy(xp, V)  # only converged heads
     active = list(range(m)) if heads is None else [int(i) for i in heads]
     rows = [None] * m
     residual_start = condition = None
@@ -313,9 +348,9 @@ def decoupled_refine(
         D, round_condition = decoupling_map(output_factors)
         if round_ == 0:
             residual_start, condition = residual, round_condition
-        shares = (Y.reshape(n * k, o) @ D).reshape(n, k, m, r)
+        shares = xp.reshape(xp.reshape(Y, (n * k, o)) @ D, (n, k, m, r))
         results = _solve_heads(
-            X, shares, active, Q, K, sample_weight, max_iter, tol, n_jobs
+            X, shares, active, Q, K, sample_weight, max_iter, tol, n_jobs, memory
         )
         again = []
         for i, (q, kk, values, solved) in zip(active, results, strict=True):
@@ -333,9 +368,9 @@ def decoupled_refine(
                 stop_reason=solved["stop_reason"],  # of its last solve
             )
             if row["converged"]:
-                Qc[i], Kc[i], Vc[i] = q, kk, values
+                Qc[i, ...], Kc[i, ...], Vc[i, ...] = q, kk, values
             if residual_i <= _NEAR:
-                Q[i], K[i], V[i] = q, kk, values
+                Q[i, ...], K[i, ...], V[i, ...] = q, kk, values
                 if _EXACT < residual_i <= previous / _PROGRESS:
                     again.append(i)
             if verbose:
@@ -354,7 +389,7 @@ def decoupled_refine(
     refined = flat(Q, K, V)
     residual = fit(refined)[1]
     converged_only = flat(Qc, Kc, Vc)
-    if not np.array_equal(refined, converged_only):
+    if not bool(xp.all(refined == converged_only)):
         other = fit(converged_only)[1]
         if other < residual:
             refined, residual = converged_only, other
@@ -461,23 +496,54 @@ def search_head(
     )
 
 
-def _solve_heads(X, shares, heads, Q, K, sample_weight, max_iter, tol, n_jobs):
+def _solve_heads(
+    X, shares, heads, Q, K, sample_weight, max_iter, tol, n_jobs, memory=None
+):
     """:func:`_solve_head` for each of ``heads``, ``n_jobs`` at a time; fewer
     heads than threads share the rest among their products' chunks."""
-    threads = _threads(n_jobs, math.inf)
+    # On a GPU the heads are solved one after another: host threads would only
+    # contend for its stream.  (The device's way is to batch the heads' one-head
+    # problems, each of the same shape, into one problem of block-diagonal
+    # Jacobians; the matrix-free Levenberg-Marquardt solves one problem at a
+    # time, so that is left to do.)
+    threads = 1 if _on_accelerator(X) else _threads(n_jobs, math.inf)
     jobs = min(threads, len(heads))
     inner = threads // jobs
 
+    # each head's problem keeps its result and iterates under a name given here,
+    # in the heads' order, whatever thread solves it
+    scopes = {i: None for i in heads}
+    if memory is not None and memory.enabled:
+        call = memory.next_name("heads")
+        scopes = {i: memory.child(f"{call}.head{i}") for i in heads}
+
+    bar = current_bar()  # the refinement's: a head solved, its residual
+    if bar.n + len(heads) > (bar.total or 0):  # heads solved again: more to do
+        bar.total = bar.n + len(heads)
+        bar.refresh()
+
     def job(i):
-        return _solve_head(
-            X, shares, i, Q, K, sample_weight, max_iter, tol, n_jobs=inner
+        solved = _solve_head(
+            X,
+            shares,
+            i,
+            Q,
+            K,
+            sample_weight,
+            max_iter,
+            tol,
+            n_jobs=inner,
+            memory=scopes[i],
         )
+        bar.update(1)
+        bar.set_postfix_str(f"head {i}: {solved[3]['relative_residual']:.2g}")
+        return solved
 
     # one BLAS thread a head, also when one head is left (its chunks then in
     # threads): on MiniLM layer 4 a head alone on two BLAS threads took 28 ms a
     # product, two heads at once on one thread each 14 ms (the products' GEMMs are
     # too thin to share)
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _blas_limits(namespace(X)):
         if jobs == 1:
             return [job(i) for i in heads]
         return Parallel(n_jobs=jobs, prefer="threads")(delayed(job)(i) for i in heads)
@@ -506,7 +572,7 @@ def _stalled(heads, among):
 
 
 def _on_more_sequences(
-    X, Y, params, par, direction, sample_weight, rng, verbose, info, stuck, rows
+    X, Y, params, par, direction, sample_weight, rng, verbose, info, stuck, rows, memory
 ):
     """The ``stuck`` heads refined again on ``_STUCK_SEQUENCES`` times the
     sequences (``rows`` and more), those still near and unconverged there on
@@ -514,6 +580,7 @@ def _on_more_sequences(
     more; each stage starts from the previous one's ends, and the heads that
     converge are taken.  ``info["stuck"]`` lists the stages (``heads``,
     ``n_sequences``, ``converged``)."""
+    xp = namespace(X, Y)
     n = X.shape[0]
     more, start, info["stuck"] = rows, params, []
     taken = []
@@ -524,14 +591,15 @@ def _on_more_sequences(
             np.concatenate([more, rng.choice(extra, size=size, replace=False)])
         )
         start, again = decoupled_refine(
-            X[more],
-            Y[more],
+            _take(xp, X, more),
+            _take(xp, Y, more),
             start,
             par,
-            sample_weight=None if sample_weight is None else sample_weight[more],
+            sample_weight=_take(xp, sample_weight, more),
             intercept_direction=direction,
             heads=stuck,
             verbose=verbose,
+            memory=memory,
         )
         info["n_products"] += again["n_products"]
         converged = [i for i in stuck if again["heads"][i]["converged"]]
@@ -539,23 +607,29 @@ def _on_more_sequences(
             {"heads": stuck, "n_sequences": len(more), "converged": converged}
         )
         if converged:
-            params = params.copy()  # its factors are views: the heads go in place
-            for mine, found in zip(
-                par.factors(params), par.factors(start), strict=True
-            ):
-                mine[converged] = found[converged]
+            params = _with_heads(xp, par, params, start, converged)
             for i in converged:
                 info["heads"][i] = again["heads"][i]
             taken += converged
         stuck = _stalled(again["heads"], stuck)
     if taken:
-        Xd, Yd = X[rows], Y[rows]
-        weights = None if sample_weight is None else sample_weight[rows]
+        Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
+        weights = _take(xp, sample_weight, rows)
         info["residual"] = _output_factors(
             Xd, Yd, params, par, weights, direction is not None
         )[1]
         info["kept"] = True
     return params, info
+
+
+def _with_heads(xp, par, params, source, heads):
+    """``params`` with the factors of ``heads`` those of ``source`` (a new flat
+    vector; the array API leaves writes through views undefined)."""
+    factors = [_copy(xp, factor) for factor in par.factors(params)]
+    for mine, found in zip(factors, par.factors(source), strict=True):
+        for i in heads:
+            mine[i, ...] = found[i, ...]
+    return xp.concat([xp.reshape(factor, (-1,)) for factor in factors])
 
 
 # Heads whose one-head problem ended far (above _NEAR) are searched afresh and
@@ -570,7 +644,9 @@ def _on_more_sequences(
 _DECOUPLED_PASSES = ("own problem", "what the others leave")
 
 
-def refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose):
+def refine_heads(
+    X, Y, params, par, direction, sample_weight, rng, verbose, memory=None
+):
     """:func:`decoupled_refine` on :func:`decoupled_size` random sequences; then
     each head it could not bring near (a head the search left mixed with another,
     or found only roughly) is searched afresh and refined alone again, in the
@@ -579,12 +655,23 @@ def refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose):
     (:func:`_on_more_sequences`).  Returns the parameters and the refinement's
     info, with ``stuck`` (per stage on more sequences: ``heads``,
     ``n_sequences``, ``converged``; when there were such heads) and
-    ``replacements`` (per try: ``head``, ``searched_on`` and ``converged``)."""
+    ``replacements`` (per try: ``head``, ``searched_on`` and ``converged``).
+    ``memory`` (a StageMemory) keeps each head's solve and each search afresh
+    with the generator's state after it."""
+    with stage_bar("refine", par.n_heads, "head"):
+        return _refine_heads(
+            X, Y, params, par, direction, sample_weight, rng, verbose, memory
+        )
+
+
+def _refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose, memory):
+    """:func:`refine_heads` within its progress bar."""
+    xp = namespace(X, Y)
     n, k = X.shape[:2]
     size = decoupled_size(par.n_heads, k, par.n_features, par.rank, Y.shape[2])
     rows = np.sort(rng.choice(n, size=min(n, size), replace=False))
-    Xd, Yd = X[rows], Y[rows]
-    weights = None if sample_weight is None else sample_weight[rows]
+    Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
+    weights = _take(xp, sample_weight, rows)
     params, info = decoupled_refine(
         Xd,
         Yd,
@@ -593,14 +680,26 @@ def refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose):
         sample_weight=weights,
         intercept_direction=direction,
         verbose=verbose,
+        memory=memory,
     )
     stuck = _stalled(info["heads"], range(par.n_heads))
     if stuck and n > len(rows):
         params, info = _on_more_sequences(
-            X, Y, params, par, direction, sample_weight, rng, verbose, info, stuck, rows
+            X,
+            Y,
+            params,
+            par,
+            direction,
+            sample_weight,
+            rng,
+            verbose,
+            info,
+            stuck,
+            rows,
+            memory,
         )
     info["replacements"] = []
-    n_jobs = _threads(None, 2)
+    n_jobs = 1 if _on_accelerator(X) else _threads(None, 2)
     for searched_on in _DECOUPLED_PASSES:
         # near heads were restarted from their ends already (every replacement of
         # such a head measured on MiniLM ended worse than it began)
@@ -613,29 +712,28 @@ def refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose):
                     n, size=min(n, _REPLACEMENT_BATCHES * _BATCH_SIZE), replace=False
                 )
             )
-            with threadpool_limits(limits=1, user_api="blas"):
-                if searched_on == "own problem":
-                    candidate = search_head(
-                        X[searched],
-                        Y[searched],
-                        params,
-                        par,
-                        head,
-                        sample_weight=(
-                            None if sample_weight is None else sample_weight[searched]
-                        ),
-                        intercept_direction=direction,
-                        n_jobs=n_jobs,
-                        random_state=rng,
-                    )[0]
-                else:
-                    candidate = _replace_head(
+
+            def search_afresh(_, head=head, rows=searched, on=searched_on, p=params):
+                with _blas_limits(xp):
+                    if on == "own problem":
+                        return search_head(
+                            _take(xp, X, rows),
+                            _take(xp, Y, rows),
+                            p,
+                            par,
+                            head,
+                            sample_weight=_take(xp, sample_weight, rows),
+                            intercept_direction=direction,
+                            n_jobs=n_jobs,
+                            random_state=rng,
+                        )[0]
+                    return _replace_head(
                         X,
                         Y,
-                        params,
+                        p,
                         par,
                         head,
-                        rows=searched,
+                        rows=rows,
                         intercept_direction=direction,
                         batch_size=min(n, _BATCH_SIZE),
                         learning_rate=_LEARNING_RATE,
@@ -643,6 +741,8 @@ def refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose):
                         dtype=np.float32,
                         n_jobs=n_jobs,
                     )
+
+            candidate = kept(memory, "search-afresh", search_afresh, rng)
             refined, again = decoupled_refine(
                 Xd,
                 Yd,
@@ -652,6 +752,7 @@ def refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose):
                 intercept_direction=direction,
                 heads=[head],
                 verbose=verbose,
+                memory=memory,
             )
             converged = bool(again["heads"][head]["converged"])
             info["n_products"] += again["n_products"]  # spent, taken or not

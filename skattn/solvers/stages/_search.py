@@ -13,18 +13,32 @@ with the design ``A_B(p)`` of :class:`skattn.solvers.VarproProblem`; its gradien
 that of the loss at the minimising ``O`` (the envelope theorem), one backward
 pass.  Everything runs in single precision but the batch's small Gram solve.
 
-Pure functions on token tensors (no validation; callers validate).
+Pure functions on token tensors (no validation; callers validate), of any array-API
+namespace (numpy, torch, CuPy): the products run in the namespace and on the device
+of ``X``, the batches are drawn on the host (a numpy generator: the same batches in
+every namespace), and the records hold Python numbers.
 """
 
+import contextlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from scipy import linalg
+from sklearn.externals import array_api_compat as _compat
 from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_limits
 
 from ...layer._math import softmax
+from ...utils._array_api import (
+    cholesky_solve,
+    device,
+    is_numpy,
+    lstsq,
+    namespace,
+    to_namespace,
+    to_numpy,
+)
+from ...utils._progress import stage_bar
 from ..kernels._decoupling import _design
 from ..kernels._parametrization import random_attention
 from ..optimizers._adam import _ADAM_BETA1 as _BETA1
@@ -50,6 +64,91 @@ _REPLACEMENT_BATCHES = 16
 # stall with every head contributing (12 MiniLM heads at 0.006, the weakest
 # worth 0.117) is the step size's noise floor, not an unfound head.
 _REPLACE_BELOW = math.sqrt(2.0)
+
+
+# The array namespace's small helpers of the random-start stages (_search, _refine,
+# _polish and the driver): each keeps the numpy route of the code it replaced (so
+# that numpy's results keep their bits) and is written against the array API
+# standard for the other namespaces.
+
+
+def _xp_dtype(xp, dtype):
+    """The dtype of ``xp`` named like the numpy dtype ``dtype`` (``dtype`` itself
+    when it is one of ``xp``'s already)."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        return dtype
+    return getattr(xp, name)
+
+
+def _take(xp, A, rows):
+    """The entries ``rows`` (host integer indices) of ``A`` along its first axis,
+    in ``A``'s namespace and on its device (``None`` for ``A=None``)."""
+    if A is None:
+        return None
+    if is_numpy(xp):
+        return A[rows]
+    return xp.take(A, to_namespace(np.asarray(rows), xp, device(A)), axis=0)
+
+
+def _copy(xp, a):
+    """A copy of ``a`` (numpy: ``a.copy()``, C order as before)."""
+    return a.copy() if is_numpy(xp) else xp.asarray(a, copy=True)
+
+
+def _sum_squares(xp, a):
+    """``sum(a**2)`` as a float64 0-d array or numpy scalar (no host sync on a
+    device; numpy: ``np.vdot`` as before)."""
+    if is_numpy(xp):
+        return np.float64(np.vdot(a, a))
+    return xp.astype(xp.sum(a * a), xp.float64)
+
+
+def _norm(xp, a):
+    """The Frobenius norm of ``a`` as a Python float (numpy: ``np.linalg.norm``,
+    a BLAS dot, as before; the compat ``vector_norm`` sums pairwise)."""
+    if is_numpy(xp):
+        return float(np.linalg.norm(a))
+    return float(xp.linalg.vector_norm(a))
+
+
+def _drop_block(xp, a, start, stop, axis):
+    """``a`` without the indices ``[start, stop)`` of ``axis``, a copy (numpy: the
+    fancy index of before, whose copy has its own memory order, and so its own
+    BLAS calls)."""
+    if is_numpy(xp):
+        return _columns(
+            xp, a, np.setdiff1d(np.arange(a.shape[axis]), range(start, stop)), axis
+        )
+    before = (slice(None),) * axis + (slice(0, start), ...)
+    after = (slice(None),) * axis + (slice(stop, None), ...)
+    return xp.concat([a[before], a[after]], axis=axis)
+
+
+def _columns(xp, a, indices, axis):
+    """``a``'s entries ``indices`` (host integers) along ``axis``, a copy (numpy:
+    a fancy index, as before)."""
+    if is_numpy(xp):
+        return a[(slice(None),) * axis + (indices,)]
+    indices = to_namespace(np.asarray(indices), xp, device(a))
+    return xp.take(a, indices, axis=axis)
+
+
+def _on_accelerator(x):
+    """Whether ``x`` lives on a GPU (torch CUDA/MPS or CuPy): there the stages run
+    their independent pieces one after another rather than in host threads."""
+    if _compat.is_cupy_array(x):
+        return True
+    return _compat.is_torch_array(x) and x.device.type != "cpu"
+
+
+def _blas_limits(xp):
+    """One BLAS thread (numpy's threadpoolctl limit), or nothing for the other
+    namespaces (their libraries schedule their own threads)."""
+    if is_numpy(xp):
+        return threadpool_limits(limits=1, user_api="blas")
+    return contextlib.nullcontext()
 
 
 def batch_loss_gradient(
@@ -99,8 +198,9 @@ def batch_loss_gradient(
     >>> bool(abs(slope - grad @ v) < 1e-6 * abs(slope))
     True
     """
+    xp = namespace(X, Y)
     b, k, _ = X.shape
-    low = np.asarray(params).astype(X.dtype, copy=False)
+    low = xp.astype(to_namespace(params, xp, device(X)), X.dtype, copy=False)
     intercept = intercept_direction is not None
     # the batch in _PARTS parts, each a forward pass and its share of the Gram
     # matrix, then each a backward pass against the batch's O: the parts run in
@@ -108,34 +208,45 @@ def batch_loss_gradient(
     # two such threads, 0.16 s on one; whole batches on two BLAS threads were
     # slower than on one), and the sums are the same either way
     parts = [part for part in np.array_split(np.arange(b), _PARTS) if len(part)]
-    with _Workers(len(parts), n_jobs) as run:
+    with _Workers(len(parts), n_jobs, X) as run:
         states = run(
             _part_forward,
             [
-                (X[i], Y[i], low, parametrization, intercept, _rows(fixed, i))
+                (
+                    _take(xp, X, i),
+                    _take(xp, Y, i),
+                    low,
+                    parametrization,
+                    intercept,
+                    _rows(xp, fixed, i),
+                )
                 for i in parts
             ],
         )
         gram = sum(state["gram"] for state in states)
         rhs = sum(state["rhs"] for state in states)
-        coef = _solve_gram(
-            gram,
-            rhs,
-            lambda: (
-                np.concatenate([s["design"] for s in states]),
-                np.concatenate([s["target"] for s in states]),
+        coef = xp.astype(
+            _solve_gram(
+                gram,
+                rhs,
+                lambda: (
+                    xp.concat([s["design"] for s in states]),
+                    xp.concat([s["target"] for s in states]),
+                ),
             ),
-        ).astype(X.dtype)
+            X.dtype,
+        )
         backward = run(
             _part_backward,
             [
-                (X[i], low, parametrization, state, coef)
+                (_take(xp, X, i), low, parametrization, state, coef)
                 for i, state in zip(parts, states, strict=True)
             ],
         )
-    loss = 0.5 * sum(part[0] for part in backward) / b
-    gradient = sum(part[1].astype(np.float64) for part in backward)
-    zero = 0.5 * sum(state["zero"] for state in states) / b
+    # one host sync each for the loss and the zero loss (the gradient stays)
+    loss = 0.5 * float(sum(part[0] for part in backward)) / b
+    gradient = sum(xp.astype(part[1], xp.float64) for part in backward)
+    zero = 0.5 * float(sum(state["zero"] for state in states)) / b
     return loss, gradient / b, zero
 
 
@@ -146,14 +257,21 @@ _PARTS = 2
 
 class _Workers:
     """Run a function over argument tuples: in ``n_jobs`` threads, each limited to
-    one BLAS thread, or (``n_jobs=1``) in order."""
+    one BLAS thread, or (``n_jobs=1``, or arrays on a GPU) in order."""
 
-    def __init__(self, n_parts, n_jobs):
+    # On a GPU the parts' kernels queue on one stream anyway: host threads would
+    # only contend for it, so the parts run in order there.
+
+    def __init__(self, n_parts, n_jobs, like=None):
         self.n_jobs = max(1, min(n_parts, int(n_jobs)))
+        if _on_accelerator(like):
+            self.n_jobs = 1
+        self._xp = namespace(like)
 
     def __enter__(self):
         if self.n_jobs > 1:
-            self._limits = threadpool_limits(limits=1, user_api="blas")
+            self._limits = _blas_limits(self._xp)
+            self._limits.__enter__()
             self._pool = ThreadPoolExecutor(self.n_jobs)
         return self
 
@@ -165,59 +283,68 @@ class _Workers:
     def __exit__(self, *exc):
         if self.n_jobs > 1:
             self._pool.shutdown()
-            self._limits.restore_original_limits()
+            self._limits.__exit__(None, None, None)
 
 
-def _rows(fixed, rows):
+def _rows(xp, fixed, rows):
     """The fixed columns of sequences ``rows``, as token rows, or None."""
     if fixed is None:
         return None
-    return fixed[rows].reshape(len(rows) * fixed.shape[1], fixed.shape[2])
+    return xp.reshape(
+        _take(xp, fixed, rows), (len(rows) * fixed.shape[1], fixed.shape[2])
+    )
 
 
 def _part_forward(X, Y, low, parametrization, intercept, fixed=None):
     """A part's forward pass: its state and its share of the Gram system."""
+    xp = namespace(X, Y)
     b, k, _ = X.shape
     cache = parametrization.cache(X, low)
     patterns = softmax(parametrization.logits(X, low, cache), axis=-1)
     values = parametrization.values(X, low, cache)  # (b, m, k, r)
     design = _design(patterns, values, intercept)
     if fixed is not None:
-        design = np.concatenate([design, fixed.astype(design.dtype)], axis=1)
-    target = Y.reshape(b * k, Y.shape[2]).astype(X.dtype, copy=False)
+        design = xp.concat([design, xp.astype(fixed, design.dtype)], axis=1)
+    target = xp.astype(xp.reshape(Y, (b * k, Y.shape[2])), X.dtype, copy=False)
     return {
         "cache": cache,
         "patterns": patterns,
         "values": values,
         "design": design,
         "target": target,
-        "gram": (design.T @ design).astype(np.float64),
-        "rhs": (design.T @ target).astype(np.float64),
-        "zero": float(np.vdot(target, target)),
+        "gram": xp.astype(design.T @ design, xp.float64),
+        "rhs": xp.astype(design.T @ target, xp.float64),
+        "zero": _sum_squares(xp, target),
     }
 
 
 def _part_backward(X, low, parametrization, state, coef):
     """A part's squared residual and loss gradient (unscaled) at the batch's O."""
+    xp = namespace(X, low)
     b, k, _ = X.shape
     values, patterns = state["values"], state["patterns"]
     m, r = values.shape[1], values.shape[3]
     residual = state["design"] @ coef - state["target"]
     # the envelope gradient: the loss's derivative in the design is residual O^T
-    d_features = (residual @ coef[: m * r].T).reshape(b, k, m, r).transpose(0, 2, 1, 3)
-    d_patterns = np.matmul(d_features, np.swapaxes(values, 2, 3))
-    d_values = np.matmul(np.swapaxes(patterns, 2, 3), d_features)
-    d_logits = patterns * (d_patterns - (patterns * d_patterns).sum(-1, keepdims=True))
+    d_features = xp.permute_dims(
+        xp.reshape(residual @ coef[: m * r, :].T, (b, k, m, r)), (0, 2, 1, 3)
+    )
+    d_patterns = xp.matmul(d_features, xp.matrix_transpose(values))
+    d_values = xp.matmul(xp.matrix_transpose(patterns), d_features)
+    d_logits = patterns * (
+        d_patterns - xp.sum(patterns * d_patterns, axis=-1, keepdims=True)
+    )
     gradient = parametrization.vjp(X, low, d_logits, d_values, state["cache"])
-    return float(np.vdot(residual, residual)), gradient
+    return _sum_squares(xp, residual), gradient
 
 
 def _least_squares(design, target):
     """``argmin_O ||design O - target||``: a float64 Cholesky solve of the (ridged)
     Gram matrix, in the design's dtype (least squares when that is not definite)."""
-    gram = (design.T @ design).astype(np.float64)
-    rhs = (design.T @ target).astype(np.float64)
-    return _solve_gram(gram, rhs, lambda: (design, target)).astype(design.dtype)
+    xp = namespace(design, target)
+    gram = xp.astype(design.T @ design, xp.float64)
+    rhs = xp.astype(design.T @ target, xp.float64)
+    return xp.astype(_solve_gram(gram, rhs, lambda: (design, target)), design.dtype)
 
 
 def _solve_gram(gram, rhs, system):
@@ -225,18 +352,19 @@ def _solve_gram(gram, rhs, system):
     of its mean diagonal; when that is not definite (two heads with the same
     columns, in single precision), the minimum-norm least-squares solution of
     ``system() = (design, target)`` instead."""
-    gram = gram.copy()
-    gram[np.diag_indices_from(gram)] += _BATCH_RIDGE * max(
-        np.trace(gram) / len(gram), np.finfo(float).tiny
-    )
+    xp = namespace(gram, rhs)
+    p = gram.shape[0]
+    # the ridge as a 0-d array (no host sync); adding it times the identity
+    # changes the diagonal only (x + 0.0 is x)
+    mean = xp.linalg.trace(gram) / p
+    tiny = xp.asarray(np.finfo(float).tiny, dtype=gram.dtype, device=device(gram))
+    ridge = _BATCH_RIDGE * xp.maximum(mean, tiny)
+    gram = gram + ridge * xp.eye(p, dtype=gram.dtype, device=device(gram))
     try:
-        factor = linalg.cho_factor(gram)
-    except linalg.LinAlgError:
+        return cholesky_solve(xp, gram, rhs)
+    except np.linalg.LinAlgError:
         design, target = system()
-        return linalg.lstsq(
-            design.astype(np.float64), target.astype(np.float64), cond=None
-        )[0]
-    return linalg.cho_solve(factor, rhs)
+        return lstsq(xp, xp.astype(design, xp.float64), xp.astype(target, xp.float64))
 
 
 def minibatch_search(
@@ -353,13 +481,14 @@ def minibatch_search(
     >>> bool(info["residual"] < info["residuals"][0] / 2)
     True
     """
+    xp = namespace(X, Y)
     rng = check_random_state(random_state)
     n = X.shape[0]
     batch_size = min(int(batch_size), n)
-    dtype = np.dtype(dtype)
-    probabilities = None
+    dtype = _xp_dtype(xp, dtype)  # the products' precision, in X's namespace
+    probabilities = None  # the batches are drawn on the host (same in every namespace)
     if sample_weight is not None:
-        probabilities = np.asarray(sample_weight, dtype=float)
+        probabilities = np.asarray(to_numpy(sample_weight), dtype=float)
         probabilities = probabilities / probabilities.sum()
 
     def draw(size=batch_size):
@@ -367,11 +496,14 @@ def minibatch_search(
             rng.choice(n, size=size, replace=probabilities is not None, p=probabilities)
         )
 
+    def batch(A, rows):
+        """Rows ``rows`` of ``A`` in the products' precision (None for None)."""
+        return None if A is None else xp.astype(_take(xp, A, rows), dtype, copy=False)
+
     evaluation = draw()
-    X_eval = X[evaluation].astype(dtype, copy=False)
-    Y_eval = Y[evaluation].astype(dtype, copy=False)
-    fixed = None if fixed_columns is None else np.asarray(fixed_columns)
-    F_eval = None if fixed is None else fixed[evaluation].astype(dtype, copy=False)
+    X_eval, Y_eval = batch(X, evaluation), batch(Y, evaluation)
+    fixed = to_namespace(fixed_columns, xp, device(X))
+    F_eval = batch(fixed, evaluation)
 
     def check(p):
         loss, _, zero = batch_loss_gradient(
@@ -379,8 +511,10 @@ def minibatch_search(
         )
         return math.sqrt(loss / zero) if zero > 0 else 0.0
 
-    params = np.array(params, dtype=np.float64, copy=True)
-    step_size = learning_rate * math.sqrt(float(np.mean(params**2)))
+    params = xp.asarray(
+        to_namespace(params, xp, device(X)), dtype=xp.float64, copy=True
+    )
+    step_size = learning_rate * math.sqrt(float(xp.mean(params**2)))
     best_residual = check(params)
     residuals = [best_residual]
     if verbose:
@@ -388,20 +522,20 @@ def minibatch_search(
 
     def adam(params, best_residual, step_size, max_steps):
         """Adam with step-size cuts: ``(best, residual, steps, cuts, reason)``."""
-        best = params.copy()
-        first = np.zeros_like(params)
-        second = np.zeros_like(params)
+        best = _copy(xp, params)
+        first = xp.zeros_like(params)
+        second = xp.zeros_like(params)
         stalled, n_cuts, stop_reason, step, t = 0, 0, "max_iter", 0, 0
         while step < max_steps and best_residual > stop_residual:
             rows = draw()
             _, gradient, _ = batch_loss_gradient(
-                X[rows].astype(dtype, copy=False),
-                Y[rows].astype(dtype, copy=False),
+                batch(X, rows),
+                batch(Y, rows),
                 params,
                 parametrization,
                 intercept_direction,
                 n_jobs,
-                None if fixed is None else fixed[rows].astype(dtype, copy=False),
+                batch(fixed, rows),
             )
             step, t = step + 1, t + 1
             first = _BETA1 * first + (1 - _BETA1) * gradient
@@ -409,12 +543,14 @@ def minibatch_search(
             params -= (
                 step_size
                 * (first / (1 - _BETA1**t))
-                / (np.sqrt(second / (1 - _BETA2**t)) + _EPSILON)
+                / (xp.sqrt(second / (1 - _BETA2**t)) + _EPSILON)
             )
             if step % check_every:
                 continue
             residual = check(params)
             residuals.append(residual)
+            bar.update(check_every)
+            bar.set_postfix_str(f"residual {residual:.3g}")
             if verbose:
                 print(f"minibatch search: step {step} residual {residual:.4g}")
             if residual < (1 - _PROGRESS) * best_residual:
@@ -422,7 +558,7 @@ def minibatch_search(
             else:
                 stalled += 1
             if residual < best_residual:
-                best, best_residual = params.copy(), residual
+                best, best_residual = _copy(xp, params), residual
             if stalled >= patience:
                 if n_cuts == n_decays:
                     stop_reason = "no_decrease"
@@ -431,65 +567,67 @@ def minibatch_search(
                 step_size *= decay
                 # Adam afresh from the best point: its moments, grown on the large
                 # early gradients, would shrink the smaller steps further
-                params, first, second, t = best.copy(), 0 * first, 0 * second, 0
+                params, first, second, t = _copy(xp, best), 0 * first, 0 * second, 0
         if best_residual <= stop_residual:
             stop_reason = "residual"
         return best, best_residual, step, n_cuts, stop_reason
 
-    best, best_residual, n_steps, n_cuts, stop_reason = adam(
-        params, best_residual, step_size, max_steps
-    )
-    replacements = []
-    while (
-        len(replacements) < n_replacements
-        and stop_reason == "no_decrease"
-        and parametrization.n_heads > 1
-        and n_steps < max_steps
-    ):
-        residual, contributions = head_contributions(
-            X_eval, Y_eval, best, parametrization, intercept_direction
+    # one bar for the search, its replacements' steps included
+    with stage_bar("search", max_steps, "step") as bar:
+        best, best_residual, n_steps, n_cuts, stop_reason = adam(
+            params, best_residual, step_size, max_steps
         )
-        head = int(np.argmin(contributions))
-        without = float(contributions[head])
-        if without >= _REPLACE_BELOW * residual:
-            break  # every head explains more than is left: nothing to replace
-        candidate = _replace_head(
-            X,
-            Y,
-            best,
-            parametrization,
-            head,
-            rows=draw(min(n, _REPLACEMENT_BATCHES * batch_size)),
-            intercept_direction=intercept_direction,
-            batch_size=batch_size,
-            learning_rate=learning_rate,
-            random_state=rng,
-            dtype=dtype,
-            n_jobs=n_jobs,
-        )
-        start_residual = check(candidate)
-        if verbose:
-            print(
-                f"minibatch search: replacing head {head} (residual without it "
-                f"{without:.4g}); all heads with the new one {start_residual:.4g}"
+        replacements = []
+        while (
+            len(replacements) < n_replacements
+            and stop_reason == "no_decrease"
+            and parametrization.n_heads > 1
+            and n_steps < max_steps
+        ):
+            residual, contributions = head_contributions(
+                X_eval, Y_eval, best, parametrization, intercept_direction
             )
-        searched, residual, steps, cuts, reason = adam(
-            candidate, start_residual, decay * step_size, max_steps - n_steps
-        )
-        n_steps, n_cuts = n_steps + steps, n_cuts + cuts
-        kept = residual < best_residual
-        replacements.append(
-            {
-                "head": int(head),
-                "residual_without": float(without),
-                "residual_before": float(best_residual),
-                "residual_after": float(residual),
-                "kept": bool(kept),
-            }
-        )
-        if not kept:
-            break
-        best, best_residual, stop_reason = searched, residual, reason
+            head = int(xp.argmin(contributions))
+            without = float(contributions[head])
+            if without >= _REPLACE_BELOW * residual:
+                break  # every head explains more than is left: nothing to replace
+            candidate = _replace_head(
+                X,
+                Y,
+                best,
+                parametrization,
+                head,
+                rows=draw(min(n, _REPLACEMENT_BATCHES * batch_size)),
+                intercept_direction=intercept_direction,
+                batch_size=batch_size,
+                learning_rate=learning_rate,
+                random_state=rng,
+                dtype=dtype,
+                n_jobs=n_jobs,
+            )
+            start_residual = check(candidate)
+            if verbose:
+                print(
+                    f"minibatch search: replacing head {head} (residual without it "
+                    f"{without:.4g}); all heads with the new one {start_residual:.4g}"
+                )
+            searched, residual, steps, cuts, reason = adam(
+                candidate, start_residual, decay * step_size, max_steps - n_steps
+            )
+            n_steps, n_cuts = n_steps + steps, n_cuts + cuts
+            kept = residual < best_residual
+            replacements.append(
+                {
+                    "head": int(head),
+                    "residual_without": float(without),
+                    "residual_before": float(best_residual),
+                    "residual_after": float(residual),
+                    "kept": bool(kept),
+                }
+            )
+            if not kept:
+                break
+            best, best_residual, stop_reason = searched, residual, reason
     info = {
         "n_steps": n_steps,
         "n_decays": n_cuts,
@@ -542,26 +680,32 @@ def head_contributions(X, Y, params, parametrization, intercept_direction=None):
     >>> bool(residual < 1e-8), int(np.argmin(without))
     (True, 1)
     """
+    xp = namespace(X, Y)
     b, k, _ = X.shape
+    params = to_namespace(params, xp, device(X))
+    if not is_numpy(xp):
+        # numpy promotes float32 tokens and float64 parameters in each product;
+        # torch does not mix them
+        common = xp.result_type(X.dtype, params.dtype)
+        X, params = xp.astype(X, common, copy=False), xp.astype(params, common)
     cache = parametrization.cache(X, params)
     patterns = softmax(parametrization.logits(X, params, cache), axis=-1)
     values = parametrization.values(X, params, cache)
     m, r = values.shape[1], values.shape[3]
     design = _design(patterns, values, intercept_direction is not None)
-    target = Y.reshape(b * k, Y.shape[2]).astype(design.dtype, copy=False)
-    norm = max(float(np.linalg.norm(target)), np.finfo(float).tiny)
+    target = xp.astype(xp.reshape(Y, (b * k, Y.shape[2])), design.dtype, copy=False)
+    norm = max(_norm(xp, target), np.finfo(float).tiny)
 
-    def relative(columns):
-        part = design[:, columns]
+    def relative(part):
         residual = part @ _least_squares(part, target) - target
-        return float(np.linalg.norm(residual)) / norm
+        return _norm(xp, residual) / norm
 
-    everything = np.arange(design.shape[1])
+    # the design without head i's columns (a copy, as numpy's fancy index was)
     without = [
-        relative(np.setdiff1d(everything, np.arange(i * r, (i + 1) * r)))
-        for i in range(m)
+        relative(_drop_block(xp, design, i * r, (i + 1) * r, axis=1)) for i in range(m)
     ]
-    return relative(everything), np.array(without)
+    everything = _columns(xp, design, np.arange(design.shape[1]), axis=1)
+    return relative(everything), xp.asarray(without, dtype=xp.float64, device=device(X))
 
 
 def _replace_head(
@@ -586,21 +730,23 @@ def _replace_head(
     on the residual, with no intercept (the residual has none left), and takes
     ``head``'s place.
     """
+    xp = namespace(X, Y)
     rng = random_state
-    m = parametrization.n_heads
-    Xr = X[rows].astype(dtype, copy=False)
-    Yr = Y[rows].astype(dtype, copy=False)
+    dtype = _xp_dtype(xp, dtype)
+    Xr = xp.astype(_take(xp, X, rows), dtype, copy=False)
+    Yr = xp.astype(_take(xp, Y, rows), dtype, copy=False)
     b, k, _ = Xr.shape
-    low = params.astype(dtype)
+    low = xp.astype(to_namespace(params, xp, device(X)), dtype)
     cache = parametrization.cache(Xr, low)
     patterns = softmax(parametrization.logits(Xr, low, cache), axis=-1)
     values = parametrization.values(Xr, low, cache)
-    others = np.delete(np.arange(m), head)
     design = _design(
-        patterns[:, others], values[:, others], intercept_direction is not None
+        _drop_block(xp, patterns, head, head + 1, axis=1),
+        _drop_block(xp, values, head, head + 1, axis=1),
+        intercept_direction is not None,
     )
-    target = Yr.reshape(b * k, -1)
-    rest = (target - design @ _least_squares(design, target)).reshape(Yr.shape)
+    target = xp.reshape(Yr, (b * k, Yr.shape[2]))
+    rest = xp.reshape(target - design @ _least_squares(design, target), Yr.shape)
     return _search_alone(
         Xr,
         rest,
@@ -619,16 +765,32 @@ def _search_alone(X, Y, params, parametrization, head, random_state, **options):
     """``params`` with head ``head`` replaced by one head searched from a random
     start on ``(X, Y)`` (:func:`minibatch_search` with ``options``, no
     replacements): ``(params, info)``, ``info`` the search's."""
+    xp = namespace(X, Y)
     rng = random_state
     d, r = parametrization.n_features, parametrization.rank
     single = type(parametrization)(1, d, r)
+    # the start drawn and factored on the host, then moved: the same start (and
+    # the same generator state) in every namespace
     start = single.from_attention(
         random_attention(1, d, rng), rng.normal(scale=1.0 / d, size=(1, d, r))
     )
     found, info = minibatch_search(
-        X, Y, start, single, n_replacements=0, random_state=rng, **options
+        X,
+        Y,
+        to_namespace(start, xp, device(X)),
+        single,
+        n_replacements=0,
+        random_state=rng,
+        **options,
     )
-    factors = [factor.copy() for factor in parametrization.factors(params)]
+    return _with_head(xp, parametrization, params, single, found, head), info
+
+
+def _with_head(xp, parametrization, params, single, found, head):
+    """``params`` with head ``head``'s factors those of the one-head ``found``
+    (``single``'s parameters), a new flat vector."""
+    params = to_namespace(params, xp, device(found))
+    factors = [_copy(xp, factor) for factor in parametrization.factors(params)]
     for factor, new in zip(factors, single.factors(found), strict=True):
-        factor[head] = new[0]
-    return np.concatenate([factor.ravel() for factor in factors]), info
+        factor[head, ...] = new[0, ...]
+    return xp.concat([xp.reshape(factor, (-1,)) for factor in factors])

@@ -1,0 +1,381 @@
+"""Trust-region reflective least squares without bounds, matrix-free, in any array
+namespace: scipy's ``least_squares(method="trf", tr_solver="lsmr", x_scale=1.0)``.
+
+scipy's ``least_squares`` is numpy-only.  :func:`trf` is the same method, step for
+step, written against the array namespace of ``x0``: the iterate, the residuals
+and the Jacobian products stay in that namespace and on its device, and the
+trust-region bookkeeping (the 1-D regularizing quadratic, the 2-D subproblem in
+the span of the gradient and the Gauss-Newton step, the radius update, the
+stopping tests) runs on the host in Python floats and 2 x 2 numpy arrays.  Each
+iteration:
+
+1. ``g = J^T f``; stop when ``||g||_inf < gtol``;
+2. the Gauss-Newton step ``gn`` by :func:`~._lsmr.lsmr`, damped by the curvature
+   of the loss along ``-g`` within the trust region (scipy's ``regularize``);
+3. an orthonormal basis ``S`` of ``(g, gn)`` (economic QR), and the 2-D trust-region
+   problem ``min 1/2 p^T S^T J^T J S p + g^T S p``, ``||p|| <= Delta``;
+4. the trial point ``x + S p``; the ratio of actual to predicted decrease sets the
+   radius (scipy's ``update_tr_radius``), and ``ftol``/``xtol`` stop the run
+   (``check_termination``); a rejected step shrinks the radius and retries.
+
+With numpy the iterates are scipy's to the bit: the same BLAS calls on arrays of
+the same layout (the QR is scipy's ``linalg.qr``), the same scalar arithmetic.
+Unlike scipy, no Jacobian product is spent on a zero vector to infer a dtype (scipy
+builds a ``LinearOperator`` each iteration that does that).
+"""
+
+import math
+
+import numpy as np
+from scipy import linalg
+from scipy.optimize import OptimizeResult
+
+from ...utils._array_api import device, is_numpy, to_namespace, to_numpy
+from ._lsmr import lsmr
+
+__all__ = ["trf", "TERMINATION_MESSAGES"]
+
+# status -> message, as scipy's least_squares
+TERMINATION_MESSAGES = {
+    -2: "Stopped because `callback` function raised `StopIteration`.",
+    0: "The maximum number of function evaluations is exceeded.",
+    1: "`gtol` termination condition is satisfied.",
+    2: "`ftol` termination condition is satisfied.",
+    3: "`xtol` termination condition is satisfied.",
+    4: "Both `ftol` and `xtol` termination conditions are satisfied.",
+}
+
+
+def _dot(a, b):
+    """``a . b`` of two vectors on the host, a numpy ``float64`` (so that scalar
+    divisions by zero give ``inf``/``nan`` as in scipy): one scalar copied."""
+    return np.float64(float(a @ b))
+
+
+def _norm(v):
+    """``||v||_2`` by the dot product that ``numpy.linalg.norm`` takes."""
+    return np.sqrt(_dot(v, v))
+
+
+def _qr_columns(xp, a, b):
+    """An orthonormal basis ``S`` ``(n, 2)`` of the columns ``[a, b]`` (economic QR).
+
+    numpy: scipy's ``linalg.qr`` (LAPACK ``geqrf``/``orgqr``, a Fortran-ordered
+    ``Q``), as scipy's ``trf``, so that the products with ``S`` are its bits.
+    """
+    if is_numpy(xp):
+        return linalg.qr(np.vstack((a, b)).T, mode="economic")[0]
+    return xp.linalg.qr(xp.stack([a, b], axis=1))[0]
+
+
+def _minimize_quadratic_1d(a, b, upper):
+    """Minimum value of ``a t^2 + b t`` over ``0 <= t <= upper`` (scipy's
+    ``minimize_quadratic_1d`` with ``lb = 0``, ``c = 0``): at an end or at the
+    extremum; the first of equal values, NaN first as ``numpy.argmin``."""
+    t = [0.0, upper]
+    if a != 0:
+        extremum = -0.5 * b / a
+        if 0 < extremum < upper:
+            t.append(extremum)
+    values = [ti * (a * ti + b) + 0 for ti in t]
+    best = values[0]
+    for value in values[1:]:
+        if best != best:  # NaN: numpy.argmin keeps the first NaN
+            break
+        if value < best or value != value:
+            best = value
+    return best
+
+
+def _solve_trust_region_2d(B, g, Delta):
+    """Minimise ``1/2 p^T B p + g^T p`` subject to ``||p|| <= Delta`` in 2-D, on the
+    host (scipy's ``solve_trust_region_2d``): the Newton step when ``B`` is
+    positive definite and the step is inside, else the minimum on the circle,
+    ``p = Delta (2 t, 1 - t^2) / (1 + t^2)`` at a real root ``t`` of a quartic."""
+    try:
+        factor = linalg.cho_factor(B)
+        p = -linalg.cho_solve(factor, g)
+        if np.dot(p, p) <= Delta**2:
+            return p
+    except linalg.LinAlgError:
+        pass
+    a = B[0, 0] * Delta**2
+    b = B[0, 1] * Delta**2
+    c = B[1, 1] * Delta**2
+    d = g[0] * Delta
+    f = g[1] * Delta
+    coeffs = np.array([-b + d, 2 * (a - c + f), 6 * b, 2 * (-a + c + f), -b - d])
+    t = np.roots(coeffs)  # leading zeros are fine
+    t = np.real(t[np.isreal(t)])
+    p = Delta * np.vstack((2 * t / (1 + t**2), (1 - t**2) / (1 + t**2)))
+    value = 0.5 * np.sum(p * B.dot(p), axis=0) + np.dot(g, p)
+    return p[:, np.argmin(value)]
+
+
+def _update_tr_radius(Delta, actual, predicted, step_norm, bound_hit):
+    """New radius and the ratio of actual to predicted reduction (scipy's
+    ``update_tr_radius``): a quarter of the step below ratio 1/4, doubled above
+    3/4 when the step reached the boundary."""
+    if predicted > 0:
+        ratio = actual / predicted
+    elif predicted == actual == 0:
+        ratio = 1
+    else:
+        ratio = 0
+    if ratio < 0.25:
+        Delta = 0.25 * step_norm
+    elif ratio > 0.75 and bound_hit:
+        Delta *= 2.0
+    return Delta, ratio
+
+
+def _check_termination(dF, F, dx_norm, x_norm, ratio, ftol, xtol):
+    """scipy's ``check_termination``: 2 ``ftol``, 3 ``xtol``, 4 both, else None."""
+    ftol_satisfied = dF < ftol * F and ratio > 0.25
+    xtol_satisfied = dx_norm < xtol * (xtol + x_norm)
+    if ftol_satisfied and xtol_satisfied:
+        return 4
+    if ftol_satisfied:
+        return 2
+    if xtol_satisfied:
+        return 3
+    return None
+
+
+def _print_header():
+    print(
+        "{:^15}{:^15}{:^15}{:^15}{:^15}{:^15}".format(
+            "Iteration",
+            "Total nfev",
+            "Cost",
+            "Cost reduction",
+            "Step norm",
+            "Optimality",
+        )
+    )
+
+
+def _print_iteration(iteration, nfev, cost, reduction, step_norm, optimality):
+    reduction = " " * 15 if reduction is None else f"{reduction:^15.2e}"
+    step_norm = " " * 15 if step_norm is None else f"{step_norm:^15.2e}"
+    print(
+        f"{iteration:^15}{nfev:^15}{cost:^15.4e}{reduction}{step_norm}"
+        f"{optimality:^15.2e}"
+    )
+
+
+def trf(
+    xp,
+    fun,
+    jac,
+    x0,
+    *,
+    ftol=1e-8,
+    xtol=1e-8,
+    gtol=1e-8,
+    max_nfev=None,
+    tr_options=None,
+    callback=None,
+    verbose=0,
+    resume=None,
+):
+    """Minimise ``1/2 ||fun(x)||^2``: trust-region reflective steps (no bounds,
+    linear loss, ``x_scale=1``) with LSMR on the Jacobian's products.
+
+    Parameters
+    ----------
+    xp : namespace
+        The array namespace of ``x0``, of the residuals and of the products.
+    fun : callable
+        ``x -> f``, the residuals ``(m,)`` in ``xp``.
+    jac : callable
+        ``x -> (matvec, rmatvec)``: the Jacobian at ``x`` by its products
+        ``v -> J v`` and ``u -> J^T u`` (returning new arrays).  Called once at
+        ``x0`` and after each accepted step.
+    x0 : array of shape (n,)
+    ftol, xtol, gtol : float
+        scipy's tolerances: relative decrease of the cost (with a good step),
+        relative step ``||dx|| < xtol (xtol + ||x||)``, and ``||g||_inf < gtol``.
+    max_nfev : int or None
+        Residual evaluations (``None``: ``100 n``).
+    tr_options : dict or None
+        Keywords of :func:`~._lsmr.lsmr` (``maxiter``, ``atol``, ``btol``,
+        ``conlim``, ``damp``) and ``regularize`` (default True).
+    callback : callable or None
+        ``callback(intermediate_result)`` after each iteration, with attributes
+        ``x``, ``fun``, ``nit``, ``nfev``, ``cost`` and ``state`` (what
+        ``resume`` takes to go on from there); raising ``StopIteration`` stops
+        the run with status -2.
+    verbose : int, default=0
+        1: the termination message; 2: also one line per iteration.
+    resume : dict or None
+        An intermediate result's ``state`` (a kept iterate of an interrupted
+        run): the run goes on from that iteration as the uninterrupted run did
+        (its residuals and Jacobian at the iterate are evaluated again, to the
+        same bits); ``x0`` is then ignored.
+
+    Returns
+    -------
+    OptimizeResult
+        ``x`` and ``fun`` (in ``xp``), ``cost``, ``optimality`` (``||g||_inf``),
+        ``grad``, ``nfev``, ``njev``, ``status`` (-2 callback, 0 ``max_nfev``,
+        1 ``gtol``, 2 ``ftol``, 3 ``xtol``, 4 ``ftol`` and ``xtol``), ``message``,
+        ``success`` (``status > 0``), as scipy's ``least_squares``.
+
+    Raises
+    ------
+    ValueError
+        When the residuals at ``x0`` are not finite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import namespace
+    >>> t = np.linspace(0.0, 1.0, 20); y = 2.0 * np.exp(-1.5 * t)
+    >>> def fun(x):
+    ...     return x[0] * np.exp(x[1] * t) - y
+    >>> def jac(x):
+    ...     e = np.exp(x[1] * t); J = np.stack([e, x[0] * t * e], axis=1)
+    ...     return (lambda v: J @ v), (lambda u: J.T @ u)
+    >>> x0 = np.array([1.0, 0.0])
+    >>> result = trf(namespace(x0), fun, jac, x0, tr_options={"maxiter": 2})
+    >>> np.round(result.x, 8).tolist(), result.status > 0
+    ([2.0, -1.5], True)
+    """
+    tr_options = dict(tr_options or {})
+    damp = tr_options.pop("damp", 0.0)
+    regularize = tr_options.pop("regularize", True)
+    x = xp.asarray(x0 if resume is None else resume["x"], dtype=xp.float64, copy=True)
+    n = x.shape[0]
+    if max_nfev is None:
+        max_nfev = 100 * n
+    f = fun(x)
+    # one host sync: the residuals' squared norm is non-finite when any is
+    cost = 0.5 * _dot(f, f)
+    if not math.isfinite(cost) and not bool(xp.all(xp.isfinite(f))):
+        raise ValueError("Residuals are not finite in the initial point.")
+    initial_cost = cost
+    matvec, rmatvec = jac(x)
+    nfev = njev = 1
+    m = f.shape[0]
+    g = rmatvec(f)
+    # x_scale = 1: scipy's scaling by a vector of ones is exact, and left out
+    Delta = _norm(x)
+    if Delta == 0:
+        Delta = 1.0
+    reg_term = 0.0
+    status = None
+    iteration = 0
+    step_norm = actual_reduction = None
+    if resume is not None:  # where the interrupted run stood after an iteration
+        Delta, nfev, njev = resume["Delta"], resume["nfev"], resume["njev"]
+        iteration, initial_cost = resume["nit"], resume["initial_cost"]
+        step_norm, actual_reduction = resume["step_norm"], resume["actual_reduction"]
+        status = resume["status"]
+    if verbose == 2:
+        _print_header()
+
+    while True:
+        g_norm = float(xp.max(xp.abs(g)))
+        if g_norm < gtol:
+            status = 1
+        if verbose == 2:
+            _print_iteration(iteration, nfev, cost, actual_reduction, step_norm, g_norm)
+        if status is not None or nfev == max_nfev:
+            break
+
+        if regularize:
+            # the loss's curvature along -g within the trust region damps LSMR
+            v = matvec(-g)
+            a = _dot(v, v)
+            a *= 0.5
+            b = _dot(g, -g)
+            to_tr = Delta / _norm(g)
+            reg_term = -_minimize_quadratic_1d(a, b, to_tr) / Delta**2
+        damp_full = (damp**2 + reg_term) ** 0.5
+        gn = lsmr(xp, matvec, rmatvec, f, damp=damp_full, shape=(m, n), **tr_options)[0]
+        S = _qr_columns(xp, g, gn)
+        JS = xp.stack([matvec(S[:, 0]), matvec(S[:, 1])], axis=1)
+        B_S = to_numpy(xp.linalg.matrix_transpose(JS) @ JS)
+        g_S = to_numpy(xp.linalg.matrix_transpose(S) @ g)
+
+        actual_reduction = -1
+        while actual_reduction <= 0 and nfev < max_nfev:
+            p_S = _solve_trust_region_2d(B_S, g_S, Delta)
+            step = S @ to_namespace(p_S, xp, device(x))
+            Js = matvec(step)
+            predicted_reduction = -(0.5 * _dot(Js, Js) + _dot(step, g))
+            x_new = x + step
+            f_new = fun(x_new)
+            nfev += 1
+            step_h_norm = _norm(step)
+            cost_new = 0.5 * _dot(f_new, f_new)
+            if not math.isfinite(cost_new) and not bool(xp.all(xp.isfinite(f_new))):
+                Delta = 0.25 * step_h_norm
+                continue
+            actual_reduction = cost - cost_new
+            Delta_new, ratio = _update_tr_radius(
+                Delta,
+                actual_reduction,
+                predicted_reduction,
+                step_h_norm,
+                step_h_norm > 0.95 * Delta,
+            )
+            step_norm = step_h_norm
+            status = _check_termination(
+                actual_reduction, cost, step_norm, _norm(x), ratio, ftol, xtol
+            )
+            if status is not None:
+                break
+            Delta = Delta_new
+
+        if actual_reduction > 0:
+            x, f, cost = x_new, f_new, cost_new
+            matvec, rmatvec = jac(x)
+            njev += 1
+            g = rmatvec(f)
+        else:
+            step_norm = 0
+            actual_reduction = 0
+        iteration += 1
+        if callback is not None:
+            intermediate = OptimizeResult(x=x, fun=f, nit=iteration, nfev=nfev)
+            intermediate["cost"] = cost
+            intermediate["state"] = {
+                "x": x,
+                "Delta": Delta,
+                "nfev": nfev,
+                "njev": njev,
+                "nit": iteration,
+                "initial_cost": initial_cost,
+                "step_norm": step_norm,
+                "actual_reduction": actual_reduction,
+                "status": status,
+            }
+            try:
+                callback(intermediate)
+            except StopIteration:
+                status = -2
+                break
+
+    if status is None:
+        status = 0
+    if verbose >= 1:
+        print(TERMINATION_MESSAGES[status])
+        print(
+            f"Function evaluations {nfev}, initial cost {initial_cost:.4e}, "
+            f"final cost {cost:.4e}, "
+            f"first-order optimality {g_norm:.2e}."
+        )
+    return OptimizeResult(
+        x=x,
+        cost=float(cost),
+        fun=f,
+        grad=g,
+        optimality=float(g_norm),
+        nfev=nfev,
+        njev=njev,
+        status=status,
+        message=TERMINATION_MESSAGES[status],
+        success=status > 0,
+    )

@@ -1,0 +1,247 @@
+"""The solvers' arrays in any array-API namespace: numpy, torch (CPU or CUDA), CuPy.
+
+The random-start path is written once against the array namespace of its inputs
+(scikit-learn's vendored ``array_api_compat``): numpy arrays get the numpy
+namespace and the results of plain numpy, torch tensors and CuPy arrays stay in
+their namespace and on their device.  The few operations that the array API
+standard lacks, or whose numpy route must stay bit-identical to the scipy code it
+replaced, live here, each with a branch per library and a portable fallback:
+
+=========================  ==============================================
+:func:`einsum`             numpy / torch / CuPy ``einsum``; else broadcasting
+:func:`cholesky_solve`     scipy ``cho_factor``/``cho_solve`` on numpy; else
+                           ``linalg.cholesky`` and two triangular solves
+:func:`solve_triangular`   scipy / torch / CuPy; else ``linalg.solve``
+:func:`lstsq`              scipy ``lstsq`` on numpy; else an SVD
+:func:`to_numpy`           a host copy of any of them
+:func:`free_memory`        bytes free on the array's device (None on the host)
+=========================  ==============================================
+
+Random draws stay on the host (numpy ``Generator``) and are moved to the device, so
+that a seed gives the same start in every namespace.
+"""
+
+import numpy as np
+from sklearn.externals import array_api_compat as _compat
+
+__all__ = [
+    "namespace",
+    "is_numpy",
+    "device",
+    "to_numpy",
+    "to_namespace",
+    "einsum",
+    "cholesky_solve",
+    "solve_triangular",
+    "lstsq",
+    "free_memory",
+    "is_out_of_memory",
+    "synchronize",
+]
+
+
+def namespace(*arrays):
+    """The array namespace of ``arrays`` (``None``, Python scalars and objects
+    that are no arrays ignored).
+
+    numpy arrays (and no arrays at all) give the numpy namespace.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import namespace, is_numpy
+    >>> is_numpy(namespace(np.ones(2), None, 1.0))
+    True
+    """
+    # what is no array (tokens read in batches from disk, TokenBatches) yields
+    # numpy arrays
+    arrays = [a for a in arrays if _compat.is_array_api_obj(a)]
+    if not arrays:
+        return _compat.array_namespace(np.empty(0))
+    return _compat.array_namespace(*arrays)
+
+
+def is_numpy(xp):
+    """Whether ``xp`` is numpy (or its array-API wrapper)."""
+    return _compat.is_numpy_namespace(xp) or xp is np
+
+
+def device(x):
+    """The device of ``x`` (``"cpu"`` for numpy arrays, and for what is no array:
+    tokens read in batches from disk)."""
+    if isinstance(x, np.ndarray) or not _compat.is_array_api_obj(x):
+        return "cpu"
+    return _compat.device(x)
+
+
+def to_numpy(x):
+    """A numpy copy of ``x`` on the host (``x`` itself when it is a numpy array).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import to_numpy
+    >>> to_numpy(np.ones(2)).tolist()
+    [1.0, 1.0]
+    """
+    if x is None or isinstance(x, np.ndarray):
+        return x
+    if _compat.is_torch_array(x):
+        return x.detach().cpu().numpy()
+    if _compat.is_cupy_array(x):
+        return x.get()
+    if isinstance(x, (int, float, list, tuple)):
+        return np.asarray(x)
+    return np.from_dlpack(x)  # array-api-strict and others on the host
+
+
+def to_namespace(x, xp, device=None, dtype=None):
+    """``x`` (a numpy array or any array) as an array of ``xp`` on ``device``."""
+    if x is None:
+        return None
+    if is_numpy(xp):
+        return np.asarray(to_numpy(x), dtype=dtype)
+    if not isinstance(x, np.ndarray) and _compat.array_namespace(x) is xp:
+        out = x if device is None else _compat.to_device(x, device)
+        return out if dtype is None else xp.astype(out, dtype)
+    return xp.asarray(np.asarray(to_numpy(x)), device=device, dtype=dtype)
+
+
+def einsum(xp, subscripts, *operands):
+    """``einsum`` in ``xp``: the library's own where it has one (numpy, torch,
+    CuPy), else by broadcasting and summing (explicit ``->`` subscripts only).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import einsum, namespace
+    >>> a = np.arange(6.0).reshape(2, 3)
+    >>> einsum(namespace(a), "ij,ij->i", a, a).tolist()
+    [5.0, 50.0]
+    """
+    if is_numpy(xp):
+        return np.einsum(subscripts, *operands)
+    if _compat.is_torch_namespace(xp) or _compat.is_cupy_namespace(xp):
+        module = __import__("torch" if _compat.is_torch_namespace(xp) else "cupy")
+        return module.einsum(subscripts, *operands)
+    inputs, output = subscripts.replace(" ", "").split("->")
+    inputs = inputs.split(",")
+    letters = sorted(set("".join(inputs)) - set(output))
+    order = list(output) + letters
+    product = None
+    for spec, operand in zip(inputs, operands, strict=True):
+        # one letter repeated within an operand (a diagonal) is not needed here
+        if len(set(spec)) != len(spec):
+            raise ValueError(f"einsum fallback: repeated index in {spec!r}")
+        perm = sorted(range(len(spec)), key=lambda i: order.index(spec[i]))
+        term = xp.permute_dims(operand, tuple(perm))
+        present = [spec[i] for i in perm]
+        shape = []
+        it = iter(term.shape)
+        for letter in order:
+            shape.append(next(it) if letter in present else 1)
+        term = xp.reshape(term, tuple(shape))
+        product = term if product is None else product * term
+    if letters:
+        product = xp.sum(product, axis=tuple(range(len(output), len(order))))
+    return product
+
+
+def solve_triangular(xp, a, b, *, lower):
+    """Solve ``a x = b`` for a (batch of) triangular ``a``."""
+    if is_numpy(xp):
+        from scipy import linalg
+
+        if a.ndim == 2:
+            return linalg.solve_triangular(a, b, lower=lower)
+        return np.linalg.solve(a, b)
+    if _compat.is_torch_namespace(xp):
+        import torch
+
+        return torch.linalg.solve_triangular(a, b, upper=not lower)
+    if _compat.is_cupy_namespace(xp) and a.ndim == 2:
+        from cupyx.scipy import linalg
+
+        return linalg.solve_triangular(a, b, lower=lower)
+    return xp.linalg.solve(a, b)
+
+
+def cholesky_solve(xp, gram, rhs):
+    """Solve ``gram x = rhs`` for a positive definite ``gram`` (Cholesky).
+
+    Raises ``numpy.linalg.LinAlgError`` when ``gram`` is not numerically positive
+    definite, in every namespace (torch's and CuPy's errors, or a non-finite factor,
+    become it).  On numpy it is scipy's ``cho_factor``/``cho_solve``, as before.
+    """
+    if is_numpy(xp):
+        from scipy import linalg
+
+        try:
+            factor = linalg.cho_factor(gram)
+        except linalg.LinAlgError as exc:
+            raise np.linalg.LinAlgError(str(exc)) from exc
+        return linalg.cho_solve(factor, rhs)
+    try:
+        lower = xp.linalg.cholesky(gram)
+    except Exception as exc:  # torch: _LinAlgError, CuPy: LinAlgError
+        raise np.linalg.LinAlgError(str(exc)) from exc
+    if not bool(xp.all(xp.isfinite(lower))):  # CuPy returns NaN, no error
+        raise np.linalg.LinAlgError("Matrix is not positive definite.")
+    vector = rhs.ndim == gram.ndim - 1
+    if vector:
+        rhs = rhs[..., None]
+    half = solve_triangular(xp, lower, rhs, lower=True)
+    out = solve_triangular(xp, xp.linalg.matrix_transpose(lower), half, lower=False)
+    return out[..., 0] if vector else out
+
+
+def lstsq(xp, a, b):
+    """Minimum-norm least-squares solution of ``a x = b`` (2-D ``a``)."""
+    if is_numpy(xp):
+        from scipy import linalg
+
+        return linalg.lstsq(a, b, lapack_driver="gelsd")[0]
+    u, s, vt = xp.linalg.svd(a, full_matrices=False)
+    cutoff = s[0] * max(a.shape) * xp.finfo(a.dtype).eps if s.shape[0] else 0.0
+    inverse = xp.where(s > cutoff, 1.0 / xp.where(s > cutoff, s, 1.0), 0.0)
+    coef = xp.linalg.matrix_transpose(u) @ b
+    coef = coef * (inverse[:, None] if b.ndim == 2 else inverse)
+    return xp.linalg.matrix_transpose(vt) @ coef
+
+
+def free_memory(x):
+    """Bytes free on the device of ``x``; ``None`` for host arrays."""
+    if _compat.is_torch_array(x) and x.device.type == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(x.device)[0])
+    if _compat.is_cupy_array(x):
+        import cupy
+
+        with x.device:
+            free = cupy.cuda.runtime.memGetInfo()[0]
+        pool = cupy.get_default_memory_pool()
+        return int(free + pool.total_bytes() - pool.used_bytes())
+    return None
+
+
+def is_out_of_memory(exc):
+    """Whether ``exc`` is a device's (or the host's) out-of-memory error."""
+    if isinstance(exc, MemoryError):
+        return True
+    name = type(exc).__name__
+    return name in ("OutOfMemoryError", "CUDARuntimeError") or (
+        "out of memory" in str(exc).lower()
+    )
+
+
+def synchronize(x):
+    """Wait for the device of ``x`` (for timings); nothing on the host."""
+    if _compat.is_torch_array(x) and x.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(x.device)
+    elif _compat.is_cupy_array(x):
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()

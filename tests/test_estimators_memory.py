@@ -1,0 +1,216 @@
+"""``memory=``: a fit killed at any stage resumes after its last finished stage.
+
+Each fault is real: a child process fits with ``memory`` and is SIGKILLed (by
+itself, from inside the stage named) during the search, during the per-head
+refinement or during the polish; the fit is then run again here, with the same
+arguments, and must give the layer of an uninterrupted fit, bit for bit, without
+computing again the stages that had finished.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from _helpers import refine_planted
+
+from skattn import MultiHeadAttentionRegressor
+from skattn.solvers._checkpoints import DamagedCacheError
+
+PARAMS = dict(
+    n_heads=3,
+    head_rank=2,
+    n_tokens=6,
+    init="random",
+    start_search="minibatch",
+    fit_intercept=False,
+    n_restarts=1,
+    random_state=0,
+)
+
+
+# no search: the polish starts from a random point and takes many iterations
+POLISH_PARAMS = {**PARAMS, "start_search": "none"}
+
+
+def _data():
+    X, Y = refine_planted(2000, 6, 12, 3, 2, 12, seed=1, intercept=False)[:2]
+    return X.reshape(len(X), -1), Y.reshape(len(Y), -1)
+
+
+def _stages(estimator):
+    report = next(r for r in estimator.phase_report_ if r.phase == "6-polish")
+    return report.info["memory"]
+
+
+# the child: fits with memory, killing itself inside the stage named by argv[2]
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    import test_estimators_memory as t
+    from skattn.solvers import _checkpoints
+    from skattn.solvers.optimizers import _lm_matrix_free, _trf
+    from skattn.solvers.stages import _refine
+    from skattn.solvers import _driver
+
+    where, stage = sys.argv[1], sys.argv[2]
+    _checkpoints.ITERATE_INTERVAL = 0.0  # keep every iterate of the polish
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if stage == "search":  # the search ran, before it was kept
+        search = _driver.minibatch_search
+        def killed(*args, **kwargs):
+            search(*args, **kwargs)
+            die()
+        _driver.minibatch_search = killed
+    elif stage == "refinement":  # the second head's problem, mid-solve
+        solve = _refine._solve_head
+        calls = []
+        def killed(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                die()
+            return solve(*args, **kwargs)
+        _refine._solve_head = killed
+    else:  # the polish, after its fifth kept iterate
+        trf = _lm_matrix_free.trf
+        n = []
+        def killed(*args, callback=None, **kwargs):
+            def dying(result):
+                if callback is not None:
+                    callback(result)
+                n.append(1)
+                if len(n) == 5:
+                    die()
+            return trf(*args, callback=dying, **kwargs)
+        _lm_matrix_free.trf = killed
+    X, y = t._data()
+    params = t.POLISH_PARAMS if stage == "polish" else t.PARAMS
+    t.MultiHeadAttentionRegressor(memory=where, **params).fit(X, y)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    X, y = _data()
+    return {
+        "search": MultiHeadAttentionRegressor(**PARAMS).fit(X, y),
+        "polish": MultiHeadAttentionRegressor(**POLISH_PARAMS).fit(X, y),
+    }
+
+
+def _kill_during(where, stage):
+    code = CHILD.format(tests=str(Path(__file__).parent))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(where), stage],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+
+
+def _same_layer(a, b):
+    for name in ("attention_", "projection_", "key_bias_", "intercept_"):
+        assert getattr(a, name).tobytes() == getattr(b, name).tobytes(), name
+
+
+@pytest.mark.parametrize(
+    "stage, finished",
+    [
+        ("search", []),
+        ("refinement", ["search-1"]),
+        ("polish", []),
+    ],
+)
+def test_killed_fit_resumes_to_the_uninterrupted_layer(
+    tmp_path, uninterrupted, stage, finished
+):
+    params = POLISH_PARAMS if stage == "polish" else PARAMS
+    reference = uninterrupted["polish" if stage == "polish" else "search"]
+    _kill_during(tmp_path, stage)
+    X, y = _data()
+    start = time.perf_counter()
+    resumed = MultiHeadAttentionRegressor(memory=str(tmp_path), **params).fit(X, y)
+    seconds = time.perf_counter() - start
+    _same_layer(resumed, reference)
+    memory = _stages(resumed)
+    # the finished stages are read back, not computed again
+    for name in finished:
+        assert name in memory["reused"] and name not in memory["computed"]
+    if stage == "refinement":  # the first head's solve had finished
+        assert any(".head0." in name for name in memory["reused"])
+    if stage == "polish":  # it went on from a kept iterate
+        assert any(name.endswith("iterate") for name in memory["reused"])
+    # and a third fit computes nothing
+    again = MultiHeadAttentionRegressor(memory=str(tmp_path), **params).fit(X, y)
+    _same_layer(again, reference)
+    assert _stages(again)["computed"] == []
+    print(f"{stage}: reused {memory['reused']}, rerun {seconds:.2f} s")
+
+
+def test_changed_data_or_parameter_reuses_nothing(tmp_path):
+    X, y = _data()
+    MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS).fit(X, y)
+    X2 = X.copy()
+    X2[0, 0] += 1e-9
+    changed_x = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS)
+    assert _stages(changed_x.fit(X2, y))["reused"] == []
+    changed_param = MultiHeadAttentionRegressor(
+        memory=str(tmp_path), **{**PARAMS, "polish_tol": 1e-9}
+    )
+    assert _stages(changed_param.fit(X, y))["reused"] == []
+    other_seed = MultiHeadAttentionRegressor(
+        memory=str(tmp_path), **{**PARAMS, "random_state": 1}
+    )
+    assert _stages(other_seed.fit(X, y))["reused"] == []
+
+
+def test_damaged_entry_is_an_error_naming_it(tmp_path):
+    X, y = _data()
+    first = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS).fit(X, y)
+    entry = Path(_stages(first)["folder"]) / "search-1.joblib"
+    raw = bytearray(entry.read_bytes())
+    raw[-20] ^= 0xFF
+    entry.write_bytes(bytes(raw))
+    estimator = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS)
+    with pytest.raises(DamagedCacheError, match="search-1.joblib"):
+        estimator.fit(X, y)
+    assert not hasattr(estimator, "attention_")
+
+
+def test_ctrl_c_leaves_the_estimator_unfitted_and_says_how_to_resume(
+    tmp_path, monkeypatch
+):
+    from skattn.solvers.stages import _refine
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_refine, "_solve_head", interrupted)
+    X, y = _data()
+    estimator = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS)
+    with pytest.raises(KeyboardInterrupt, match="fit again with the same data"):
+        estimator.fit(X, y)
+    assert not hasattr(estimator, "attention_")
+    with pytest.raises(KeyboardInterrupt, match="Pass memory="):
+        MultiHeadAttentionRegressor(**PARAMS).fit(X, y)
+    monkeypatch.undo()
+    resumed = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS).fit(X, y)
+    assert "search-1" in _stages(resumed)["reused"]
+
+
+def test_memory_parameter_is_validated():
+    X, y = _data()
+    with pytest.raises(ValueError, match="memory"):
+        MultiHeadAttentionRegressor(memory=3, **PARAMS).fit(X, y)

@@ -1,0 +1,230 @@
+"""Trust-region reflective least squares in any array namespace
+(``optimizers/_trf.py``): scipy's ``least_squares`` on numpy, the same run on torch
+and array-api-strict."""
+
+import numpy as np
+import pytest
+from _helpers import array_namespaces, planted
+from scipy.optimize import least_squares
+from scipy.sparse.linalg import LinearOperator
+
+from skattn.solvers import FullRank, LowRank, VarproProblem
+from skattn.solvers.optimizers._trf import trf
+from skattn.utils._array_api import namespace, to_numpy
+
+
+def _rosenbrock():
+    """The extended Rosenbrock residuals: ``(fun, jacobian matrix, x0)``."""
+
+    def fun(x):
+        return np.concatenate([10 * (x[1:] - x[:-1] ** 2), 1 - x[:-1]])
+
+    def matrix(x):
+        n = x.size
+        J = np.zeros((2 * (n - 1), n))
+        i = np.arange(n - 1)
+        J[i, i] = -20 * x[:-1]
+        J[i, i + 1] = 10
+        J[n - 1 + i, i] = -1
+        return J
+
+    return fun, matrix, np.array([-1.2, 1.0, -0.5, 0.3, 0.8])
+
+
+_T = np.linspace(0.0, 3.0, 40)
+_Y = (
+    2.5 * np.exp(-1.3 * _T)
+    + 0.7 * np.exp(-0.2 * _T)
+    + 0.01 * np.random.default_rng(1).normal(size=_T.size)
+)
+
+
+def _exponentials():
+    """A sum of two exponentials fitted to noisy data."""
+
+    def fun(x):
+        return x[0] * np.exp(x[1] * _T) + x[2] * np.exp(x[3] * _T) - _Y
+
+    def matrix(x):
+        e1, e2 = np.exp(x[1] * _T), np.exp(x[3] * _T)
+        return np.stack([e1, x[0] * _T * e1, e2, x[2] * _T * e2], axis=1)
+
+    return fun, matrix, np.array([1.0, -1.0, 1.0, -0.1])
+
+
+def _varpro(parametrization):
+    """A tiny planted layer's reduced problem: ``(fun, products, x0)``."""
+    rank = getattr(parametrization, "rank", None)
+    X, Y, attention, _ = planted(120, 3, 4, 2, 3, seed=5, rank=rank)
+    problem = VarproProblem(X, Y, None, parametrization)
+    rng = np.random.default_rng(2)
+    x0 = parametrization.from_attention(attention + 0.2 * rng.normal(size=(2, 4, 4)))
+
+    def products(x):
+        p = np.array(x, copy=True)
+        return (
+            lambda v: problem.matvec(p, v),
+            lambda u: problem.rmatvec(p, u, orthogonal=True),
+        )
+
+    return problem.residual, products, x0
+
+
+def _with_matrix(matrix):
+    """``jac`` for :func:`trf` from a function returning a dense Jacobian."""
+
+    def jac(x):
+        J = matrix(x)
+        xp = namespace(J)
+        return (lambda v: J @ v), (lambda u: xp.linalg.matrix_transpose(J) @ u)
+
+    return jac
+
+
+def _scipy(fun, products, x0, **options):
+    """scipy's ``least_squares`` on the same products."""
+
+    def jac(x):
+        matvec, rmatvec = products(x)
+        shape = (fun(x).size, x.size)
+        return LinearOperator(shape, matvec=matvec, rmatvec=rmatvec, dtype=float)
+
+    return least_squares(
+        fun, x0, jac=jac, method="trf", tr_solver="lsmr", x_scale=1.0, **options
+    )
+
+
+PROBLEMS = {
+    "rosenbrock": lambda: (lambda f, m, x: (f, _with_matrix(m), x))(*_rosenbrock()),
+    "exponentials": lambda: (lambda f, m, x: (f, _with_matrix(m), x))(*_exponentials()),
+    "varpro_full": lambda: _varpro(FullRank(2, 4)),
+    "varpro_low_rank": lambda: _varpro(LowRank(2, 4, 2)),
+}
+OPTIONS = {
+    "default": {},
+    "short_lsmr": {"tr_options": {"maxiter": 2}},
+    "loose_lsmr": {"tr_options": {"atol": 1e-2, "btol": 1e-2}},
+    "tight": {"ftol": 2.3e-16, "xtol": 1e-12, "gtol": 2.3e-16},
+    "budget": {"max_nfev": 5},
+}
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_numpy_runs_are_scipys(problem, options):
+    fun, products, x0 = PROBLEMS[problem]()
+    options = OPTIONS[options]
+    expected = _scipy(fun, products, x0, **options)
+    result = trf(namespace(x0), fun, products, x0, **options)
+    assert (result.status, result.nfev, result.njev) == (
+        expected.status,
+        expected.nfev,
+        expected.njev,
+    )
+    np.testing.assert_allclose(result.x, expected.x, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(result.cost, expected.cost, rtol=1e-12, atol=0)
+    assert type(result.cost) is float and result.success == expected.success
+
+
+def test_a_callback_that_raises_stop_iteration_stops_the_run():
+    fun, products, x0 = PROBLEMS["rosenbrock"]()
+    costs = []
+
+    def callback(intermediate_result):
+        costs.append(intermediate_result.cost)
+        if intermediate_result.nit == 3:
+            raise StopIteration
+
+    expected = _scipy(fun, products, x0, callback=callback)
+    seen, costs[:] = list(costs), []
+    result = trf(namespace(x0), fun, products, x0, callback=callback)
+    assert result.status == expected.status == -2 and not result.success
+    assert costs == seen and len(costs) == 3
+    np.testing.assert_array_equal(result.x, expected.x)
+
+
+def test_non_finite_start_is_refused():
+    fun, products, x0 = PROBLEMS["exponentials"]()
+    with pytest.raises(ValueError, match="not finite"):
+        trf(namespace(x0), lambda x: fun(x) * np.nan, products, x0)
+
+
+def _rosenbrock_products(xp=np, to_array=np.asarray):
+    """The extended Rosenbrock residuals with their Jacobian products, in ``xp``
+    (no matrix: the products as sums of shifted vectors)."""
+
+    def fun(x):
+        return xp.concat([10 * (x[1:] - x[:-1] ** 2), 1 - x[:-1]])
+
+    def products(x):
+        head = x[:-1]
+        zero = xp.zeros(1, dtype=x.dtype)
+
+        def matvec(v):
+            return xp.concat([10 * v[1:] - 20 * head * v[:-1], -v[:-1]])
+
+        def rmatvec(u):
+            a, b = u[: head.shape[0]], u[head.shape[0] :]
+            return xp.concat([zero, 10 * a]) + xp.concat([-20 * head * a - b, zero])
+
+        return matvec, rmatvec
+
+    return fun, products, to_array(np.array([-1.2, 1.0, -0.5, 0.3, 0.8, -0.9]))
+
+
+def test_rosenbrock_products_are_the_jacobians():
+    fun, products, x0 = _rosenbrock_products()
+    matvec, rmatvec = products(x0)
+    J = _rosenbrock()[1](x0)
+    eye = np.eye(x0.size)
+    np.testing.assert_allclose(np.stack([matvec(e) for e in eye], axis=1), J)
+    np.testing.assert_allclose(
+        np.stack([rmatvec(e) for e in np.eye(J.shape[0])], axis=1), J.T
+    )
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_other_namespaces_give_numpys_run(to_array):
+    fun, products, x0 = _rosenbrock_products()
+    expected = trf(namespace(x0), fun, products, x0)
+    xp = namespace(to_array(x0))
+    fun, products, x0 = _rosenbrock_products(xp, to_array)
+    result = trf(xp, fun, products, x0)
+    assert namespace(result.x) is xp and namespace(result.fun) is xp
+    assert (result.status, result.nfev, result.njev) == (
+        expected.status,
+        expected.nfev,
+        expected.njev,
+    )
+    np.testing.assert_allclose(to_numpy(result.x), expected.x, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(expected.x, np.ones(x0.shape[0]), rtol=1e-10)
+
+
+def test_resume_from_any_iterate_gives_the_uninterrupted_run():
+    # an interrupted run, resumed from a kept iterate, ends where the
+    # uninterrupted run ends, bit for bit, with the same counts
+    t = np.linspace(0.0, 1.0, 30)
+    y = 2.0 * np.exp(-1.5 * t) + 0.5 * np.exp(-4.0 * t)
+
+    def fun(x):
+        return x[0] * np.exp(x[1] * t) + x[2] * np.exp(x[3] * t) - y
+
+    def jac(x):
+        e1, e2 = np.exp(x[1] * t), np.exp(x[3] * t)
+        J = np.stack([e1, x[0] * t * e1, e2, x[2] * t * e2], axis=1)
+        return (lambda v: J @ v), (lambda u: J.T @ u)
+
+    x0 = np.array([1.0, -1.0, 1.0, -3.0])
+    states = []
+    whole = trf(
+        namespace(x0), fun, jac, x0, callback=lambda r: states.append(r["state"])
+    )
+    assert len(states) > 3
+    for state in states[:-1]:
+        resumed = trf(namespace(x0), fun, jac, x0, resume=state)
+        assert resumed.x.tobytes() == whole.x.tobytes()
+        assert (resumed.nfev, resumed.njev, resumed.status) == (
+            whole.nfev,
+            whole.njev,
+            whole.status,
+        )

@@ -1,0 +1,92 @@
+"""The array-namespace shim of the solvers: each operation equals numpy's."""
+
+import numpy as np
+import pytest
+from _helpers import array_namespaces
+
+from skattn.utils._array_api import (
+    cholesky_solve,
+    einsum,
+    free_memory,
+    is_numpy,
+    is_out_of_memory,
+    lstsq,
+    namespace,
+    solve_triangular,
+    to_namespace,
+    to_numpy,
+)
+
+
+def test_numpy_namespace_for_numpy_and_no_arrays():
+    assert is_numpy(namespace(np.ones(2)))
+    assert is_numpy(namespace())
+    assert is_numpy(namespace(None, 1.0, np.ones(1)))
+    assert to_numpy(np.ones(2)) is not None
+    assert free_memory(np.ones(2)) is None
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+@pytest.mark.parametrize(
+    "subscripts, shapes",
+    [
+        ("nij,njk->nik", [(3, 4, 5), (3, 5, 2)]),
+        ("nij,nij->n", [(3, 4, 5), (3, 4, 5)]),
+        ("nkj,mj->nkm", [(2, 3, 4), (5, 4)]),
+        ("ij->ji", [(3, 4)]),
+    ],
+)
+def test_einsum_matches_numpy(to_array, subscripts, shapes):
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=s) for s in shapes]
+    expected = np.einsum(subscripts, *arrays)
+    converted = [to_array(a) for a in arrays]
+    xp = namespace(*converted)
+    got = einsum(xp, subscripts, *converted)
+    assert namespace(got) is xp
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("to_array", [None, *array_namespaces()])
+def test_linear_solves_match_numpy(to_array):
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(6, 6))
+    gram = A @ A.T + np.eye(6)
+    rhs = rng.normal(size=(6, 2))
+    tall = rng.normal(size=(9, 4))
+    convert = np.asarray if to_array is None else to_array
+    xp = namespace(convert(gram))
+    for b in (rhs, rhs[:, 0]):
+        got = to_numpy(cholesky_solve(xp, convert(gram), convert(b)))
+        np.testing.assert_allclose(got, np.linalg.solve(gram, b), rtol=1e-12)
+    lower = np.tril(A) + 3 * np.eye(6)
+    got = to_numpy(solve_triangular(xp, convert(lower), convert(rhs), lower=True))
+    np.testing.assert_allclose(got, np.linalg.solve(lower, rhs), rtol=1e-12)
+    y = rng.normal(size=(9, 2))
+    got = to_numpy(lstsq(xp, convert(tall), convert(y)))
+    np.testing.assert_allclose(got, np.linalg.lstsq(tall, y, rcond=None)[0], rtol=1e-11)
+
+
+@pytest.mark.parametrize("to_array", [None, *array_namespaces()])
+def test_cholesky_solve_raises_linalg_error_when_not_definite(to_array):
+    convert = np.asarray if to_array is None else to_array
+    gram = convert(-np.eye(3))
+    with pytest.raises(np.linalg.LinAlgError):
+        cholesky_solve(namespace(gram), gram, convert(np.ones(3)))
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_to_namespace_round_trip(to_array):
+    reference = to_array(np.zeros(1))
+    xp = namespace(reference)
+    moved = to_namespace(np.arange(3.0), xp)
+    assert namespace(moved) is xp
+    assert to_numpy(moved).tolist() == [0.0, 1.0, 2.0]
+    assert to_namespace(moved, xp) is moved
+    assert isinstance(to_namespace(moved, namespace(np.ones(1))), np.ndarray)
+
+
+def test_out_of_memory_errors_are_recognised():
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate"))
+    assert not is_out_of_memory(ValueError("shapes do not match"))
