@@ -1,4 +1,4 @@
-"""The command line: ``skattn demo``, ``skattn fit`` and ``skattn sweep``.
+"""The command line: ``skattn demo``, ``fit``, ``sweep`` and ``layer``.
 
 ``skattn demo`` plants a multi-head attention layer, samples examples, learns it back
 with the phased learner of Chen & Li and with the gradient baseline, and prints what
@@ -14,6 +14,15 @@ grid of a TOML config (see :func:`skattn.experiments.load_sweep_config` and the 
 guide's *Experiments at scale*), on local processes or the config's Dask scheduler,
 writing one row per fit to the config's output file; rerun it to resume.  It exits
 with status 1 when a cell failed, printing each failed cell's reason.
+
+``skattn layer [CHECKPOINT] --layer L --text FILE [FILE ...]`` learns layer L of a
+BERT-style checkpoint folder (by default the packaged all-MiniLM-L6-v2) back from the
+hidden states of the given text files entering it, and writes the learned layer
+(``layer.safetensors``), a JSON report (``report.json``: held-out error, per-head
+errors and sharpness, time, memory) and with ``--plot`` the real and learned
+attention patterns (``patterns.png``) into ``--out``: see
+:func:`skattn.experiments.learn_layer`.  Every input is checked before the model is
+loaded.
 
 Bad input never ends in a Python traceback: argparse refuses malformed options
 (status 2, with the usage), and any other error -- a missing or unreadable file, an
@@ -112,6 +121,11 @@ def _positive_float(text):
 def _non_negative_float(text):
     check = lambda v: math.isfinite(v) and v >= 0  # noqa: E731
     return _number(float, text, check, "a non-negative number")
+
+
+def _share(text):
+    check = lambda v: math.isfinite(v) and 0 < v < 1  # noqa: E731
+    return _number(float, text, check, "a number in (0, 1)")
 
 
 def _n_heads(text):
@@ -293,6 +307,100 @@ def _parser():
     )
     sweep.add_argument("config", help="CONFIG.toml")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    layer = sub.add_parser(
+        "layer",
+        help="learn a layer of a BERT-style model from your text files",
+        description="Cut the text files into windows of --n-tokens tokens, compute "
+        "the hidden states entering layer --layer of the checkpoint and that "
+        "layer's attention output on them (the teacher), hold out a share of the "
+        "windows, fit MultiHeadAttentionRegressor(fit_intercept=True, "
+        "head_rank=<the model's head dimension>) on the others, and write into "
+        "--out the learned layer (layer.safetensors: attention, projection, "
+        "key_bias, intercept), a JSON report (report.json: held-out relative "
+        "error, per-head errors and sharpness, time, peak memory, windows, the "
+        "arguments) and with --plot real vs learned attention patterns "
+        "(patterns.png). Every input is checked before the model is loaded.",
+        formatter_class=_HelpFormatter,
+    )
+    layer.add_argument(
+        "checkpoint",
+        nargs="?",
+        help="folder of a BERT-style model: model.safetensors, config.json "
+        "(model_type 'bert'), tokenizer.json (default: the packaged "
+        "all-MiniLM-L6-v2)",
+    )
+    layer.add_argument(
+        "--layer", type=_non_negative_int, required=True, help="encoder layer, from 0"
+    )
+    layer.add_argument(
+        "--text",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="UTF-8 text files, tokenized by the model's tokenizer",
+    )
+    layer.add_argument(
+        "--n-tokens",
+        type=_positive_int,
+        default=16,
+        help="tokens per window, [CLS] and [SEP] included",
+    )
+    layer.add_argument(
+        "--n-windows",
+        type=_positive_int,
+        default=None,
+        help="windows to use, fit and held out together (a random subset; "
+        "default: every window of the text)",
+    )
+    layer.add_argument(
+        "--held-out",
+        type=_share,
+        default=0.2,
+        help="share of the windows held out for the error",
+    )
+    layer.add_argument(
+        "--n-heads",
+        type=_positive_int,
+        default=None,
+        help="learn the layer's first N heads (default: all of them)",
+    )
+    layer.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="folder to write into, created if missing (default: skattn-layer-L, "
+        "L the layer)",
+    )
+    layer.add_argument(
+        "--plot",
+        action="store_true",
+        help="also draw real vs learned attention patterns (needs matplotlib)",
+    )
+    layer.add_argument(
+        "--random-state",
+        type=_non_negative_int,
+        default=0,
+        help="which windows are used and held out, and the learner's seed",
+    )
+    layer.add_argument(
+        "--cache",
+        metavar="DIR",
+        default=None,
+        help="where the fit keeps each finished stage, so that a run interrupted "
+        "(killed, Ctrl-C) and started again with the same arguments resumes after "
+        "the last (default: OUT/cache)",
+    )
+    layer.add_argument(
+        "--no-cache", action="store_true", help="keep no stage: a rerun starts over"
+    )
+    layer.add_argument(
+        "--verbose",
+        action="count",
+        default=0,
+        help="print each step and the learner's progress bar; twice: one line per "
+        "polish iteration too",
+    )
     return parser
 
 
@@ -768,6 +876,45 @@ def _sweep(args):
     return 1
 
 
+def _layer(args):
+    from .experiments import learn_layer
+
+    out = args.out if args.out is not None else f"skattn-layer-{args.layer}"
+    cache = None
+    if not args.no_cache:
+        cache = args.cache if args.cache is not None else str(Path(out) / "cache")
+    result = learn_layer(
+        args.checkpoint,
+        layer=args.layer,
+        texts=args.text,
+        n_tokens=args.n_tokens,
+        n_windows=args.n_windows,
+        held_out=args.held_out,
+        n_heads=args.n_heads,
+        out=out,
+        plot=args.plot,
+        random_state=args.random_state,
+        memory=cache,
+        verbose=args.verbose,
+    )
+    report = result.report
+    error = report["held_out_relative_error"]
+    memory = report["peak_memory_mb"]
+    print(
+        f"Learned layer {args.layer} ({report['checkpoint']['folder']}), "
+        f"{len(report['checkpoint']['heads_learned'])} head(s), on "
+        f"{report['n_windows_fit']} windows of {args.n_tokens} tokens in "
+        f"{report['fit_seconds']:.1f} s (peak memory "
+        + ("unknown" if memory is None else f"{memory:.0f} MB")
+        + f"); held-out relative error on {report['n_windows_held_out']} windows: "
+        + ("not finite" if error is None else f"{error:.3g}")
+        + "."
+    )
+    for role, path in result.files.items():
+        print(f"  {role}: {path}")
+    return 0
+
+
 def main(argv=None):
     """Entry point of the ``skattn`` console script and ``python -m skattn``.
 
@@ -804,7 +951,8 @@ def main(argv=None):
     SystemExit: skattn: error: X file 'missing.npy' does not exist.
     """
     args = _parser().parse_args(argv)
-    command = {"demo": _demo, "fit": _fit, "sweep": _sweep}[args.command]
+    command = {"demo": _demo, "fit": _fit, "sweep": _sweep, "layer": _layer}
+    command = command[args.command]
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:

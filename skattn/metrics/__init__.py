@@ -7,7 +7,9 @@
 * :class:`AttentionPatternDisplay`, :class:`RecoveryCurveDisplay`: plots of true
   versus learned patterns and of recovery curves (matplotlib imported lazily).
 * :func:`make_recovery_scorer`, :func:`relative_prediction_error`: scores for
-  model selection (``GridSearchCV(scoring=...)``).
+  model selection (``GridSearchCV(scoring=...)``);
+* :func:`sharpness_profile`: per head, how concentrated the attention rows are
+  (median largest weight, share of nearly one-hot rows, logit margins).
 
 The held-out error of a layer and the redundancy of its heads are computed here too
 (private modules, for the phases' selection of the number of heads and for the
@@ -26,6 +28,7 @@ from ._recovery import (
     reached_directions,
 )
 from ._scorers import make_recovery_scorer, relative_prediction_error
+from ._sharpness import sharpness_profile
 
 __all__ = [
     "AttentionPatternDisplay",
@@ -36,4 +39,5 @@ __all__ = [
     "prediction_error",
     "reached_directions",
     "relative_prediction_error",
+    "sharpness_profile",
 ]

@@ -1,0 +1,713 @@
+"""Learn one attention layer of a pretrained BERT-style model from your own text.
+
+:func:`learn_layer` (and ``skattn layer`` on the command line) reads a checkpoint
+folder (``model.safetensors``, ``config.json``, ``tokenizer.json``; by default the
+packaged all-MiniLM-L6-v2), cuts the given text files into windows of
+``n_tokens`` tokens, computes the hidden states entering layer ``L`` with the
+model's own encoder in numpy (:class:`skattn.datasets.BertEncoder`) and layer
+``L``'s attention sub-layer on them as the teacher
+(:func:`skattn.datasets.load_bert_attention`), holds out a share of the windows,
+fits the phased learner with the settings of ``benchmarks/bench_minilm_teacher.py``
+for real layers, and measures and writes what it learned.  Every argument, file
+and folder is checked before the model is loaded, so bad input fails at once.
+"""
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+from numbers import Integral, Real
+from pathlib import Path
+
+import numpy as np
+from sklearn.base import clone
+from sklearn.utils import Bunch
+
+from ..datasets import BertEncoder, load_bert_attention, minilm_checkpoint_path
+from ..datasets._encoder import _load_tokenizer, _text_windows
+from ..estimators import MultiHeadAttentionRegressor
+from ..layer import AttentionLayer, as_layer
+from ..metrics import (
+    AttentionPatternDisplay,
+    attention_pattern_error,
+    parameter_error,
+    prediction_error,
+    sharpness_profile,
+)
+from ..utils._optional import require
+
+__all__ = ["learn_layer"]
+
+# What learn_layer writes into ``out``: role -> file name.
+LAYER_FILES = {
+    "layer": "layer.safetensors",
+    "report": "report.json",
+    "plot": "patterns.png",
+}
+# The learned layer's tensors in layer.safetensors: AttentionLayer's arguments.
+_LAYER_TENSORS = ("attention", "projection", "key_bias", "intercept")
+# Heads drawn by the pattern plot (the first ones), and sequences it matches on.
+_PLOT_HEADS = 4
+_PLOT_SAMPLES = 500
+_CHECKPOINT_FILES = ("model.safetensors", "config.json", "tokenizer.json")
+
+
+def _check_int(value, name, low):
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        kind = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"{name} must be {kind}, got {value!r}.")
+    return int(value)
+
+
+def _check_arguments(layer, n_tokens, n_windows, held_out, n_heads, plot, out):
+    if isinstance(layer, bool) or not isinstance(layer, Integral) or layer < 0:
+        raise ValueError(f"layer must be a non-negative integer, got {layer!r}.")
+    _check_int(n_tokens, "n_tokens", 1)
+    if n_tokens < 3:
+        raise ValueError(
+            f"n_tokens={n_tokens} leaves no room for text: a window is [CLS], at "
+            f"least one token of text and [SEP]; use n_tokens >= 3."
+        )
+    if n_windows is not None:
+        _check_int(n_windows, "n_windows", 2)
+    if (
+        isinstance(held_out, bool)
+        or not isinstance(held_out, Real)
+        or not 0 < held_out < 1
+    ):
+        raise ValueError(
+            f"held_out must be a share of the windows in (0, 1), got {held_out!r}."
+        )
+    if n_heads is not None:
+        _check_int(n_heads, "n_heads", 1)
+    if plot and out is None:
+        raise ValueError("plot=True needs out, the folder to write the figure in.")
+
+
+def _read_texts(texts):
+    """The contents of the text files, each checked before anything else."""
+    if isinstance(texts, str | os.PathLike):
+        texts = [texts]
+    texts = [Path(t) for t in texts]
+    if not texts:
+        raise ValueError("texts is empty: give at least one text file.")
+    contents = []
+    for path in texts:
+        if not path.exists():
+            raise FileNotFoundError(f"text file {str(path)!r} does not exist.")
+        if path.is_dir():
+            raise ValueError(f"text file {str(path)!r} is a folder, not a text file.")
+        try:
+            contents.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"text file {str(path)!r} is not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start}); give plain text files."
+            ) from exc
+        except OSError as exc:
+            raise OSError(
+                f"cannot read text file {str(path)!r}: {exc.strerror or exc}."
+            ) from exc
+    return texts, contents
+
+
+def _check_out(out):
+    """Refuse an output folder that cannot be made or written in, creating nothing.
+
+    An existing folder gets a probe file; a missing one is checked in its nearest
+    existing parent folder, and created only when the results are written.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"out {str(out)!r} is a file; give a folder (created if missing)."
+        )
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(20, f"{str(parent)!r} is a file")
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".skattn-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"out {str(out)!r} is not a folder skattn can write in "
+            f"({exc.strerror or exc}); choose another folder."
+        ) from exc
+    return out
+
+
+def _checkpoint(checkpoint):
+    """``(folder, model file, config)`` of a BERT-style checkpoint, all checked."""
+    if checkpoint is None:
+        model = minilm_checkpoint_path()
+        folder = model.parent
+    else:
+        folder = Path(checkpoint)
+        if folder.is_file() and folder.suffix == ".safetensors":
+            folder, model = folder.parent, folder
+        elif not folder.is_dir():
+            raise FileNotFoundError(
+                f"checkpoint {str(checkpoint)!r} is not a folder; give the folder of "
+                f"a BERT-style model holding {', '.join(_CHECKPOINT_FILES)}."
+            )
+        else:
+            model = folder / "model.safetensors"
+    missing = [
+        name
+        for name, path in zip(
+            _CHECKPOINT_FILES,
+            (model, folder / "config.json", folder / "tokenizer.json"),
+            strict=True,
+        )
+        if not path.is_file()
+    ]
+    if missing:
+        what = {
+            "model.safetensors": "the weights (model.safetensors)",
+            "config.json": "the architecture (config.json)",
+            "tokenizer.json": "the tokenizer (tokenizer.json, saved by the "
+            "tokenizers library or a Hugging Face fast tokenizer) to cut the text",
+        }
+        raise ValueError(
+            f"checkpoint folder {str(folder)!r} lacks "
+            f"{'; '.join(what[name] for name in missing)}; a checkpoint folder "
+            f"holds {', '.join(_CHECKPOINT_FILES)}."
+        )
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"{folder / 'config.json'} cannot be read as JSON "
+            f"({type(exc).__name__}: {exc})."
+        ) from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{folder / 'config.json'} does not hold a JSON object.")
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or []
+    bert = model_type == "bert" or (
+        model_type is None
+        and bool(architectures)
+        and all(str(a).startswith("Bert") for a in architectures)
+    )
+    if not bert:
+        raise ValueError(
+            f"unsupported architecture: {folder / 'config.json'} has model_type="
+            f"{model_type!r} (architectures {architectures}); skattn runs the "
+            f"text through a BERT encoder of its own (absolute positions from 0, "
+            f"post-LayerNorm, GELU), so only BERT-style checkpoints (model_type "
+            f"'bert': BERT, MiniLM, ...) are supported."
+        )
+    return folder, model, config
+
+
+def _check_against_config(config, folder, layer, n_heads, n_tokens):
+    """Layer, heads and window length against the checkpoint's config.json."""
+    n_layers = config.get("num_hidden_layers")
+    if isinstance(n_layers, Integral) and not layer < n_layers:
+        raise ValueError(
+            f"layer={layer}: the checkpoint {str(folder)!r} has {n_layers} "
+            f"layers, numbered 0 to {n_layers - 1}."
+        )
+    heads = config.get("num_attention_heads")
+    if isinstance(heads, Integral) and n_heads is not None and n_heads > heads:
+        raise ValueError(
+            f"n_heads={n_heads}: layer {layer} of the checkpoint has {heads} heads."
+        )
+    positions = config.get("max_position_embeddings")
+    if isinstance(positions, Integral) and n_tokens > positions:
+        raise ValueError(
+            f"n_tokens={n_tokens} exceeds the checkpoint's position table "
+            f"(max_position_embeddings={positions})."
+        )
+
+
+def _windows(texts, contents, tokenizer, n_tokens, n_windows, held_out):
+    """Token-id windows ``[CLS] text [SEP]`` of the texts, and how many there are."""
+    tok = _load_tokenizer(tokenizer)
+    special = (tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]"))
+    if None in special:
+        raise ValueError(
+            f"the tokenizer {str(tokenizer)!r} has no [CLS] or [SEP] token: not a "
+            f"BERT-style tokenizer."
+        )
+    encodings = tok.encode_batch(contents, add_special_tokens=False)
+    tokens = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+    inner = n_tokens - 2
+    available = int(sum(len(t) // inner for t in tokens))
+    wanted = available if n_windows is None else n_windows
+    if available < max(wanted, 2):
+        per_file = ", ".join(
+            f"{p.name}: {len(t)}" for p, t in zip(texts[:5], tokens, strict=False)
+        ) + (", ..." if len(texts) > 5 else "")
+        need = (
+            f"n_windows={n_windows} asks for more"
+            if n_windows is not None
+            else "at least 2 are needed (one to fit, one to hold out)"
+        )
+        raise ValueError(
+            f"the text is too short: {len(texts)} file(s) of {sum(map(len, tokens))} "
+            f"tokens ({per_file}) make {available} windows of n_tokens={n_tokens} "
+            f"([CLS], {inner} tokens of one file, [SEP]); {need}. Give more text, "
+            f"or ask for fewer or shorter windows."
+        )
+    n_held = round(held_out * wanted)
+    if not 1 <= n_held < wanted:
+        raise ValueError(
+            f"held_out={held_out} of {wanted} windows leaves "
+            f"{'none to hold out' if n_held < 1 else 'none to fit'}; use more "
+            f"windows or another held_out."
+        )
+    return _text_windows([t for t in tokens if len(t)], n_tokens, special), n_held
+
+
+def _peak_memory_mb():
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def _jsonable(value):
+    """Plain JSON values: numpy scalars and arrays to lists, non-finite to None."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | np.ndarray):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.bool_ | bool):
+        return bool(value)
+    if isinstance(value, np.integer | Integral):
+        return int(value)
+    if isinstance(value, np.floating | Real):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, os.PathLike):
+        return str(value)
+    return value
+
+
+def _profile_rows(profile, order=None):
+    """Per head, the sharpness profile as a dict (heads in ``order``)."""
+    order = range(len(profile.median_largest_weight)) if order is None else order
+    return [
+        {
+            "median_largest_weight": profile.median_largest_weight[j],
+            "sharp_share": profile.sharp_share[j],
+            "margin_quantiles": dict(
+                zip(
+                    (f"{q:g}" for q in profile.quantiles),
+                    profile.margin_quantiles[j],
+                    strict=True,
+                )
+            ),
+        }
+        for j in order
+    ]
+
+
+def _certificate_summary(cert):
+    return {
+        "verdict": cert.verdict,
+        "train_residual": cert.train_residual,
+        "exact": cert.exact,
+        "jacobian_rank": cert.jacobian_rank,
+        "n_parameters": cert.n_parameters,
+        "null_dimension": cert.null_dimension,
+        "held_out_error": cert.held_out_error,
+        "held_out_interval": cert.held_out_interval,
+        "redundant_heads": list(cert.redundant_heads),
+        "conditions_failed": list(cert.conditions.failed),
+        "text": str(cert),
+    }
+
+
+def _say(verbose, message):
+    if verbose:
+        print(f"skattn layer: {message}", file=sys.stderr, flush=True)
+
+
+def learn_layer(
+    checkpoint=None,
+    *,
+    layer,
+    texts,
+    n_tokens=16,
+    n_windows=None,
+    held_out=0.2,
+    n_heads=None,
+    out=None,
+    plot=False,
+    estimator=None,
+    random_state=0,
+    memory=None,
+    verbose=0,
+):
+    """Learn layer L of a BERT-style model back from its behaviour on your text.
+
+    The text files are tokenized by the model's tokenizer and cut into
+    consecutive, non-overlapping windows ``[CLS]``, ``n_tokens - 2`` tokens of
+    one file, ``[SEP]`` (the last incomplete window of a file is dropped).  Each
+    window runs alone through the model's encoder in numpy (positions ``0, ...,
+    n_tokens - 1``, no padding, no mask, float64); the hidden states entering
+    layer ``layer`` are the inputs X, and the layer's attention sub-layer
+    (self-attention and output dense with all their biases, before the residual
+    and LayerNorm), restricted to its first ``n_heads`` heads, gives the targets
+    y.  A random share ``held_out`` of the windows is held out; the others fit
+    ``MultiHeadAttentionRegressor(n_heads=n_heads, n_tokens=n_tokens,
+    fit_intercept=True, head_rank=<the model's head dimension>)`` (the settings
+    of ``benchmarks/bench_minilm_teacher.py`` for real layers).
+
+    Everything is checked before the model is loaded: the arguments, the text
+    files, the output folder, the plotting extra, the checkpoint's files, its
+    architecture, the layer and heads it has, and that the text makes enough
+    windows.
+
+    Parameters
+    ----------
+    checkpoint : str or path-like, default=None
+        A folder holding ``model.safetensors``, ``config.json`` (``model_type``
+        ``"bert"``) and ``tokenizer.json``, or the ``.safetensors`` file of such
+        a folder; ``None``: the packaged all-MiniLM-L6-v2
+        (:func:`skattn.datasets.minilm_checkpoint_path`).
+    layer : int
+        The encoder layer to learn, from 0.
+    texts : str, path-like or sequence of them
+        UTF-8 text files.
+    n_tokens : int, default=16
+        Tokens per window, ``[CLS]`` and ``[SEP]`` included (at least 3).
+    n_windows : int, default=None
+        Windows to use, fit and held out together: a random subset of all the
+        windows of the text (an error when the text has fewer).  ``None``: all.
+    held_out : float, default=0.2
+        Share of the windows held out for the error, in ``(0, 1)``.
+    n_heads : int, default=None
+        Learn the layer restricted to its first ``n_heads`` heads (the teacher
+        is then their outputs plus the layer's output bias); ``None``: all.
+    out : str or path-like, default=None
+        Folder to write into (created if missing): the learned layer
+        (``layer.safetensors``: tensors ``attention``, ``projection``,
+        ``key_bias``, ``intercept``, the arguments of
+        :class:`~skattn.AttentionLayer`), the report (``report.json``) and with
+        ``plot`` the figure (``patterns.png``); ``None``: nothing is written.
+    plot : bool, default=False
+        Draw real (top) against learned (bottom) attention patterns of the first
+        heads on a held-out window (:class:`~skattn.metrics.AttentionPatternDisplay`;
+        needs matplotlib, ``pip install "skattn[plot]"``, and ``out``).
+    estimator : estimator, default=None
+        Fit a clone of this instead (any skattn regressor; it is fitted on X of
+        shape ``(n_windows, n_tokens, n_features)``); ``None``: the default above.
+        Its ``certificate_``, when it has one (``certificate=True``), is
+        summarised in the report.
+    random_state : int, default=0
+        Which windows are used and held out, and the learner's seed.
+    memory : str, joblib.Memory or None, default=None
+        The default learner's ``memory``: where it keeps each finished stage, so
+        that a fit interrupted (killed, Ctrl-C) and run again with the same
+        arguments resumes after the last one (``skattn layer`` keeps them in
+        ``<out>/cache`` unless ``--no-cache``).
+    verbose : int, default=0
+        Print each step to stderr when positive, and pass it to the learner
+        (a progress bar per stage; from 2, one line per polish iteration).
+
+    Returns
+    -------
+    result : sklearn.utils.Bunch
+        report : dict
+            What ``report.json`` holds: ``held_out_relative_error``,
+            ``train_relative_error``, ``attention_pattern_error``,
+            ``parameter_errors`` (head-matched, on the directions the held-out
+            hidden states reach), ``heads`` (per real head: the matched learned
+            head, its errors and both heads' sharpness,
+            :func:`skattn.metrics.sharpness_profile`), ``certificate`` (the
+            summary of the learner's ``certificate_``, else ``None``),
+            ``fit_seconds``, ``total_seconds``, ``peak_memory_mb``,
+            ``n_windows_fit``, ``n_windows_held_out``, ``text``, ``checkpoint``,
+            ``estimator``, ``warnings``, ``files`` and ``arguments``.
+            Non-finite numbers are ``None``.
+        estimator : estimator
+            The fitted learner.
+        teacher : AttentionLayer
+            The real layer (its first ``n_heads`` heads).
+        learned : AttentionLayer
+            The learned layer.
+        X_held_out, y_held_out : ndarray
+            The held-out windows' hidden states ``(n, n_tokens * n_features)``
+            and the teacher's outputs on them.
+        files : dict
+            Paths written: ``"layer"``, ``"report"`` and ``"plot"`` (those
+            written).
+
+    Raises
+    ------
+    FileNotFoundError
+        If a text file or the checkpoint folder does not exist.
+    ValueError
+        On a bad argument; an output folder that cannot be written; a checkpoint
+        folder lacking a file, of another architecture than BERT's, or without
+        that layer or that many heads; text too short for the windows asked.
+    ImportError
+        If ``tokenizers`` or ``safetensors`` (``pip install "skattn[pretrained]"``),
+        or with ``plot`` matplotlib (``skattn[plot]``), is missing.
+
+    See Also
+    --------
+    skattn.datasets.load_bert_hidden_states : the same teacher on the standard
+        library's docstrings.
+
+    Examples
+    --------
+    A tiny, fast run (a few windows, one head, a learner capped at a few
+    iterations: the error says nothing about what a real run reaches):
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> import safetensors, tokenizers  # the pretrained extra
+    >>> from skattn import MultiHeadAttentionRegressor
+    >>> from skattn.experiments import learn_layer
+    >>> learner = MultiHeadAttentionRegressor(
+    ...     n_heads=1, fit_intercept=True, head_rank=32, init="random",
+    ...     polish_max_iter=2, start_search="none", random_state=0)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     text = Path(tmp, "text.txt")
+    ...     _ = text.write_text("The cat sat on the mat. " * 40)
+    ...     result = learn_layer(layer=2, texts=[text], n_tokens=8, n_heads=1,
+    ...                          estimator=learner, out=Path(tmp, "out"))
+    ...     written = sorted(p.name for p in Path(tmp, "out").iterdir())
+    >>> result.report["n_windows_fit"], result.report["n_windows_held_out"]
+    (37, 9)
+    >>> written
+    ['layer.safetensors', 'report.json']
+    """
+    start = time.perf_counter()
+    arguments = {
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "layer": layer,
+        "texts": (
+            [str(texts)]
+            if isinstance(texts, str | os.PathLike)
+            else [str(t) for t in texts]
+        ),
+        "n_tokens": n_tokens,
+        "n_windows": n_windows,
+        "held_out": held_out,
+        "n_heads": n_heads,
+        "out": None if out is None else str(out),
+        "plot": bool(plot),
+        "estimator": None if estimator is None else repr(estimator),
+        "random_state": random_state,
+    }
+    # -- every check, before the model is loaded --------------------------------
+    _check_arguments(layer, n_tokens, n_windows, held_out, n_heads, plot, out)
+    paths, contents = _read_texts(texts)
+    if out is not None:
+        out = _check_out(out)
+    if plot:
+        require("matplotlib", extra="plot", feature="The pattern plot (plot=True)")
+    folder, model, config = _checkpoint(checkpoint)
+    _check_against_config(config, folder, layer, n_heads, n_tokens)
+    require("safetensors.numpy", extra="pretrained", feature="Reading checkpoints")
+    ids, n_held = _windows(
+        paths, contents, folder / "tokenizer.json", n_tokens, n_windows, held_out
+    )
+    n_available = len(ids)
+    rng = np.random.default_rng(random_state)
+    n_total = n_available if n_windows is None else n_windows
+    ids = ids[np.sort(rng.choice(n_available, size=n_total, replace=False))]
+    order = rng.permutation(n_total)
+    held, fit = np.sort(order[:n_held]), np.sort(order[n_held:])
+    _say(
+        verbose,
+        f"{len(paths)} text file(s): {len(fit)} windows of {n_tokens} tokens to fit, "
+        f"{len(held)} held out.",
+    )
+
+    # -- the teacher and its examples -------------------------------------------
+    encoder, teacher = _teacher(model, layer, n_heads, n_tokens)
+    n_heads = teacher.n_heads
+    head_dim = encoder.n_features // encoder.n_heads
+    X3 = encoder.hidden_states(ids, layer)
+    X = X3.reshape(len(ids), -1)
+    y = teacher.transform(X)
+    _say(verbose, f"hidden states entering layer {layer} computed; fitting.")
+
+    # -- the fit ------------------------------------------------------------------
+    if estimator is None:
+        learner = MultiHeadAttentionRegressor(
+            n_heads=n_heads,
+            n_tokens=n_tokens,
+            fit_intercept=True,
+            head_rank=head_dim,
+            random_state=random_state,
+            memory=None if memory is None else str(memory),
+            verbose=verbose,
+        )
+        X_fit = X[fit]
+    else:
+        learner = clone(estimator)
+        X_fit = X3[fit]
+    fit_start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        learner.fit(X_fit, y[fit])
+    fit_seconds = time.perf_counter() - fit_start
+    for w in caught:  # shown after all, and recorded in the report
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _say(verbose, f"fitted in {fit_seconds:.1f} s; measuring.")
+
+    # -- what it learned, and the files -------------------------------------------
+    learned = as_layer(learner, "estimator")
+    X_held, y_held = X[held], y[held]
+    report = _measure(teacher, learned, X[fit], X_held)
+    cert = getattr(learner, "certificate_", None)
+    report["certificate"] = None if cert is None else _certificate_summary(cert)
+    files = {}
+    if out is not None:
+        files = {role: out / LAYER_FILES[role] for role in ("layer", "report")}
+        if plot:
+            files["plot"] = out / LAYER_FILES["plot"]
+    report.update(
+        {
+            "fit_seconds": fit_seconds,
+            "peak_memory_mb": _peak_memory_mb(),
+            "n_windows_fit": len(fit),
+            "n_windows_held_out": len(held),
+            "text": {
+                "files": [str(p) for p in paths],
+                "n_windows_available": n_available,
+                "n_distinct_windows_fit": len(np.unique(ids[fit], axis=0)),
+            },
+            "checkpoint": {
+                "folder": str(folder),
+                "model_type": config.get("model_type"),
+                "n_layers": encoder.n_layers,
+                "n_heads": encoder.n_heads,
+                "n_features": encoder.n_features,
+                "head_dim": head_dim,
+                "layer": layer,
+                "heads_learned": list(range(n_heads)),
+            },
+            "estimator": repr(learner),
+            "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+            "files": {role: str(path) for role, path in files.items()},
+            "arguments": arguments,
+        }
+    )
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_layer(learned, files["layer"], n_tokens, layer, folder)
+        if plot:
+            _plot(teacher, learned, X_held, files["plot"], layer)
+    report["total_seconds"] = time.perf_counter() - start
+    report = _jsonable(report)
+    if out is not None:
+        files["report"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    _say(verbose, f"held-out relative error {report['held_out_relative_error']}.")
+    return Bunch(
+        report=report,
+        estimator=learner,
+        teacher=teacher,
+        learned=learned,
+        X_held_out=X_held,
+        y_held_out=y_held,
+        files=files,
+    )
+
+
+def _teacher(model, layer, n_heads, n_tokens):
+    """The encoder and layer ``layer``'s attention restricted to its first heads."""
+    encoder = BertEncoder.from_safetensors(model)
+    layer = encoder._check_layer(layer, attention=True)
+    n_heads = encoder.n_heads if n_heads is None else n_heads
+    if n_heads > encoder.n_heads:
+        raise ValueError(
+            f"n_heads={n_heads}: layer {layer} of {model} has {encoder.n_heads} heads."
+        )
+    full, _ = load_bert_attention(
+        model, layer=layer, n_heads=encoder.n_heads, n_tokens=n_tokens
+    )
+    heads = np.arange(n_heads)
+    teacher = AttentionLayer(
+        full.attention[heads],
+        full.projection[heads],
+        key_bias=full.key_bias[heads],
+        intercept=full.intercept,
+        n_tokens=n_tokens,
+    )
+    return encoder, teacher
+
+
+def _measure(teacher, learned, X_fit, X_held):
+    """Errors of the learned layer against the teacher, and both heads' sharpness."""
+    report = {
+        "held_out_relative_error": prediction_error(teacher, learned, X_held),
+        "train_relative_error": prediction_error(teacher, learned, X_fit),
+        "attention_pattern_error": None,
+        "parameter_errors": None,
+    }
+    real_rows = _profile_rows(sharpness_profile(teacher, X_held))
+    if learned.n_heads < teacher.n_heads:  # a learner that chose fewer heads
+        report["heads"] = [
+            {"real_head": i, "real_sharpness": row} for i, row in enumerate(real_rows)
+        ]
+        return report
+    errors = parameter_error(teacher, learned, X=X_held)
+    report["attention_pattern_error"] = attention_pattern_error(
+        teacher, learned, X_held
+    )
+    report["parameter_errors"] = {
+        "measured_on": "the directions the held-out hidden states reach",
+        "attention_error": errors.attention_error,
+        "projection_error": errors.projection_error,
+        "key_bias_error": errors.key_bias_error,
+        "intercept_error": errors.intercept_error,
+    }
+    learned_rows = _profile_rows(sharpness_profile(learned, X_held), errors.assignment)
+    report["heads"] = [
+        {
+            "real_head": i,
+            "learned_head": errors.assignment[i],
+            "attention_error": errors.attention_errors[i],
+            "projection_error": errors.projection_errors[i],
+            "real_sharpness": real_rows[i],
+            "learned_sharpness": learned_rows[i],
+        }
+        for i in range(teacher.n_heads)
+    ]
+    return report
+
+
+def _write_layer(learned, path, n_tokens, layer, folder):
+    save_file = require(
+        "safetensors.numpy", extra="pretrained", feature="Writing the layer"
+    ).save_file
+    arrays = learned._arrays()[:4]
+    tensors = {
+        name: np.ascontiguousarray(value, dtype=np.float64)
+        for name, value in zip(_LAYER_TENSORS, arrays, strict=True)
+    }
+    metadata = {
+        "format": "skattn attention layer: AttentionLayer(**tensors, n_tokens=...)",
+        "n_tokens": str(n_tokens),
+        "layer": str(layer),
+        "checkpoint": str(folder),
+    }
+    if learned.head_rank is not None:
+        metadata["head_rank"] = str(learned.head_rank)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def _plot(teacher, learned, X_held, path, layer):
+    import matplotlib.pyplot as plt
+
+    heads = list(range(min(teacher.n_heads, _PLOT_HEADS)))
+    display = AttentionPatternDisplay.from_layers(
+        teacher, learned, X_held[:_PLOT_SAMPLES], heads=heads
+    )
+    display.figure_.suptitle(f"layer {layer}: real (top) vs learned (bottom)")
+    display.figure_.savefig(path, dpi=120)
+    plt.close(display.figure_)

