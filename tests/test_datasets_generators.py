@@ -12,6 +12,7 @@ from skattn.datasets import (
     resolve_distribution,
 )
 from skattn.layer._math import attention_logits, forward
+from skattn.metrics import sharpness_profile
 
 # -- planted layers --------------------------------------------------------------------
 
@@ -170,3 +171,110 @@ def test_diagonal_logits_on_boolean_tokens_are_the_trace():
     for i in range(2):
         diag = np.diagonal(logits[:, i], axis1=1, axis2=2)
         np.testing.assert_allclose(diag, np.trace(layer.attention[i]))
+
+
+# -- planted sharpness ----------------------------------------------------------------
+
+
+def _measured_sharpness(layer, distribution, k, d, n=4000, seed=123):
+    X = resolve_distribution(distribution, k, d).sample(n, random_state=seed)
+    return sharpness_profile(layer, X).median_largest_weight
+
+
+@pytest.mark.parametrize("distribution", ["boolean", "gaussian"])
+@pytest.mark.parametrize("target", [0.5, 0.9, 0.99, 0.999])
+def test_sharpness_hits_its_target(distribution, target):
+    k, d = 8, 16
+    X, y, layer = make_attention_regression(
+        50,
+        k,
+        d,
+        3,
+        distribution=distribution,
+        sharpness=target,
+        random_state=0,
+        return_layer=True,
+    )
+    # on fresh inputs, not the calibration sample: measured within 0.005
+    np.testing.assert_allclose(
+        _measured_sharpness(layer, distribution, k, d), target, atol=0.01
+    )
+    np.testing.assert_allclose(y, layer.transform(X), rtol=1e-12, atol=1e-12)
+    # only Theta_i is rescaled: the inputs, W_i and the heads' directions are the
+    # draws of sharpness=None
+    X0, _, plain = make_attention_regression(
+        50, k, d, 3, distribution=distribution, random_state=0, return_layer=True
+    )
+    np.testing.assert_array_equal(X, X0)
+    np.testing.assert_array_equal(layer.projection, plain.projection)
+    norms = np.linalg.norm(layer.attention, axis=(1, 2))
+    np.testing.assert_allclose(
+        layer.attention / norms[:, None, None], plain.attention / 2.0, rtol=1e-12
+    )
+
+
+def test_sharpness_per_head_and_low_rank_heads():
+    k, d = 8, 16
+    targets = [0.6, None, 0.99]
+    layer = make_attention_layer(
+        3, d, n_tokens=k, head_rank=2, sharpness=targets, random_state=1
+    )
+    plain = make_attention_layer(3, d, head_rank=2, random_state=1)
+    assert layer.n_tokens == k and layer.head_rank == 2
+    assert all(np.linalg.matrix_rank(t) == 2 for t in layer.attention)
+    np.testing.assert_array_equal(layer.attention[1], plain.attention[1])
+    measured = _measured_sharpness(layer, "boolean", k, d)
+    np.testing.assert_allclose(measured[[0, 2]], [0.6, 0.99], atol=0.01)
+    # per-head targets as an array, on Gaussian inputs
+    layer = make_attention_layer(
+        3,
+        d,
+        n_tokens=k,
+        distribution="gaussian",
+        sharpness=np.array([0.3, 0.8, 0.995]),
+        random_state=2,
+    )
+    np.testing.assert_allclose(
+        _measured_sharpness(layer, "gaussian", k, d), [0.3, 0.8, 0.995], atol=0.01
+    )
+
+
+def test_sharpness_none_changes_nothing():
+    a = make_attention_regression(60, 4, 6, 2, noise=0.1, random_state=3)
+    b = make_attention_regression(
+        60, 4, 6, 2, noise=0.1, sharpness=None, random_state=3
+    )
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize(
+    ("sharpness", "match"),
+    [
+        (0.125, r"in \(1/n_tokens, 1\) = \(0.125, 1\)"),  # uniform: not above 1/k
+        (0.05, "a number in"),
+        (1.0, "a number in"),
+        (float("nan"), "a number in"),
+        (True, "a number in"),
+        ("sharp", "a number in"),
+        ([0.9, 0.9], "got 2 values for 3 heads"),
+        ([0.9, float("nan"), 0.9], "a number in"),
+        ([[0.9, 0.9, 0.9]], "got 1 values for 3 heads"),
+    ],
+)
+def test_sharpness_validation(sharpness, match):
+    with pytest.raises(ValueError, match=match):
+        make_attention_regression(10, 8, 4, 3, sharpness=sharpness)
+    with pytest.raises(ValueError, match=match):
+        make_attention_layer(3, 4, n_tokens=8, sharpness=sharpness)
+
+
+def test_sharpness_errors():
+    with pytest.raises(ValueError, match="sharpness needs n_tokens"):
+        make_attention_layer(2, 4, sharpness=0.9)
+    with pytest.raises(ValueError, match="attention_scale=0"):
+        make_attention_layer(2, 4, n_tokens=4, attention_scale=0.0, sharpness=0.9)
+    # two Boolean features, 8 tokens: the argmax token repeats in most rows, so
+    # no scale makes the median row hard
+    with pytest.raises(ValueError, match="cannot be planted in head 0"):
+        make_attention_layer(1, 2, n_tokens=8, sharpness=0.99, random_state=0)

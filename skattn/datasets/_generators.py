@@ -13,6 +13,20 @@ from ._distributions import TokenDistribution, _as_generator, resolve_distributi
 _MIN_HEAD_DISTANCE = 1e-3
 _MAX_DRAWS = 100
 
+# A ``sharpness`` target is met on a fixed sample of inputs drawn from a generator of
+# its own (the layer's and the data's draws are those of ``sharpness=None``):
+# ``_SHARPNESS_SEQUENCES`` sequences (fewer for long ones, so that at most
+# ``_SHARPNESS_FLOATS`` logits are held), of which ``_SHARPNESS_QUERIES`` random
+# query rows each (all rows of shorter sequences).  The median is hit to within
+# ``_SHARPNESS_TOL`` on that sample (its sampling error is a few 1e-3 at most).
+_SHARPNESS_SEED = 39
+_SHARPNESS_SEQUENCES = 4096
+_SHARPNESS_QUERIES = 8
+_SHARPNESS_FLOATS = 2**22
+_SHARPNESS_TOL = 5e-4
+# Theta_i is scaled by at most 2**40 (or at least 2**-40) in search of a target.
+_SHARPNESS_MAX_DOUBLINGS = 40
+
 
 def _planted_attention(rng, n_heads, n_features, structure, rank, scale):
     """Theta_i of the given structure, each of Frobenius norm ``scale``.
@@ -33,6 +47,140 @@ def _planted_attention(rng, n_heads, n_features, structure, rank, scale):
     return raw * (scale / norms)[:, None, None]
 
 
+def _is_number(value):
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _check_sharpness(sharpness, n_heads, n_tokens):
+    """Per-head sharpness targets (a float, or ``None`` for none) from ``sharpness``.
+
+    ``None`` when no head has a target.  Raises ``ValueError`` for anything but a
+    number in ``(1/n_tokens, 1)`` or a sequence of ``n_heads`` such numbers (or
+    ``None``), and when ``n_tokens`` is unknown.
+    """
+    if sharpness is None:
+        return None
+    if n_tokens is None:
+        raise ValueError(
+            "sharpness needs n_tokens: the median largest attention weight of a row "
+            "depends on the sequence length it is measured at."
+        )
+    allowed = (
+        f"a number in (1/n_tokens, 1) = ({1 / n_tokens:.6g}, 1) for all heads, or "
+        f"a sequence of n_heads={n_heads} such numbers (None for a head left as "
+        f"drawn)"
+    )
+    if _is_number(sharpness):
+        targets = [sharpness] * n_heads
+    elif isinstance(sharpness, str) or not np.iterable(sharpness):
+        raise ValueError(f"sharpness must be {allowed}; got {sharpness!r}.")
+    else:
+        targets = list(sharpness)
+        if len(targets) != n_heads:
+            raise ValueError(
+                f"sharpness must be {allowed}; got {len(targets)} values for "
+                f"{n_heads} heads."
+            )
+    for target in targets:
+        # NaN fails the comparison, as do 1/n_tokens and 1 themselves
+        if target is not None and not (
+            _is_number(target) and 1 / n_tokens < target < 1
+        ):
+            raise ValueError(
+                f"sharpness must be {allowed}; got {sharpness!r} "
+                f"(with n_tokens={n_tokens})."
+            )
+    targets = [None if t is None else float(t) for t in targets]
+    return targets if any(t is not None for t in targets) else None
+
+
+def _median_largest(gaps, log_scale):
+    """Median over rows of the largest softmax weight of ``exp(log_scale) * logits``.
+
+    ``gaps``: the logits minus their row maximum (``<= 0``), ``(..., k)``.
+    """
+    return float(np.median(1.0 / np.exp(np.exp(log_scale) * gaps).sum(axis=-1)))
+
+
+def _log_scale_for(gaps, target, head, distribution):
+    """``log c`` such that the median largest weight of ``c * logits`` is ``target``.
+
+    The median largest weight is continuous and non-decreasing in ``c`` (from
+    ``1/k`` at 0 to its value for hard rows): bracket by doubling, then bisect on
+    ``log c`` until within ``_SHARPNESS_TOL``.
+    """
+    step = np.log(2.0)
+    lo = hi = 0.0
+    f_lo = f_hi = _median_largest(gaps, 0.0)
+    for _ in range(_SHARPNESS_MAX_DOUBLINGS):
+        if f_lo <= target <= f_hi:
+            break
+        if f_hi < target:
+            lo, f_lo = hi, f_hi
+            hi += step
+            f_hi = _median_largest(gaps, hi)
+        else:
+            hi, f_hi = lo, f_lo
+            lo -= step
+            f_lo = _median_largest(gaps, lo)
+    else:
+        raise ValueError(
+            f"sharpness={target} cannot be planted in head {head}: on "
+            f"{distribution!r} inputs its median largest attention weight levels "
+            f"off at {f_hi:.4g} however Theta_{head} is scaled (rows whose largest "
+            f"logits tie, e.g. repeated tokens). Ask for less, or use more "
+            f"n_features or another structure."
+        )
+    for _ in range(100):
+        if abs(f_lo - target) <= _SHARPNESS_TOL:
+            return lo
+        if abs(f_hi - target) <= _SHARPNESS_TOL:
+            return hi
+        mid = 0.5 * (lo + hi)
+        f_mid = _median_largest(gaps, mid)
+        if f_mid < target:
+            lo, f_lo = mid, f_mid
+        else:
+            hi, f_hi = mid, f_mid
+    return lo if target - f_lo < f_hi - target else hi  # pragma: no cover
+
+
+def _sharpen(attention, key_bias, targets, distribution, n_tokens):
+    """Rescale each targeted ``Theta_i`` (and ``u_i``) to its sharpness target.
+
+    Returns new ``attention`` and ``key_bias`` arrays.  The inputs are a fixed
+    sample of ``distribution`` from a generator of its own; the logits are
+    computed once per head and vectorised over the sample.
+    """
+    m, d = attention.shape[:2]
+    k = n_tokens
+    dist = resolve_distribution(distribution, k, d)
+    n_queries = min(k, _SHARPNESS_QUERIES)
+    n = max(1, min(_SHARPNESS_SEQUENCES, _SHARPNESS_FLOATS // (n_queries * k)))
+    rng = np.random.default_rng(_SHARPNESS_SEED)
+    X = dist.sample(n, random_state=rng).reshape(n, k, d)
+    if n_queries < k:  # distinct random query rows of every sequence
+        rows = np.argsort(rng.random((n, k)), axis=1)[:, :n_queries]
+        queries = np.take_along_axis(X, rows[:, :, None], axis=1)
+    else:
+        queries = X
+    keys = np.swapaxes(X, 1, 2)
+    attention = attention.copy()
+    key_bias = None if key_bias is None else np.array(key_bias, dtype=np.float64)
+    for i, target in enumerate(targets):
+        if target is None:
+            continue
+        logits = queries @ attention[i] @ keys  # (n, n_queries, k)
+        if key_bias is not None:
+            logits += (X @ key_bias[i])[:, None, :]
+        gaps = logits - logits.max(axis=-1, keepdims=True)
+        scale = np.exp(_log_scale_for(gaps, target, i, dist))
+        attention[i] *= scale
+        if key_bias is not None:
+            key_bias[i] *= scale
+    return attention, key_bias
+
+
 def _draw_layer(
     n_heads,
     n_features,
@@ -44,6 +192,8 @@ def _draw_layer(
     head_rank,
     random_state,
     n_tokens=None,
+    sharpness=None,
+    distribution="boolean",
 ):
     """The planted layer of :func:`make_attention_layer` (arguments validated).
 
@@ -52,8 +202,17 @@ def _draw_layer(
     :func:`~skattn.datasets.write_attention_regression` all call it, so the same
     arguments and seed plant the same layer everywhere.  ``random_state`` is turned
     into a fresh generator (advancing a ``Generator`` or ``RandomState`` instance by
-    that one draw); ``n_tokens`` is set on the layer.
+    that one draw); ``n_tokens`` is set on the layer.  ``sharpness`` targets (see
+    :func:`_check_sharpness`) rescale the drawn heads on a sample of
+    ``distribution`` of a generator of its own, so the draws from ``random_state``
+    are those of ``sharpness=None``.
     """
+    targets = _check_sharpness(sharpness, n_heads, n_tokens)
+    if targets is not None and attention_scale == 0:
+        raise ValueError(
+            "sharpness cannot be planted with attention_scale=0: zero heads attend "
+            "uniformly however they are scaled. Use attention_scale > 0."
+        )
     d = n_features
     d_out = d if n_outputs is None else n_outputs
     if head_rank is not None:
@@ -101,6 +260,8 @@ def _draw_layer(
         value = rng.standard_normal((n_heads, d, head_rank))
         output = rng.standard_normal((n_heads, head_rank, d_out))
         projection = value @ output / np.sqrt(head_rank * d)
+    if targets is not None:
+        attention, _ = _sharpen(attention, None, targets, distribution, n_tokens)
     return AttentionLayer(attention, projection, n_tokens=n_tokens, head_rank=head_rank)
 
 
@@ -113,6 +274,9 @@ def _draw_layer(
         "structure": [StrOptions({"random", "diagonal", "low_rank"})],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
         "head_rank": [Interval(Integral, 1, None, closed="left"), None],
+        "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
+        "distribution": [StrOptions({"boolean", "gaussian"}), TokenDistribution],
+        "sharpness": "no_validation",  # checked by _check_sharpness
         "random_state": ["random_state", np.random.Generator],
     },
     prefer_skip_nested_validation=True,
@@ -126,6 +290,9 @@ def make_attention_layer(
     structure="random",
     rank=None,
     head_rank=None,
+    n_tokens=None,
+    distribution="boolean",
+    sharpness=None,
     random_state=None,
 ):
     """Plant a random multi-head attention layer.
@@ -163,6 +330,27 @@ def make_attention_layer(
         with i.i.d. ``N(0, 1/(head_rank n_features))`` entries (so the entries of
         ``W_i`` have variance ``1/d`` as in the full-rank case).  The layer's
         ``head_rank`` is set.  ``None``: full-rank heads as ``structure`` says.
+    n_tokens : int, default=None
+        Tokens per sequence k, set on the layer; required with ``sharpness``,
+        which is measured on sequences of that length.  ``None``: any length.
+    distribution : {"boolean", "gaussian"} or TokenDistribution, \
+default="boolean"
+        Inputs on which ``sharpness`` is measured (see
+        :func:`make_attention_regression`); unused without ``sharpness``.
+    sharpness : float or sequence of float, default=None
+        Plant heads this sharp: the target median, over the rows of sequences
+        drawn from ``distribution`` (``n_tokens`` tokens each), of a row's largest
+        attention weight ``max_a softmax_a(x_l^T Theta_i x_a)``, as
+        :func:`skattn.metrics.sharpness_profile` measures it.  One number for all
+        heads or one per head (``None`` for a head left as drawn), each in
+        ``(1/n_tokens, 1)``: ``1/n_tokens`` is uniform attention, 1 one-hot rows;
+        0.99 and above plant near-hard heads, as the previous-token heads of real
+        models.  Each targeted ``Theta_i`` is drawn as usual, then multiplied by
+        the scalar (found by bisection on its logarithm) that hits its target to
+        within 0.0005 on a fixed sample of a few thousand sequences (a generator
+        of its own, so every other draw is that of ``sharpness=None``); its norm
+        is then no longer ``attention_scale``, which only sets the starting
+        scale.  ``None``: no rescaling.
     random_state : int, RandomState instance, Generator or None, default=None
         Seed of the parameters.
 
@@ -171,7 +359,16 @@ def make_attention_layer(
     layer : AttentionLayer
         With ``attention`` of shape ``(n_heads, n_features, n_features)`` and
         ``projection`` of shape ``(n_heads, n_features, n_outputs)``;
-        ``n_tokens=None`` (any sequence length).
+        ``n_tokens`` as given (``None``: any sequence length).
+
+    Raises
+    ------
+    ValueError
+        If a ``sharpness`` target is not in ``(1/n_tokens, 1)`` (NaN included),
+        a sequence of them has not ``n_heads`` entries, ``n_tokens`` is not given
+        with it, ``attention_scale=0``, or a head cannot reach its target (its
+        rows' largest logits tie, e.g. repeated Boolean tokens with few
+        features).
 
     See Also
     --------
@@ -209,6 +406,17 @@ def make_attention_layer(
     ((2, 4, 4), (2, 4, 3))
     >>> float(np.linalg.norm(layer.attention[0]))
     2.0
+
+    Near-hard heads, as measured on fresh Boolean sequences of 8 tokens:
+
+    >>> from skattn.metrics import sharpness_profile
+    >>> from skattn.datasets import BooleanTokens
+    >>> sharp = make_attention_layer(
+    ...     2, 16, n_tokens=8, sharpness=[0.99, 0.5], random_state=0)
+    >>> X = BooleanTokens(8, 16).sample(4000, random_state=1)
+    >>> measured = sharpness_profile(sharp, X).median_largest_weight
+    >>> bool(np.all(np.abs(measured - [0.99, 0.5]) < 0.01))
+    True
     """
     return _draw_layer(
         n_heads,
@@ -219,6 +427,9 @@ def make_attention_layer(
         rank=rank,
         head_rank=head_rank,
         random_state=random_state,
+        n_tokens=n_tokens,
+        sharpness=sharpness,
+        distribution=distribution,
     )
 
 
@@ -240,7 +451,10 @@ _REGRESSION_PARAMETERS = {
 }
 
 
-@validate_params(_REGRESSION_PARAMETERS, prefer_skip_nested_validation=True)
+@validate_params(
+    {**_REGRESSION_PARAMETERS, "sharpness": "no_validation"},  # _check_sharpness
+    prefer_skip_nested_validation=True,
+)
 def make_attention_regression(
     n_samples,
     n_tokens,
@@ -253,6 +467,7 @@ def make_attention_regression(
     attention_scale=2.0,
     structure="random",
     head_rank=None,
+    sharpness=None,
     random_state=None,
     return_layer=False,
 ):
@@ -289,6 +504,20 @@ def make_attention_regression(
     head_rank : int, default=None
         Low-rank heads ``Theta_i = Q_i K_i^T``, ``W_i = V_i O_i`` of this rank
         (see :func:`make_attention_layer`).  ``None``: full rank.
+    sharpness : float or sequence of float, default=None
+        Plant heads this sharp: the target median, over the rows of sequences
+        drawn from ``distribution`` (``n_tokens`` tokens each, as X), of a row's
+        largest attention weight ``max_a softmax_a(x_l^T Theta_i x_a)``, as
+        :func:`skattn.metrics.sharpness_profile` measures it.  One number for all
+        heads or one per head (``None`` for a head left as drawn), each in
+        ``(1/n_tokens, 1)``: ``1/n_tokens`` is uniform attention, 1 one-hot rows;
+        0.99 and above plant near-hard heads, as the previous-token heads of real
+        models.  Each targeted ``Theta_i`` is drawn as usual, then multiplied by
+        the scalar (found by bisection on its logarithm) that hits its target to
+        within 0.0005 on a fixed sample of a few thousand sequences (a generator
+        of its own, so every other draw is that of ``sharpness=None``); its norm
+        is then no longer ``attention_scale``, which only sets the starting
+        scale.  ``None``: no rescaling.
     random_state : int, RandomState instance, Generator or None, default=None
         Seed of the layer, the inputs and the noise.
     return_layer : bool, default=False
@@ -302,6 +531,13 @@ def make_attention_regression(
         Targets ``F(X) + noise``, token-major.
     layer : AttentionLayer
         Only when ``return_layer=True``: the planted layer (``n_tokens`` set).
+
+    Raises
+    ------
+    ValueError
+        If a ``sharpness`` target is not in ``(1/n_tokens, 1)`` (NaN included),
+        a sequence of them has not ``n_heads`` entries, or a head cannot reach
+        its target (see :func:`make_attention_layer`).
 
     See Also
     --------
@@ -330,6 +566,8 @@ def make_attention_regression(
         head_rank=head_rank,
         random_state=rng,
         n_tokens=n_tokens,
+        sharpness=sharpness,
+        distribution=distribution,
     )
     dist = resolve_distribution(distribution, n_tokens, n_features)
     X = dist.sample(n_samples, random_state=rng)
