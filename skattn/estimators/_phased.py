@@ -244,7 +244,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         ``Pipeline(memory=...)`` caches its transformers: a folder or a
         ``joblib.Memory``. A fit that was interrupted (killed, Ctrl-C) and is run
         again with the same data and parameters reads the finished stages back
-        and goes on from the last one, to the layer an uninterrupted fit gives.
+        and goes on from the last one, to the layer an uninterrupted fit gives
+        (bit for bit with the same number of BLAS threads; to rounding with
+        another, as a product's last bits depend on it).
         Changed data or parameters use none of them; resuming needs an int
         ``random_state`` (with None every fit draws new starts). Phases 1-6 are
         not kept. ``None``: nothing is kept.
