@@ -72,12 +72,14 @@ CHILD = textwrap.dedent(
         _driver.minibatch_search = killed
     elif stage == "refinement":  # after two heads' problems, mid-refinement
         solve = _refine._solve_head
-        calls = []
+        import threading
+        calls, lock = [], threading.Lock()
         def killed(*args, **kwargs):
             solved = solve(*args, **kwargs)  # kept before it returns
-            calls.append(1)  # (heads may be solved in threads)
-            if len(calls) == 2:
-                die()
+            with lock:  # heads may be solved in threads: one of them kills
+                calls.append(1)
+                if len(calls) == 2:
+                    die()
             return solved
         _refine._solve_head = killed
     else:  # the polish, after its fifth kept iterate
@@ -150,8 +152,9 @@ def test_killed_fit_resumes_to_the_uninterrupted_layer(
     # the finished stages are read back, not computed again
     for name in finished:
         assert name in memory["reused"] and name not in memory["computed"]
-    if stage == "refinement":  # two heads' solves had finished, not the stage
-        assert sum(".head" in name for name in memory["reused"]) == 2
+    if stage == "refinement":  # heads' solves had finished, not the stage
+        # (two or more: with two threads another head may finish meanwhile)
+        assert sum(".head" in name for name in memory["reused"]) >= 2
         assert "refine-1" in memory["computed"]
     if stage == "polish":  # it went on from a kept iterate
         assert any(name.endswith("iterate") for name in memory["reused"])
