@@ -27,7 +27,6 @@ of before, bit for bit.
 """
 
 import numpy as np
-from sklearn.externals.array_api_compat import is_array_api_obj
 
 from ..utils._array_api import (
     device,
@@ -105,9 +104,8 @@ def _namespace(*arrays):
     ``None``): the kernels ask for it in every call."""
     for array in arrays:
         if array is not None and not isinstance(array, np.ndarray):
-            # tokens read in batches from disk (TokenBatches) yield numpy arrays
-            others = [a for a in arrays if is_array_api_obj(a)]
-            return namespace(*others) if others else _NUMPY
+            xp = namespace(*arrays)  # which ignores what is no array (TokenBatches)
+            return _NUMPY if is_numpy(xp) else xp
     return _NUMPY
 
 
