@@ -182,7 +182,7 @@ def _measured_sharpness(layer, distribution, k, d, n=4000, seed=123):
 
 
 @pytest.mark.parametrize("distribution", ["boolean", "gaussian"])
-@pytest.mark.parametrize("target", [0.5, 0.9, 0.99, 0.999])
+@pytest.mark.parametrize("target", [0.5, 0.9, 0.99, 0.999, 0.9999])
 def test_sharpness_hits_its_target(distribution, target):
     k, d = 8, 16
     X, y, layer = make_attention_regression(
@@ -195,10 +195,14 @@ def test_sharpness_hits_its_target(distribution, target):
         random_state=0,
         return_layer=True,
     )
-    # on fresh inputs, not the calibration sample: measured within 0.005
-    np.testing.assert_allclose(
-        _measured_sharpness(layer, distribution, k, d), target, atol=0.01
-    )
+    # on fresh inputs, not the calibration sample: the median within 0.01, and the
+    # weight left off the largest, 1 - median, within 10 % (gaussian) or 25 %
+    # (boolean: few distinct logits, the median sits on a step), so that 0.9999
+    # is not 0.9995
+    measured = _measured_sharpness(layer, distribution, k, d)
+    np.testing.assert_allclose(measured, target, atol=0.01)
+    rtol = 0.1 if distribution == "gaussian" else 0.25
+    np.testing.assert_allclose(1 - measured, 1 - target, rtol=rtol)
     np.testing.assert_allclose(y, layer.transform(X), rtol=1e-12, atol=1e-12)
     # only Theta_i is rescaled: the inputs, W_i and the heads' directions are the
     # draws of sharpness=None

@@ -18,12 +18,15 @@ _MAX_DRAWS = 100
 # ``_SHARPNESS_SEQUENCES`` sequences (fewer for long ones, so that at most
 # ``_SHARPNESS_FLOATS`` logits are held), of which ``_SHARPNESS_QUERIES`` random
 # query rows each (all rows of shorter sequences).  The median is hit to within
-# ``_SHARPNESS_TOL`` on that sample (its sampling error is a few 1e-3 at most).
+# ``_SHARPNESS_TOL``, and to within ``_SHARPNESS_RTOL`` of ``1 - target`` (what is
+# left off the largest weight: 1e-4 at 0.9999, which an absolute 5e-4 would not
+# tell from 6e-4), on that sample (its sampling error is a few 1e-3 at most).
 _SHARPNESS_SEED = 39
 _SHARPNESS_SEQUENCES = 4096
 _SHARPNESS_QUERIES = 8
 _SHARPNESS_FLOATS = 2**22
 _SHARPNESS_TOL = 5e-4
+_SHARPNESS_RTOL = 0.02
 # Theta_i is scaled by at most 2**40 (or at least 2**-40) in search of a target.
 _SHARPNESS_MAX_DOUBLINGS = 40
 
@@ -107,8 +110,10 @@ def _log_scale_for(gaps, target, head, distribution):
 
     The median largest weight is continuous and non-decreasing in ``c`` (from
     ``1/k`` at 0 to its value for hard rows): bracket by doubling, then bisect on
-    ``log c`` until within ``_SHARPNESS_TOL``.
+    ``log c`` until within ``_SHARPNESS_TOL`` (and ``_SHARPNESS_RTOL (1 -
+    target)``).
     """
+    tol = min(_SHARPNESS_TOL, _SHARPNESS_RTOL * (1.0 - target))
     step = np.log(2.0)
     lo = hi = 0.0
     f_lo = f_hi = _median_largest(gaps, 0.0)
@@ -132,9 +137,9 @@ def _log_scale_for(gaps, target, head, distribution):
             f"n_features or another structure."
         )
     for _ in range(100):
-        if abs(f_lo - target) <= _SHARPNESS_TOL:
+        if abs(f_lo - target) <= tol:
             return lo
-        if abs(f_hi - target) <= _SHARPNESS_TOL:
+        if abs(f_hi - target) <= tol:
             return hi
         mid = 0.5 * (lo + hi)
         f_mid = _median_largest(gaps, mid)
