@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from sklearn.exceptions import NotFittedError
 
+import skattn.diagnostics._certificate as certificate_module
 from skattn import (
     AttentionLayer,
     Certificate,
@@ -12,6 +13,7 @@ from skattn import (
     make_attention_layer,
     make_attention_regression,
 )
+from skattn.diagnostics._jacobian import parameter_basis
 
 M, K, D, D_OUT = 2, 3, 4, 10
 
@@ -41,6 +43,7 @@ def test_exact_recovery_is_exact_and_identifiable(planted):
         "3. held-out",
         "4. redundancy",
         "5. non-degeneracy",
+        "6. sharp heads",
     ):
         assert item in text
 
@@ -148,3 +151,92 @@ def test_certificate_reports_conditions_and_a_wrong_layer(planted):
     assert cert.conditions.n_heads == M and "all pass" in str(cert)
     layer3 = make_attention_layer(1, D, n_outputs=D_OUT, random_state=3)
     assert certify(layer3, X, y).verdict == "not exact"
+
+
+def _split_rows_by_hand(X, attention, threshold=0.99):
+    """Rows per head whose largest softmax weight is <= threshold, in plain numpy."""
+    logits = np.einsum("nld,mde,nae->nmla", X, attention, X)
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return (weights.max(axis=-1) <= threshold).sum(axis=(0, 2))
+
+
+@pytest.mark.parametrize(
+    "n_samples, verdicts", [(20, ("not pinned", "pinned")), (300, ("pinned", "pinned"))]
+)
+def test_sharp_head_verdict_on_planted_heads(n_samples, verdicts):
+    # a nearly one-hot head (median largest weight 0.9999) and a soft one (0.6);
+    # d = 24, full rank, k = 8: 576 unknowns per head, ceil(576 / 7) = 83 rows
+    X, y, layer = make_attention_regression(
+        n_samples,
+        8,
+        24,
+        2,
+        sharpness=[0.9999, 0.6],
+        distribution="gaussian",
+        random_state=0,
+        return_layer=True,
+    )
+    cert = certify(layer, X, y)
+    split = _split_rows_by_hand(X.reshape(n_samples, 8, 24), layer.attention)
+    np.testing.assert_array_equal(cert.sharp_heads.n_split_rows, split)
+    np.testing.assert_array_equal(cert.sharp_heads.n_needed, [83, 83])
+    np.testing.assert_array_equal(cert.sharp_heads.pinned, split >= 83)
+    assert cert.sharp_head_verdicts == verdicts
+    assert cert.verdict.startswith("exact")  # the old verdicts are unchanged
+    text = str(cert)
+    line = next(row for row in text.splitlines() if row.startswith("6. sharp heads"))
+    assert "head 0: median largest weight" in line
+    assert f"split rows {split[0]} of {8 * n_samples}, needed 83" in line
+    if verdicts[0] == "not pinned":
+        wanted = int(np.ceil(n_samples * 83 / split[0]))
+        assert f"NOT pinned (about {wanted} sequences like these needed" in line
+        assert line.endswith("-> pinned")  # head 1
+    else:
+        assert "NOT pinned" not in line
+
+
+def test_one_token_has_no_sharp_heads():
+    X, y, layer = make_attention_regression(
+        50, 1, 3, 1, random_state=0, return_layer=True
+    )
+    cert = certify(layer, X, y)
+    assert cert.sharp_heads is None and cert.sharp_head_verdicts == ()
+    assert "6. sharp heads: not measured" in str(cert)
+
+
+@pytest.mark.parametrize(
+    "m, d, d_out, head_rank",
+    [(2, 5, 7, None), (2, 5, 7, 2), (1, 4, 3, 3), (1, 4, 3, 4), (2, 3, 6, 5)],
+)
+def test_parameters_are_counted_as_the_basis_spans_them(m, d, d_out, head_rank):
+    rng = np.random.default_rng(0)
+    attention, projection = rng.normal(size=(m, d, d)), rng.normal(size=(m, d, d_out))
+    basis = parameter_basis(attention, projection, head_rank)
+    expected = attention.size + projection.size if basis is None else basis.shape[1]
+    assert certificate_module._n_parameters(m, d, d_out, head_rank) == expected
+
+
+def test_a_large_low_rank_layer_skips_the_basis_and_the_jacobian(monkeypatch):
+    # d = 128, rank 8: 8 (256 - 8) + 8 (136 - 8) = 3008 > 2000 parameters; the
+    # tangent basis would be a (16384 x 16384) eigenproblem: it must not be built
+    def refuse(*args, **kwargs):
+        raise AssertionError("the parameter basis was built")
+
+    monkeypatch.setattr(certificate_module, "parameter_basis", refuse)
+    monkeypatch.setattr(certificate_module, "jacobian_singular_values", refuse)
+    X, y, layer = make_attention_regression(
+        20,
+        4,
+        128,
+        1,
+        n_outputs=8,
+        head_rank=8,
+        distribution="gaussian",
+        random_state=0,
+        return_layer=True,
+    )
+    cert = certify(layer, X, y, head_rank=8)
+    assert cert.n_parameters == 8 * (256 - 8) + 8 * (136 - 8)
+    assert cert.jacobian_rank is None and cert.singular_values is None
+    assert "3008 parameters > max_parameters" in str(cert)

@@ -2,8 +2,12 @@
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import Bunch
 
+import skattn.phased._pipeline as pipeline
 from skattn import MultiHeadAttentionRegressor, make_attention_regression
+from skattn.metrics import sharp_head_pinning
 from skattn.phased import CertificationError, phased_fit, search_n_heads
 
 
@@ -67,3 +71,136 @@ class _no_check:
 
     def __exit__(self, *exc):
         return self._ctx.__exit__(*exc)
+
+
+def _sharp_and_soft(n=20):
+    """Heads of median largest weight 0.9999 and 0.6 (d = 24, k = 8: each needs
+    ceil(576 / 7) = 83 split rows); on 20 sequences only the soft one has them."""
+    X, y, layer = make_attention_regression(
+        n,
+        8,
+        24,
+        2,
+        sharpness=[0.9999, 0.6],
+        distribution="gaussian",
+        random_state=0,
+        return_layer=True,
+    )
+    return X.reshape(n, 8, 24), y.reshape(n, 8, 24), layer
+
+
+def _ends_unconverged(monkeypatch, attention, heads=(0, 1)):
+    """The random-start fit ends at ``attention`` with ``heads`` unconverged."""
+
+    def fake(X, Y, m, **kwargs):
+        info = {
+            "converged": False,
+            "stop_reason": "heads_unconverged",
+            "unconverged_heads": list(heads),
+            "relative_residual": 1e-3,
+            "n_iter": 0,
+        }
+        return attention, np.zeros((m, X.shape[2], Y.shape[2])), info
+
+    monkeypatch.setattr(pipeline, "fit_from_random_starts", fake)
+
+
+def _warning_text(record):
+    messages = [str(w.message) for w in record if w.category is ConvergenceWarning]
+    (message,) = [m for m in messages if "did not converge on their" in m]
+    return message
+
+
+def test_unconverged_heads_warning_says_which_data_would_pin_them(monkeypatch):
+    X3, Y3, layer = _sharp_and_soft()
+    _ends_unconverged(monkeypatch, layer.attention)
+    with pytest.warns(ConvergenceWarning, match="did not converge on their") as rec:
+        phased_fit(X3, Y3, 2, init="random", random_state=0)
+    message = _warning_text(rec)
+    assert message.startswith("Heads [0, 1] did not converge on their one-head")
+    expected = sharp_head_pinning(layer.attention, X3)
+    split0, split1 = expected.n_split_rows
+    assert split0 < 83 <= split1
+    wanted = int(expected.sequences_needed[0])
+    assert "Head 0: median largest weight" in message
+    assert f"{split0} of 160 rows split its attention" in message
+    assert f"give about {wanted} sequences (now 20)" in message
+    assert "Head 1: median largest weight" in message
+    assert f"{split1} of 160 rows split its attention" in message
+    assert "the data should suffice; try more random starts" in message
+
+
+def test_unconverged_heads_with_an_intercept_count_the_key_bias(monkeypatch):
+    # tokens [x, 1]: Theta's last row is the key bias, its last column a
+    # per-query constant that the softmax ignores
+    X3, Y3, layer = _sharp_and_soft()
+    rng = np.random.default_rng(0)
+    key_bias = rng.normal(size=(2, 24))
+    augmented = np.zeros((2, 25, 25))
+    augmented[:, :24, :24] = layer.attention
+    augmented[:, 24, :24] = key_bias
+    augmented[:, :24, 24] = rng.normal(size=(2, 24))
+    X_aug = np.concatenate([X3, np.ones((20, 8, 1))], axis=2)
+    _ends_unconverged(monkeypatch, augmented, heads=(1,))
+    with pytest.warns(ConvergenceWarning) as rec:
+        phased_fit(X_aug, Y3, 2, init="random", fit_intercept=True, random_state=0)
+    message = _warning_text(rec)
+    expected = sharp_head_pinning(layer.attention[1:], X3, key_bias[1:])
+    assert expected.n_unknowns[0] == 24 * 24 + 24  # 600 / 7 -> 86 rows
+    assert message.startswith("Heads [1] did not converge")
+    assert (
+        f"{expected.n_split_rows[0]} of 160 rows split its attention (largest "
+        f"weight <= 0.99), 86 needed" in message
+    )
+    assert "Head 0" not in message
+
+
+def test_unconverged_heads_counted_on_a_subset_are_scaled(monkeypatch):
+    X3, Y3, layer = _sharp_and_soft()
+    _ends_unconverged(monkeypatch, layer.attention, heads=(0,))
+    monkeypatch.setattr(pipeline, "_PINNING_SAMPLES", 10)
+    with pytest.warns(ConvergenceWarning) as rec:
+        phased_fit(X3, Y3, 2, init="random", random_state=0)
+    message = _warning_text(rec)
+    sub = sharp_head_pinning(
+        layer.attention[:1], X3[np.linspace(0, 19, 10).round().astype(int)]
+    )
+    split = int(np.round(sub.n_split_rows[0] * 2))
+    assert "Rows counted on 10 of the 20 training sequences and scaled" in message
+    assert f"{split} of 160 rows split its attention" in message
+
+
+def test_unconverged_heads_message_per_verdict():
+    pinning = Bunch(
+        median_largest_weight=np.array([0.9999, 0.62, 1.0]),
+        n_split_rows=np.array([49, 158, 0]),
+        n_rows=160,
+        n_needed=np.array([83, 83, 83]),
+        pinned=np.array([False, True, False]),
+        sequences_needed=np.array([34.0, 11.0, np.nan]),
+        n_sequences=20,
+        threshold=0.99,
+    )
+    message = pipeline._unconverged_heads_message(
+        [3, 5, 7], 0.0123, pinning, n_polish_samples=10
+    )
+    assert message.startswith("Heads [3, 5, 7] did not converge on their")
+    assert "relative residual 0.0123 on the polish set" in message
+    assert (
+        "Head 3: median largest weight 1, 49 of 160 rows split its attention "
+        "(largest weight <= 0.99), 83 needed to pin its logits (a counting bound): "
+        "give about 34 sequences (now 20) of inputs whose rows split this head's "
+        "attention." in message
+    )
+    assert (
+        "Head 5: median largest weight 0.62, 158 of 160 rows split its attention"
+        in message
+    )
+    assert "try more random starts (raise n_restarts)" in message
+    assert "Head 7: median largest weight 1, 0 of 160 rows" in message
+    assert "no training row splits its attention" in message
+    assert "The polish used 10 of them (polish_samples)" in message
+    # without the data, the old warning
+    bare = pipeline._unconverged_heads_message([1], 0.5)
+    assert bare.endswith("pin their logits weakly (benchmarks/README.md).")
+    assert "Head 1:" not in bare

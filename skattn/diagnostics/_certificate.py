@@ -21,16 +21,23 @@
    when its own output share is that small.  Over-parameterised fits (more heads
    than the truth) show up here;
 5. the **non-degeneracy conditions** of the fitted layer
-   (:func:`skattn.check_conditions`).
+   (:func:`skattn.check_conditions`);
+6. the **sharp heads**: per head, how many training rows split its attention
+   (largest weight at most 0.99) against the number a counting bound asks for to
+   pin its logits (:func:`skattn.metrics.sharp_head_pinning`: a necessary
+   condition, a heuristic): "pinned" or "not pinned", and about how many
+   sequences would pin it.
 
 The verdict is one of ``"exact and identifiable"``, ``"exact but not
 identifiable"`` (exact, but the Jacobian is rank deficient or a head is
-redundant) and ``"not exact"``.
+redundant) and ``"not exact"``; the sharp-head verdict is a separate field
+(``sharp_head_verdicts``).
 
 Cost: the Jacobian has ``P = m (d^2 + d d_out)`` columns (fewer for low-rank heads)
 and about ``4 P`` rows; its QR costs ``O(P^3)``: about 0.2 s at P = 400 and several
 seconds at P = 1200 on one core.  Above ``max_parameters`` identifiability is not
-computed (the verdict then says so).
+computed (the verdict then says so); ``P`` is counted before any basis of the
+parameter directions is built (that basis alone is ``O(m d^4)`` floats).
 """
 
 import math
@@ -42,6 +49,7 @@ from sklearn.utils import check_random_state
 from ..layer import as_layer
 from ..metrics._held_out import held_out_error
 from ..metrics._redundancy import head_redundancy
+from ..metrics._sharpness import _describe_pinning, sharp_head_pinning
 from ..solvers.kernels._loss import relative_residual as _relative_rms
 from ..utils._validation import check_finite, flatten_tokens, layer_sequences
 from ._conditions import check_conditions
@@ -110,6 +118,14 @@ class Certificate:
         ``||S_i X W_i|| / ||F(X)||`` per head.
     conditions : ConditionReport
         :func:`skattn.check_conditions` of the layer.
+    sharp_heads : sklearn.utils.Bunch or None
+        :func:`skattn.metrics.sharp_head_pinning` of the layer on the training
+        inputs (``None`` with one token per sequence, where the logits do not
+        matter).
+    sharp_head_verdicts : tuple of str
+        Per head, ``"pinned"`` or ``"not pinned"``: whether the training rows
+        that split the head's attention reach the counting bound for its logits
+        (empty with one token per sequence).
 
     Examples
     --------
@@ -119,6 +135,8 @@ class Certificate:
     >>> cert = certify(layer, X, y)
     >>> cert.verdict, cert.null_dimension, cert.redundant_heads
     ('exact and identifiable', 0, ())
+    >>> cert.sharp_head_verdicts
+    ('pinned', 'pinned')
     """
 
     verdict: str
@@ -149,6 +167,8 @@ class Certificate:
     drop_residual: np.ndarray = field(repr=False, compare=False)
     output_share: np.ndarray = field(repr=False, compare=False)
     conditions: object = field(repr=False, compare=False)
+    sharp_heads: object = field(repr=False, compare=False)
+    sharp_head_verdicts: tuple
 
     def __str__(self):
         eps = np.finfo(float).eps
@@ -220,8 +240,36 @@ class Certificate:
             + ("all pass" if not failed else f"FAIL: {', '.join(failed)}")
             + f" ({len(self.conditions) - len(failed)}/{len(self.conditions)})"
         )
+        lines.append(_sharp_heads_line(self.sharp_heads))
         lines.append(f"verdict: {self.verdict}")
         return "\n".join(lines)
+
+
+def _sharp_heads_line(pinning):
+    """Finding 6 of the certificate: per head, split rows against the bound."""
+    if pinning is None:
+        return "6. sharp heads: not measured (one token per sequence)"
+    heads = "; ".join(
+        f"head {i}: {_describe_pinning(pinning, i)}" for i in range(len(pinning.pinned))
+    )
+    return (
+        f"6. sharp heads (rows whose largest weight is <= {pinning.threshold:g} "
+        f"pin a head's logits; counting bound, a heuristic): {heads}"
+    )
+
+
+def _n_parameters(m, d, d_out, head_rank):
+    """Parameter directions of the parametrization, without building its basis:
+    per head, the dimension of the rank-r ``d x d`` and ``d x d_out`` matrices,
+    ``r (p + q - r)`` (``p q`` when ``r >= min(p, q)``), as
+    :func:`low_rank_tangent_basis` spans them."""
+    if head_rank is None:
+        return m * (d * d + d * d_out)
+
+    def dim(p, q):
+        return p * q if head_rank >= min(p, q) else head_rank * (p + q - head_rank)
+
+    return m * (dim(d, d) + dim(d, d_out))
 
 
 def _check_xy(X, Y, attention, projection, k_layer, n_tokens, name_x, name_y):
@@ -363,8 +411,9 @@ def certify(
     residual = _relative_rms(X3, Y3, attention, projection)
     exact = bool(residual <= exact_tol)
 
-    basis = parameter_basis(attention, projection, head_rank)
-    n_params = attention.size + projection.size if basis is None else basis.shape[1]
+    # counted first: the basis (a kron of d^2 x d^2 per head) would not fit in
+    # memory at d = 384 before max_parameters could say no
+    n_params = _n_parameters(m, d, d_out, head_rank)
     if n_jacobian_samples is None:
         n_jacobian_samples = max(50, math.ceil(4 * n_params / (k * d_out)))
     rng = check_random_state(random_state)
@@ -373,6 +422,7 @@ def certify(
     Xs, Ys = (X3, Y3) if rows is None else (X3[rows], Y3[rows])
     rank = null = smallest = values = unique_rank = None
     if n_params <= max_parameters:
+        basis = parameter_basis(attention, projection, head_rank)
         values = jacobian_singular_values(Xs, attention, projection, basis)
         top = values[0] if values.size and values[0] > 0 else 1.0
         nonzero = values > rank_tol * top
@@ -412,6 +462,10 @@ def certify(
         else:
             source = "no held-out data: pass X_test and y_test"
 
+    pinning = None
+    if k > 1:  # on all the training inputs: one pass of logits, as the residual
+        pinning = sharp_head_pinning(estimator_or_layer, X3, head_rank=head_rank)
+
     return Certificate(
         verdict=_verdict(exact, locally_unique),
         n_heads=m,
@@ -441,4 +495,8 @@ def certify(
         drop_residual=drop,
         output_share=share,
         conditions=check_conditions(estimator_or_layer, n_tokens=k),
+        sharp_heads=pinning,
+        sharp_head_verdicts=()
+        if pinning is None
+        else tuple("pinned" if p else "not pinned" for p in pinning.pinned),
     )

@@ -9,7 +9,10 @@
 * :func:`make_recovery_scorer`, :func:`relative_prediction_error`: scores for
   model selection (``GridSearchCV(scoring=...)``);
 * :func:`sharpness_profile`: per head, how concentrated the attention rows are
-  (median largest weight, share of nearly one-hot rows, logit margins).
+  (median largest weight, share of nearly one-hot rows, logit margins);
+* :func:`sharp_head_pinning`: per head, whether the inputs split its attention on
+  enough rows to pin its logits (a counting bound), and about how many sequences
+  would.
 
 The held-out error of a layer and the redundancy of its heads are computed here too
 (private modules, for the phases' selection of the number of heads and for the
@@ -28,7 +31,7 @@ from ._recovery import (
     reached_directions,
 )
 from ._scorers import make_recovery_scorer, relative_prediction_error
-from ._sharpness import sharpness_profile
+from ._sharpness import sharp_head_pinning, sharpness_profile
 
 __all__ = [
     "AttentionPatternDisplay",
@@ -39,5 +42,6 @@ __all__ = [
     "prediction_error",
     "reached_directions",
     "relative_prediction_error",
+    "sharp_head_pinning",
     "sharpness_profile",
 ]

@@ -22,8 +22,9 @@ from functools import partial
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import check_random_state
+from sklearn.utils import Bunch, check_random_state
 
+from ..metrics._sharpness import sharp_head_pinning
 from ..solvers._driver import fit_from_random_starts
 from ..solvers.kernels._loss import REALISABLE_RESIDUAL
 from ..solvers.stages._polish import staged_polish, warmup_size
@@ -502,7 +503,7 @@ class _PhasedRun:
         self.reports.append(
             PhaseReport("6-polish", 0, time.perf_counter() - start, info)
         )
-        self._warn_if_not_converged(info)
+        self._warn_if_not_converged(info, X3, attention)
         self.n_heads_fitted = m
         self.n_iter = 0
         self.projection_sum = self.xp.sum(projection, axis=0)
@@ -760,7 +761,7 @@ class _PhasedRun:
                 self.reports.append(PhaseReport(phase, 0, seconds, record))
         if self.options.polish.enabled:
             self.polish_info = info["polish"]
-            self._warn_if_not_converged(info["polish"])
+            self._warn_if_not_converged(info["polish"], X3, attention)
         _advance(bar, "6-net-and-polish")
         return attention, projection
 
@@ -806,8 +807,13 @@ class _PhasedRun:
         polish_info["seconds"] = time.perf_counter() - start
         return attention, projection, {"net": net_info, "polish": polish_info}
 
-    def _warn_if_not_converged(self, info):
-        """ConvergenceWarning when the polish stopped early short of an exact fit."""
+    def _warn_if_not_converged(self, info, X3=None, attention=None):
+        """ConvergenceWarning when the polish stopped early short of an exact fit.
+
+        For unconverged heads, ``X3`` (the training tokens) and ``attention`` (the
+        heads where the fit ended) say, per head, whether the data split its
+        attention on enough rows to pin its logits, and what to do.
+        """
         if info.get("converged", True):
             return
         if info.get("relative_residual", 1.0) <= REALISABLE_RESIDUAL:
@@ -815,14 +821,17 @@ class _PhasedRun:
         stages = info.get("stages") or [info]
         reason = stages[-1].get("stop_reason", stages[-1].get("message", "?"))
         if reason == "heads_unconverged":
+            heads = list(info.get("unconverged_heads") or [])
+            pinning = None
+            if X3 is not None and attention is not None and heads:
+                pinning = self._pinning(X3, attention, heads)
             warn_at_caller(
-                f"Heads {info.get('unconverged_heads')} did not converge on their "
-                "one-head problems (the decoupled refinement after the minibatch "
-                "search), and the joint polish, which crawls from such a point, was "
-                f"skipped: the fit is approximate (relative residual "
-                f"{info.get('relative_residual', float('nan')):.3g} on the polish "
-                "set). Heads with sharp attention (a row's largest weight near one) "
-                "end so: the outputs pin their logits weakly (benchmarks/README.md).",
+                _unconverged_heads_message(
+                    heads,
+                    info.get("relative_residual", float("nan")),
+                    pinning,
+                    n_polish_samples=self.options.polish.n_samples,
+                ),
                 ConvergenceWarning,
             )
             return
@@ -837,6 +846,33 @@ class _PhasedRun:
             f"{self.options.polish.tol:g}; {fix}.",
             ConvergenceWarning,
         )
+
+    def _pinning(self, X3, attention, heads):
+        """:func:`sharp_head_pinning` of ``heads`` (in that order) on the training
+        tokens, where the fit ended.
+
+        On at most ``_PINNING_SAMPLES`` sequences, evenly spaced, with the counts
+        scaled to all of them (the logits cost ``O(n k d^2)`` a head: at d = 384
+        a few seconds for 4096 sequences).  With ``fit_intercept`` the tokens'
+        constant is taken off and its row of ``Theta_i`` is the key bias (its
+        column is a per-query constant, which the softmax ignores).
+        """
+        n = X3.shape[0]
+        used = min(n, _PINNING_SAMPLES)
+        if isinstance(X3, np.ndarray | TokenBatches):
+            tokens = X3[np.unique(np.linspace(0, n - 1, used).round().astype(int))]
+        else:  # another namespace: a strided slice, then a host copy
+            tokens = X3[:: max(1, n // used)][:used]
+        tokens = np.asarray(to_numpy(tokens), dtype=np.float64)
+        theta = np.asarray(to_numpy(attention), dtype=np.float64)[heads]
+        key_bias = None
+        if self.options.fit_intercept:
+            tokens, key_bias = tokens[..., :-1], theta[:, -1, :-1]
+            theta = theta[:, :-1, :-1]
+        pinning = sharp_head_pinning(
+            theta, tokens, key_bias, head_rank=self.options.polish.head_rank
+        )
+        return _scaled_pinning(pinning, n)
 
     def _warn_if_weak(self, hull_info):
         ratio = hull_info["augmented_gap_ratio"]
@@ -888,6 +924,122 @@ class _PhasedRun:
         self.hull_directions = xp.zeros((0, d, d), **where)
         self.attention = xp.zeros((m, d, d), **where)
         self.projection = xp.concat([W_sum[None, ...] / m] * m, axis=0)
+
+
+# Sequences on which a fit's unconverged heads are measured for its warning.
+_PINNING_SAMPLES = 4096
+
+
+def _scaled_pinning(pinning, n_sequences):
+    """:func:`sharp_head_pinning` counted on a subset, scaled to ``n_sequences``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.utils import Bunch
+    >>> sub = Bunch(n_split_rows=np.array([3, 40]), n_needed=np.array([10, 10]),
+    ...             n_sequences=10, n_tokens=4, n_rows=40)
+    >>> scaled = _scaled_pinning(sub, 100)
+    >>> scaled.n_split_rows, scaled.pinned, scaled.sequences_needed
+    (array([ 30, 400]), array([ True,  True]), array([34.,  3.]))
+    """
+    used = pinning.n_sequences
+    if used == n_sequences:
+        return pinning
+    split = np.round(np.asarray(pinning.n_split_rows) * n_sequences / used)
+    split = split.astype(int)
+    needed = np.asarray(pinning.n_needed)
+    scaled = Bunch(**pinning)
+    scaled.update(
+        n_split_rows=split,
+        n_rows=n_sequences * pinning.n_tokens,
+        n_sequences=n_sequences,
+        pinned=split >= needed,
+        # from the subset's own counts (the ratio the scaling keeps), not rounded
+        sequences_needed=np.where(
+            np.asarray(pinning.n_split_rows) > 0,
+            np.ceil(used * needed / np.maximum(pinning.n_split_rows, 1)),
+            np.nan,
+        ),
+        n_sequences_counted=used,
+    )
+    return scaled
+
+
+def _unconverged_heads_message(heads, residual, pinning=None, n_polish_samples=None):
+    """The warning of a fit whose heads stopped short on their one-head problems.
+
+    Per head (``pinning``: :func:`sharp_head_pinning` of ``heads``, in that
+    order), its sharpness, the rows that split its attention against the
+    counting bound, and what to do: more sequences whose rows split the head's
+    attention when it is not pinned, else more random starts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.utils import Bunch
+    >>> pinning = Bunch(median_largest_weight=np.array([1.0]),
+    ...                 n_split_rows=np.array([86]), n_rows=64000,
+    ...                 n_needed=np.array([1596]), pinned=np.array([False]),
+    ...                 sequences_needed=np.array([74233.0]), n_sequences=4000,
+    ...                 threshold=0.99)
+    >>> message = _unconverged_heads_message([2], 0.05, pinning)
+    >>> message[:53]
+    'Heads [2] did not converge on their one-head problems'
+    >>> print(message[message.index("Head 2:"):])  # doctest: +NORMALIZE_WHITESPACE
+    Head 2: median largest weight 1, 86 of 64000 rows split its attention
+    (largest weight <= 0.99), 1596 needed to pin its logits (a counting bound):
+    give about 74233 sequences (now 4000) of inputs whose rows split this head's
+    attention.
+    """
+    text = (
+        f"Heads {list(heads)} did not converge on their one-head problems (the "
+        "decoupled refinement after the minibatch search), and the joint polish, "
+        "which crawls from such a point, was skipped: the fit is approximate "
+        f"(relative residual {residual:.3g} on the polish set). Heads with sharp "
+        "attention (a row's largest weight near one) end so: the outputs pin "
+        "their logits weakly (benchmarks/README.md)."
+    )
+    if pinning is None:
+        return text
+    counted = pinning.get("n_sequences_counted", pinning.n_sequences)
+    if counted != pinning.n_sequences:
+        text += (
+            f" Rows counted on {counted} of the {pinning.n_sequences} training "
+            "sequences and scaled."
+        )
+    for position, head in enumerate(heads):
+        split = int(pinning.n_split_rows[position])
+        text += (
+            f" Head {head}: median largest weight "
+            f"{pinning.median_largest_weight[position]:.3g}, {split} of "
+            f"{int(pinning.n_rows)} rows split its attention (largest weight <= "
+            f"{pinning.threshold:g}), {int(pinning.n_needed[position])} needed to "
+            "pin its logits (a counting bound): "
+        )
+        wanted = pinning.sequences_needed[position]
+        if pinning.pinned[position]:
+            text += (
+                "the data should suffice; try more random starts (raise n_restarts)."
+            )
+        elif not np.isfinite(wanted):
+            text += (
+                "no training row splits its attention, so more sequences like "
+                "these may never pin it; give inputs whose rows split this head's "
+                "attention."
+            )
+        else:
+            text += (
+                f"give about {int(wanted)} sequences (now "
+                f"{int(pinning.n_sequences)}) of inputs whose rows split this "
+                "head's attention."
+            )
+    if n_polish_samples is not None and n_polish_samples < pinning.n_sequences:
+        text += (
+            f" The polish used {n_polish_samples} of them (polish_samples): raise "
+            "it first."
+        )
+    return text
 
 
 class _NoBar:
