@@ -347,3 +347,61 @@ def test_a_head_still_stuck_on_more_sequences_gets_more_again(monkeypatch):
     ]
     assert decoupled_info["heads"][1]["converged"]
     assert residual < 1e-10
+
+
+def test_a_head_its_sequences_do_not_pin_is_solved_on_as_many_as_it_needs(
+    monkeypatch,
+):
+    # the counting bound (split_rows_needed) made to ask for 2000 split rows:
+    # head 1 stalls (near) on fewer than twice the refinement's 200 sequences,
+    # and is solved at once on as many as its split rows per sequence ask (times
+    # 1.5, at most the training set's 600), where it converges; it is not grown
+    # again from 200 by the stages on more sequences
+    import skattn.solvers.stages._refine as decoupled
+
+    monkeypatch.setattr(decoupled, "split_rows_needed", lambda *args, **kw: 2000)
+    small = stall_head_one_below(monkeypatch, 2)
+    decoupled_info, residual = decoupled_after_the_search()
+    assert small == [200]
+    pinning = decoupled_info["pinning"]
+    assert pinning["heads"] == [1] and pinning["converged"] == [1]
+    assert 400 <= pinning["n_sequences"] <= 600
+    assert pinning["n_sequences"] == min(600, -(-3 * pinning["wanted"][1] // 2))
+    assert "stuck" not in decoupled_info
+    assert decoupled_info["heads"][1]["converged"]
+    assert residual < 1e-10
+
+
+def test_pinned_heads_are_not_solved_on_more_sequences():
+    # the planted heads split their attention on most rows: nothing to pin
+    decoupled_info, residual = decoupled_after_the_search()
+    assert "pinning" not in decoupled_info
+    assert decoupled_info["from_patterns"] == []
+    assert residual < 1e-10
+
+
+def test_a_head_left_unconverged_is_restarted_from_its_patterns(monkeypatch):
+    # head 1 of a layer whose heads have as many value features as tokens
+    # (r = k = 4) "fails" (far) in the first refinement and in the search afresh:
+    # it is restarted from the patterns the outputs imply, fitted in logit
+    # space, then refined alone, where it converges and is taken
+    import skattn.solvers.stages._refine as decoupled
+
+    fail_problems(monkeypatch, head_one_once(times=2))
+    X, Y, _, _ = planted(600, 4, 6, 2, 4, 8, seed=9)
+    monkeypatch.setattr(decoupled, "_DECOUPLED_PASSES", ("own problem",))
+    _, _, info = fit_from_random_starts(
+        X,
+        Y,
+        2,
+        random_state=0,
+        polish=PolishOptions(head_rank=4, intercept=True),
+        starts=RandomStartOptions(start_search="minibatch"),
+    )
+    decoupled_info = info["start_search"]["decoupled"]
+    assert [r["converged"] for r in decoupled_info["replacements"]] == [False]
+    (restart,) = decoupled_info["from_patterns"]
+    assert restart["head"] == 1 and restart["converged"] and restart["taken"]
+    assert restart["n_sequences"] == 600
+    assert decoupled_info["heads"][1]["converged"]
+    assert info["relative_residual"] < 1e-10

@@ -15,6 +15,7 @@ from sklearn.utils import Bunch, check_array
 
 from ..layer import AttentionLayer, as_layer
 from ..layer._math import attention_logits
+from ..solvers.kernels._logits import logit_unknowns
 from ..utils._validation import flatten_tokens, layer_sequences
 
 # Rows of X whose logits (rows x heads x k x k floats) are computed at once.
@@ -213,14 +214,6 @@ AttentionLayer or fitted estimator
     )
 
 
-def _logit_unknowns(d, head_rank, key_bias):
-    """Unknowns of one head's logits: ``r (2 d - r)`` for a rank-r ``Theta_i``
-    (the dimension of the rank-r ``d x d`` matrices; ``d^2`` at full rank), plus
-    ``d`` for a key bias."""
-    r = d if head_rank is None else min(int(head_rank), d)
-    return r * (2 * d - r) + (d if key_bias else 0)
-
-
 def sharp_head_pinning(attention, X, key_bias=None, *, head_rank=None, threshold=0.99):
     """Whether inputs X split each head's attention on enough rows to pin its logits.
 
@@ -364,7 +357,7 @@ AttentionLayer or fitted estimator
         )
     largest, _ = _row_statistics(X3, theta, key_bias, margins=False)
     n_split = np.count_nonzero(largest <= threshold, axis=1)
-    unknowns = np.full(m, _logit_unknowns(d, head_rank, has_bias))
+    unknowns = np.full(m, logit_unknowns(d, head_rank, has_bias))
     needed = -(-unknowns // (k - 1))  # ceil in integers
     # no split row: nothing to scale (NaN, documented), not a pretend estimate
     sequences = np.where(

@@ -7,10 +7,12 @@ Read top-down:
 * :mod:`._options`: the frozen options of each stage, defaults written once;
 * :mod:`._stop`: the one vocabulary of stop reasons;
 * :mod:`.stages`: the search (:func:`minibatch_search`), the per-head refinement
-  (:func:`decoupled_refine`), the joint polish (:func:`polish`);
+  (:func:`decoupled_refine`; a sharp head restarted from its patterns in logit
+  space, ``stages._sharp_heads``), the joint polish (:func:`polish`);
 * :mod:`.optimizers`: Levenberg-Marquardt (dense, matrix-free), L-BFGS, Adam;
 * :mod:`.kernels`: the loss and eliminated projections, parametrizations and
-  their Jacobian products, the reduced problem, decoupling, whitening.
+  their Jacobian products, the reduced problem, decoupling, whitening, a head's
+  patterns read off the outputs and its logits fitted to them.
 
 Pure functions on token tensors, no estimators.
 """

@@ -48,7 +48,14 @@ from joblib import Parallel, delayed
 from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_info
 
-from ...utils._array_api import device, einsum, is_numpy, namespace, to_namespace
+from ...utils._array_api import (
+    device,
+    einsum,
+    is_numpy,
+    namespace,
+    to_namespace,
+    to_numpy,
+)
 from ...utils._progress import current_bar, stage_bar
 from .._checkpoints import kept
 from ..kernels._decoupling import (
@@ -56,6 +63,7 @@ from ..kernels._decoupling import (
     _output_factors,
     decoupling_map,
 )
+from ..kernels._logits import split_rows, split_rows_needed
 from ..kernels._loss import REALISABLE_RESIDUAL, _weights
 from ..kernels._parametrization import LowRank
 from ..optimizers._lm_matrix_free import varpro_least_squares
@@ -70,6 +78,7 @@ from ._search import (
     _search_alone,
     _take,
 )
+from ._sharp_heads import can_read_patterns, logit_start
 
 # The one-head problems' rows: this many equations per unknown at least (each row
 # of r targets against Q_i, K_i, the head's W and the fixed columns' coefficients).
@@ -622,6 +631,105 @@ def _on_more_sequences(
     return params, info
 
 
+# A head left unconverged whose attention the refinement's sequences split on
+# fewer rows than its logits need (split_rows_needed: a counting bound) is solved
+# again at once on as many sequences as the bound asks, times this margin, at most
+# _PINNING_CAP times the refinement's (and at most the training set): a sharp head
+# stalls, near or far, on sequences that do not pin it (all-MiniLM-L6-v2 layer 0,
+# head 2 on random tokens, 4 % of rows split, 1596 needed: about 246 on the 376
+# sequences, where its problem stalled at 5e-3; benchmarks/HISTORY.md).
+_PINNING_MARGIN = 1.5
+_PINNING_CAP = 9
+
+
+def _unpinned(X, params, par, heads, direction, verbose=0):
+    """``{head: sequences}`` for the unconverged ``heads`` (rows of the refinement,
+    None when not refined) that ``X`` does not pin: the sequences the counting
+    bound asks for, by each head's current split rows per sequence (``inf`` with
+    none split)."""
+    n, k, d = X.shape
+    Xh = to_numpy(X)
+    Q, K, _ = (to_numpy(f) for f in par.factors(params))
+    needed = split_rows_needed(
+        d - (direction is not None), par.rank, k, key_bias=direction is not None
+    )
+    wanted = {}
+    for i, row in enumerate(heads):
+        if row is None or row["converged"]:
+            continue
+        split = split_rows(Xh, Q[i], K[i])
+        if verbose:
+            print(
+                f"decoupled: head {i}: {split} of {n * k} rows split its attention "
+                f"on {n} sequences, {needed} needed",
+                flush=True,
+            )
+        if split < needed:
+            wanted[i] = math.inf if split == 0 else math.ceil(n * needed / split)
+    return wanted
+
+
+def _on_enough_sequences(
+    X, Y, params, par, direction, sample_weight, rng, verbose, info, rows, memory
+):
+    """The unconverged heads that the refinement's sequences (``rows``) do not
+    pin (:func:`_unpinned`) refined again on as many as their logits need (times
+    ``_PINNING_MARGIN``, at most ``_PINNING_CAP`` times ``rows`` and the training
+    set), from their ends; those that converge are taken.  ``info["pinning"]``
+    records the stage (``heads``, ``n_sequences``, ``wanted``, ``converged``)."""
+    xp = namespace(X, Y)
+    n = X.shape[0]
+    wanted = _unpinned(
+        _take(xp, X, rows), params, par, info["heads"], direction, verbose
+    )
+    if not wanted or n <= len(rows):
+        return params, info
+    size = min(
+        n,
+        _PINNING_CAP * len(rows),
+        math.ceil(_PINNING_MARGIN * max(wanted.values())),
+    )
+    extra = np.setdiff1d(np.arange(n), rows)
+    more = np.sort(
+        np.concatenate([rows, rng.choice(extra, size=size - len(rows), replace=False)])
+    )
+    heads = sorted(wanted)
+    refined, again = decoupled_refine(
+        _take(xp, X, more),
+        _take(xp, Y, more),
+        params,
+        par,
+        sample_weight=_take(xp, sample_weight, more),
+        intercept_direction=direction,
+        heads=heads,
+        verbose=verbose,
+        memory=memory,
+    )
+    info["n_products"] += again["n_products"]
+    converged = [i for i in heads if again["heads"][i]["converged"]]
+    info["pinning"] = {
+        "heads": heads,
+        "n_sequences": len(more),
+        "wanted": {i: float(w) for i, w in wanted.items()},
+        "converged": converged,
+    }
+    if verbose:
+        print(
+            f"decoupled: heads {heads} not pinned by {len(rows)} sequences, "
+            f"solved on {len(more)}: converged {converged}"
+        )
+    if converged:
+        params = _with_heads(xp, par, params, refined, converged)
+        for i in converged:
+            info["heads"][i] = again["heads"][i]
+        Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
+        info["residual"] = _output_factors(
+            Xd, Yd, params, par, _take(xp, sample_weight, rows), direction is not None
+        )[1]
+        info["kept"] = True
+    return params, info
+
+
 def _with_heads(xp, par, params, source, heads):
     """``params`` with the factors of ``heads`` those of ``source`` (a new flat
     vector; the array API leaves writes through views undefined)."""
@@ -650,12 +758,20 @@ def refine_heads(
     """:func:`decoupled_refine` on :func:`decoupled_size` random sequences; then
     each head it could not bring near (a head the search left mixed with another,
     or found only roughly) is searched afresh and refined alone again, in the
-    passes of ``_DECOUPLED_PASSES`` (at most ``m`` tries).  Heads that ended near
-    but unconverged are first refined again on more sequences
-    (:func:`_on_more_sequences`).  Returns the parameters and the refinement's
-    info, with ``stuck`` (per stage on more sequences: ``heads``,
-    ``n_sequences``, ``converged``; when there were such heads) and
-    ``replacements`` (per try: ``head``, ``searched_on`` and ``converged``).
+    passes of ``_DECOUPLED_PASSES`` (at most ``m`` tries).  Before that, heads
+    left unconverged that the refinement's sequences do not pin (too few rows
+    split their attention, by a counting bound) are refined again on as many as
+    the bound asks (:func:`_on_enough_sequences`), and the other heads that ended
+    near but unconverged on more sequences (:func:`_on_more_sequences`).  Heads
+    still unconverged at the end are restarted from their patterns, fitted in
+    logit space (:func:`_from_patterns`; with ``head_rank >= k``).  Returns the
+    parameters and the refinement's info, with ``pinning`` (``heads``,
+    ``n_sequences``, ``wanted``, ``converged``; when there were such heads),
+    ``stuck`` (per stage on more sequences: ``heads``, ``n_sequences``,
+    ``converged``; when there were such heads), ``replacements`` (per try:
+    ``head``, ``searched_on`` and ``converged``) and ``from_patterns`` (per
+    restart: ``head``, ``n_sequences``, ``logit_cost``, ``relative_residual``,
+    ``converged``, ``taken``, ``seconds``).
     ``memory`` (a StageMemory) keeps each head's solve and each search afresh
     with the generator's state after it."""
     with stage_bar("refine", par.n_heads, "head"):
@@ -682,7 +798,14 @@ def _refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose, mem
         verbose=verbose,
         memory=memory,
     )
-    stuck = _stalled(info["heads"], range(par.n_heads))
+    params, info = _on_enough_sequences(
+        X, Y, params, par, direction, sample_weight, rng, verbose, info, rows, memory
+    )
+    # (heads solved on enough sequences already are not grown again from rows)
+    pinned_stage = info.get("pinning", {}).get("heads", [])
+    stuck = [
+        i for i in _stalled(info["heads"], range(par.n_heads)) if i not in pinned_stage
+    ]
     if stuck and n > len(rows):
         params, info = _on_more_sequences(
             X,
@@ -768,4 +891,87 @@ def _refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose, mem
                     f"decoupled: head {head} searched afresh on {searched_on}, "
                     f"converged: {converged}"
                 )
+    return _from_patterns(
+        X, Y, params, par, direction, sample_weight, rng, verbose, info, rows, memory
+    )
+
+
+def _from_patterns(
+    X, Y, params, par, direction, sample_weight, rng, verbose, info, rows, memory
+):
+    """Each head left unconverged, restarted from its patterns: read off the
+    outputs and fitted in logit space (:func:`~._sharp_heads.logit_start`), then
+    refined alone, on ``_STUCK_SEQUENCES`` times the refinement's sequences
+    (``rows`` and more; as many as :func:`_on_enough_sequences` took, if more);
+    taken when it converges and the layer fits the
+    refinement's sequences better.  Only when the patterns can be read
+    (``head_rank >= k``).  ``info["from_patterns"]`` lists the tries (``head``,
+    ``n_sequences``, ``logit_cost``, ``relative_residual``, ``converged``)."""
+    xp = namespace(X, Y)
+    n, k = X.shape[:2]
+    info["from_patterns"] = []
+    pending = [i for i, row in enumerate(info["heads"]) if row and not row["converged"]]
+    if not pending or not can_read_patterns(par.rank, k):
+        return params, info
+    extra = np.setdiff1d(np.arange(n), rows)
+    # as many as the stage on enough sequences took, when it ran
+    size = max(
+        _STUCK_SEQUENCES * len(rows), info.get("pinning", {}).get("n_sequences", 0)
+    )
+    size = min(len(extra), size - len(rows))
+    more = np.sort(np.concatenate([rows, rng.choice(extra, size=size, replace=False)]))
+    Xm, Ym = _take(xp, X, more), _take(xp, Y, more)
+    weights = _take(xp, sample_weight, more)
+    Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
+    for head in pending:
+
+        def restart(_, head=head, p=params):
+            return logit_start(
+                Xm,
+                Ym,
+                p,
+                par,
+                head,
+                sample_weight=weights,
+                intercept_direction=direction,
+            )
+
+        candidate, read = kept(memory, "from-patterns", restart, rng)
+        refined, again = decoupled_refine(
+            Xm,
+            Ym,
+            candidate,
+            par,
+            sample_weight=weights,
+            intercept_direction=direction,
+            heads=[head],
+            verbose=verbose,
+            memory=memory,
+        )
+        solved = again["heads"][head]
+        info["n_products"] += again["n_products"]  # spent, taken or not
+        residual = _output_factors(
+            Xd, Yd, refined, par, _take(xp, sample_weight, rows), direction is not None
+        )[1]
+        taken = bool(solved["converged"] and residual < info["residual"])
+        if taken:
+            params, info["residual"], info["kept"] = refined, residual, True
+            info["heads"][head] = solved
+        info["from_patterns"].append(
+            {
+                "head": int(head),
+                "n_sequences": len(more),
+                "logit_cost": read["logit_cost"],
+                "relative_residual": solved["relative_residual"],
+                "converged": bool(solved["converged"]),
+                "taken": taken,
+                "seconds": read["seconds"] + solved["seconds"],
+            }
+        )
+        if verbose:
+            print(
+                f"decoupled: head {head} restarted from its patterns "
+                f"({len(more)} sequences, logit cost {read['logit_cost']:.3g}): "
+                f"relative residual {solved['relative_residual']:.3g}, taken: {taken}"
+            )
     return params, info

@@ -1,0 +1,168 @@
+"""Sharp heads: a head restarted from its patterns, fitted in logit space.
+
+A head whose one-head problem (:func:`~._refine.decoupled_refine`) stalls is most
+often a sharp one: its rows put nearly all their weight on one token, the outputs'
+derivatives in its small weights are proportional to those weights, and
+Gauss-Newton steps do not move them (see :mod:`~..kernels._logits`).
+:func:`logit_start` restarts such a head where the softmax does not saturate:
+
+1. its attention patterns are read off its share of the outputs
+   (:func:`~..kernels._patterns.invert_patterns`; needs ``head_rank >= k``);
+2. its ``Q_i, K_i`` are fitted to their logarithms by trust-region least squares
+   on the residual of :func:`~..kernels._logits.logit_residual`, from the head's
+   current factors;
+
+and the caller solves the head's one-head problem again from there.
+
+Runs on host (numpy) copies of the arrays; the parameters come back in the
+namespace and on the device of ``params``.
+"""
+
+import math
+import time
+
+import numpy as np
+
+from ...utils._array_api import device, namespace, to_namespace, to_numpy
+from ..kernels._logits import logit_jacobian, logit_residual, logit_targets
+from ..kernels._patterns import invert_patterns
+from ..optimizers._trf import trf
+
+# Rounds of invert_patterns (value map <-> simplex rows): on MiniLM layer 0's
+# previous-token head one round took the one-head residual from 7.2e-3 to 2.3e-5,
+# ten to 2.2e-6 (benchmarks/HISTORY.md).
+_PATTERN_ROUNDS = 10
+# Residual evaluations of the logit fit, and its tolerances.
+_LOGIT_NFEV = 20
+_LOGIT_TOL = 1e-12
+_LSMR_MAXITER = 100
+
+
+def can_read_patterns(head_rank, n_tokens):
+    """Whether a head's patterns can be read off its share of the outputs: each
+    row needs as many value features as tokens (``head_rank >= k``).
+
+    Examples
+    --------
+    >>> can_read_patterns(32, 16), can_read_patterns(8, 16)
+    (True, False)
+    """
+    return head_rank is not None and head_rank >= n_tokens
+
+
+def logit_start(
+    X,
+    Y,
+    params,
+    parametrization,
+    head,
+    *,
+    sample_weight=None,
+    intercept_direction=None,
+    n_rounds=_PATTERN_ROUNDS,
+    max_nfev=_LOGIT_NFEV,
+):
+    """``params`` with head ``head``'s ``Q, K`` fitted in logit space to the
+    patterns that the outputs imply.
+
+    Parameters
+    ----------
+    X : array of shape (n, k, d)
+    Y : array of shape (n, k, d_out)
+    params : array of shape (3 m d r,)
+        :class:`FactoredHeads` parameters.
+    parametrization : FactoredHeads
+        With ``m r <= d_out`` and ``r >= k``.
+    head : int
+    sample_weight : array of shape (n,) or None
+    intercept_direction : array of shape (d,) or None
+        As in :func:`~._refine.decoupled_refine`.
+    n_rounds : int
+        Rounds of :func:`~..kernels._patterns.invert_patterns`.
+    max_nfev : int
+        Residual evaluations of the logit fit.
+
+    Returns
+    -------
+    params : array of shape (3 m d r,)
+        In the namespace and on the device of ``params``.
+    info : dict
+        ``pattern_residuals`` (of the pattern reading), ``logit_cost_start``,
+        ``logit_cost`` (``1/2 ||r||^2`` of the logit fit), ``nfev``,
+        ``status`` (the trust-region solver's), ``seconds``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.layer._math import forward
+    >>> from skattn.solvers import FactoredHeads
+    >>> rng = np.random.default_rng(0)
+    >>> par = FactoredHeads(1, 6, 6)
+    >>> truth = rng.normal(size=par.size)
+    >>> X = rng.normal(size=(300, 4, 6))
+    >>> Y = forward(X, par.attention(truth), par.factors(truth)[2])
+    >>> Q, K, V = par.factors(truth)
+    >>> start = np.concatenate([(3 * Q).ravel(), K.ravel(), V.ravel()])  # too sharp
+    >>> found, info = logit_start(X, Y, start, par, 0, n_rounds=30)
+    >>> error = np.abs(par.attention(found) - par.attention(truth)).max()
+    >>> bool(error < 1e-3 * np.abs(par.attention(truth)).max())
+    True
+    """
+    clock = time.perf_counter()
+    xp = namespace(params)
+    where = device(params)
+    Xh, Yh, ph = to_numpy(X), to_numpy(Y), to_numpy(params)
+    weights = None if sample_weight is None else to_numpy(sample_weight)
+    direction = None if intercept_direction is None else to_numpy(intercept_direction)
+    patterns, read = invert_patterns(
+        Xh,
+        Yh,
+        ph,
+        parametrization,
+        head,
+        sample_weight=weights,
+        intercept_direction=direction,
+        n_rounds=n_rounds,
+    )
+    targets, entry_weights = logit_targets(patterns)
+    if weights is not None:  # a sequence's weight scales its rows' equations
+        entry_weights = entry_weights * weights[:, None, None]
+    Q, K, V = (np.array(f) for f in parametrization.factors(ph))
+    r = parametrization.rank
+    x0 = np.concatenate([Q[head].ravel(), K[head].ravel()])
+
+    def fun(p):
+        return logit_residual(Xh, targets, entry_weights, p, r)
+
+    def jac(p):
+        return logit_jacobian(Xh, entry_weights, p, r)
+
+    start_cost = 0.5 * float(fun(x0) @ fun(x0))
+    result = trf(
+        np,
+        fun,
+        jac,
+        x0,
+        ftol=_LOGIT_TOL,
+        xtol=_LOGIT_TOL,
+        gtol=_LOGIT_TOL,
+        max_nfev=max_nfev,
+        # LSMR's products per step capped as the one-head problems' (its default,
+        # min(rows, unknowns), let one step take thousands on MiniLM)
+        tr_options={"maxiter": _LSMR_MAXITER},
+    )
+    d = Xh.shape[2]
+    Q[head] = result.x[: d * r].reshape(d, r)
+    K[head] = result.x[d * r :].reshape(d, r)
+    found = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+    info = {
+        "pattern_residuals": read["residuals"],
+        "logit_cost_start": start_cost,
+        "logit_cost": float(result.cost),
+        "nfev": int(result.nfev),
+        "status": int(result.status),
+        "seconds": time.perf_counter() - clock,
+    }
+    if not math.isfinite(info["logit_cost"]):
+        return params, info
+    return to_namespace(found, xp, where), info

@@ -1,0 +1,56 @@
+"""Sharp heads restarted from their patterns, fitted in logit space
+(``stages/_sharp_heads.py``), and that restart inside the refinement."""
+
+import numpy as np
+from _helpers import refine_planted as planted
+
+from skattn.metrics import sharpness_profile
+from skattn.solvers import FactoredHeads, decoupled_refine
+from skattn.solvers.stages._sharp_heads import can_read_patterns, logit_start
+
+
+def sharp_layer(n=300, k=4, d=6, m=2, r=4, d_out=8, sharpen=6.0, seed=3):
+    """Two planted low-rank heads (``r >= k``), head 0 made sharp."""
+    X, Y, truth, factors = planted(n, k, d, m, r, d_out, seed=seed, intercept=False)
+    par = FactoredHeads(m, d, r)
+    Q, K, V = (f.copy() for f in par.factors(truth))
+    Q[0] *= sharpen
+    truth = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+    from skattn.layer._math import forward
+
+    Y = forward(X, par.attention(truth), V @ factors)
+    return X, Y, truth, par
+
+
+def relative_attention_error(par, params, truth, head):
+    a, b = par.attention(params)[head], par.attention(truth)[head]
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def test_can_read_patterns():
+    assert can_read_patterns(32, 16) and can_read_patterns(16, 16)
+    assert not can_read_patterns(8, 16) and not can_read_patterns(None, 4)
+
+
+def test_a_sharp_head_three_times_too_sharp_is_recovered_exactly():
+    # head 0 is sharp (median largest weight above 0.99); it starts three times
+    # too sharp, its small weights too small by e^2 and more: read off the outputs
+    # and fitted in logit space it is near, and its one-head problem then exact
+    X, Y, truth, par = sharp_layer()
+    assert sharpness_profile(par.attention(truth), X).median_largest_weight[0] > 0.99
+    Q, K, V = (f.copy() for f in par.factors(truth))
+    Q[0] = 3 * Q[0] + 0.05 * np.random.default_rng(4).normal(size=Q[0].shape)
+    start = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+    found, info = logit_start(X, Y, start, par, 0, n_rounds=15)
+    before = relative_attention_error(par, start, truth, 0)
+    after = relative_attention_error(par, found, truth, 0)
+    assert before > 1.0 and after < 1e-3
+    assert info["logit_cost"] < 1e-3 * info["logit_cost_start"]
+    assert info["pattern_residuals"][-1] < 1e-6
+    # only head 0's Q, K moved
+    for one, other in zip(par.factors(start), par.factors(found), strict=True):
+        np.testing.assert_array_equal(one[1], other[1])
+    np.testing.assert_array_equal(par.factors(start)[2], par.factors(found)[2])
+    refined, again = decoupled_refine(X, Y, found, par, heads=[0])
+    assert again["heads"][0]["converged"] and again["residual"] < 1e-10
+    assert relative_attention_error(par, refined, truth, 0) < 1e-8
