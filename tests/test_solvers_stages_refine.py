@@ -405,3 +405,45 @@ def test_a_head_left_unconverged_is_restarted_from_its_patterns(monkeypatch):
     assert restart["n_sequences"] == 600
     assert decoupled_info["heads"][1]["converged"]
     assert info["relative_residual"] < 1e-10
+
+
+def test_a_restart_from_patterns_that_ends_near_goes_on_on_more_sequences(
+    monkeypatch,
+):
+    # head 1 "fails" (far) in the first refinement and in the search afresh, and
+    # its restart from its patterns (on 600 of 1500 sequences) ends near: it goes
+    # on from there on three times those (all 1500), converges and is taken
+    import skattn.solvers.stages._refine as decoupled
+
+    solve = decoupled._solve_head
+    calls = {"head 1": 0}
+
+    def solve_or_stall(X, shares, head, *args, **kwargs):
+        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
+        if head == 1:
+            calls["head 1"] += 1
+            if calls["head 1"] <= 2:  # the round and the search afresh: far
+                info["relative_residual"] = 1.0
+            elif len(X) < 1500:  # the restart from its patterns: near
+                info["relative_residual"] = 1e-5
+                q = nudged(1e-6, 21)(q, kk, values)[0]
+        return q, kk, values, info
+
+    monkeypatch.setattr(decoupled, "_solve_head", solve_or_stall)
+    monkeypatch.setattr(decoupled, "_DECOUPLED_PASSES", ("own problem",))
+    X, Y, _, _ = planted(1500, 4, 6, 2, 4, 8, seed=9)
+    _, _, info = fit_from_random_starts(
+        X,
+        Y,
+        2,
+        random_state=0,
+        polish=PolishOptions(head_rank=4, intercept=True),
+        starts=RandomStartOptions(start_search="minibatch"),
+    )
+    decoupled_info = info["start_search"]["decoupled"]
+    (restart,) = decoupled_info["from_patterns"]
+    assert restart["n_sequences"] == 600
+    assert restart["stuck"] == [{"heads": [1], "n_sequences": 1500, "converged": [1]}]
+    assert restart["converged"] and restart["taken"]
+    assert decoupled_info["heads"][1]["converged"]
+    assert info["relative_residual"] < 1e-10
