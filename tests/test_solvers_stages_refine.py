@@ -447,3 +447,42 @@ def test_a_restart_from_patterns_that_ends_near_goes_on_on_more_sequences(
     assert restart["converged"] and restart["taken"]
     assert decoupled_info["heads"][1]["converged"]
     assert info["relative_residual"] < 1e-10
+
+
+def test_a_restart_reads_again_on_as_many_sequences_as_its_patterns_need(
+    monkeypatch,
+):
+    # the counting bound made to ask for 10000 split rows: head 1, far in the
+    # round, on the sequences the bound asks for and after its search afresh, is
+    # restarted from its patterns on 600 of 1500 sequences; they split too few rows,
+    # so it is read and fitted again on as many as they ask (all 1500), and
+    # refined there, where it converges
+    import skattn.solvers.stages._refine as decoupled
+
+    monkeypatch.setattr(decoupled, "split_rows_needed", lambda *a, **kw: 10000)
+    calls = {"head 1": 0}
+
+    def fails(head):
+        if head == 1:
+            calls["head 1"] += 1
+            return calls["head 1"] <= 3
+        return False
+
+    fail_problems(monkeypatch, fails)
+    monkeypatch.setattr(decoupled, "_DECOUPLED_PASSES", ("own problem",))
+    X, Y, _, _ = planted(1500, 4, 6, 2, 4, 8, seed=9)
+    _, _, info = fit_from_random_starts(
+        X,
+        Y,
+        2,
+        random_state=0,
+        polish=PolishOptions(head_rank=4, intercept=True),
+        starts=RandomStartOptions(start_search="minibatch"),
+    )
+    decoupled_info = info["start_search"]["decoupled"]
+    assert decoupled_info["pinning"]["heads"] == [1]
+    assert decoupled_info["pinning"]["converged"] == []
+    (restart,) = decoupled_info["from_patterns"]
+    assert restart["n_sequences"] == 1500 and restart["stuck"] == []
+    assert restart["converged"] and restart["taken"]
+    assert info["relative_residual"] < 1e-10

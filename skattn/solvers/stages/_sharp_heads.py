@@ -24,7 +24,12 @@ import time
 import numpy as np
 
 from ...utils._array_api import device, namespace, to_namespace, to_numpy
-from ..kernels._logits import logit_jacobian, logit_residual, logit_targets
+from ..kernels._logits import (
+    SPLIT_THRESHOLD,
+    logit_jacobian,
+    logit_residual,
+    logit_targets,
+)
 from ..kernels._patterns import invert_patterns
 from ..optimizers._trf import trf
 
@@ -87,7 +92,9 @@ def logit_start(
     params : array of shape (3 m d r,)
         In the namespace and on the device of ``params``.
     info : dict
-        ``pattern_residuals`` (of the pattern reading), ``logit_cost_start``,
+        ``pattern_residuals`` (of the pattern reading), ``n_split_rows`` (rows
+        of the read-off patterns whose largest weight is at most 0.99),
+        ``logit_cost_start``,
         ``logit_cost`` (``1/2 ||r||^2`` of the logit fit), ``nfev``,
         ``status`` (the trust-region solver's), ``seconds``.
 
@@ -157,6 +164,9 @@ def logit_start(
     found = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
     info = {
         "pattern_residuals": read["residuals"],
+        # rows the read-off patterns split (largest weight <= SPLIT_THRESHOLD):
+        # the head's sharpness as the outputs show it, not as its start has it
+        "n_split_rows": int(np.count_nonzero(patterns.max(-1) <= SPLIT_THRESHOLD)),
         "logit_cost_start": start_cost,
         "logit_cost": float(result.cost),
         "nfev": int(result.nfev),
