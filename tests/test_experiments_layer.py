@@ -143,6 +143,7 @@ def test_certificate_summary():
     summary = layer_module._certificate_summary(certify(planted, X, y))
     assert summary["verdict"] == "exact and identifiable"
     assert summary["null_dimension"] == 0 and summary["redundant_heads"] == []
+    assert summary["sharp_head_verdicts"] == ["pinned", "pinned"]
     assert summary["text"].startswith("Certificate of a fit")
     json.dumps(layer_module._jsonable(summary), allow_nan=False)
 

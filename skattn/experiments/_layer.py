@@ -322,6 +322,7 @@ def _certificate_summary(cert):
         "held_out_interval": cert.held_out_interval,
         "redundant_heads": list(cert.redundant_heads),
         "conditions_failed": list(cert.conditions.failed),
+        "sharp_head_verdicts": list(cert.sharp_head_verdicts),
         "text": str(cert),
     }
 

@@ -15,7 +15,7 @@ from sklearn.utils import Bunch, check_array
 
 from ..layer import AttentionLayer, as_layer
 from ..layer._math import attention_logits
-from ..solvers.kernels._logits import logit_unknowns
+from ..solvers.kernels._logits import logit_unknowns, split_rows_needed
 from ..utils._validation import flatten_tokens, layer_sequences
 
 # Rows of X whose logits (rows x heads x k x k floats) are computed at once.
@@ -358,7 +358,7 @@ AttentionLayer or fitted estimator
     largest, _ = _row_statistics(X3, theta, key_bias, margins=False)
     n_split = np.count_nonzero(largest <= threshold, axis=1)
     unknowns = np.full(m, logit_unknowns(d, head_rank, has_bias))
-    needed = -(-unknowns // (k - 1))  # ceil in integers
+    needed = np.full(m, split_rows_needed(d, head_rank, k, has_bias))
     # no split row: nothing to scale (NaN, documented), not a pretend estimate
     sequences = np.where(
         n_split > 0, np.ceil(n * needed / np.maximum(n_split, 1)), np.nan

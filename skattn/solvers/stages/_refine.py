@@ -917,9 +917,11 @@ def _from_patterns(
     """Each head left unconverged, restarted from its patterns: read off the
     outputs and fitted in logit space (:func:`~._sharp_heads.logit_start`), then
     refined alone, on ``_STUCK_SEQUENCES`` times the refinement's sequences
-    (``rows`` and more; as many as :func:`_on_enough_sequences` took, if more);
-    taken when it converges and the layer fits the
-    refinement's sequences better; one that ends near but unconverged goes on
+    (``rows`` and more; as many as :func:`_on_enough_sequences` took, if more),
+    or, when the patterns read there split too few rows to pin the head, read,
+    fitted and refined again on as many as they ask (``_stage_size``); taken
+    when it converges and the layer fits the refinement's sequences better; one
+    that ends near but unconverged goes on
     from its end on more sequences (:func:`_on_more_sequences`).  Only when the
     patterns can be read (``head_rank >= k``).  ``info["from_patterns"]`` lists
     the tries (``head``, ``n_sequences``, ``logit_cost``, ``relative_residual``,
