@@ -187,7 +187,7 @@ def test_unconverged_heads_message_per_verdict():
     assert message.startswith("Heads [3, 5, 7] did not converge on their")
     assert "relative residual 0.0123 on the polish set" in message
     assert (
-        "Head 3: median largest weight 1, 49 of 160 rows split its attention "
+        "Head 3: median largest weight 0.9999, 49 of 160 rows split its attention "
         "(largest weight <= 0.99), 83 needed to pin its logits (a counting bound): "
         "give about 34 sequences (now 20) of inputs whose rows split this head's "
         "attention." in message

@@ -396,7 +396,7 @@ def _describe_pinning(pinning, head):
 (about 74233 sequences like these needed, now 4000)'
     """
     text = (
-        f"median largest weight {pinning.median_largest_weight[head]:.3g}, split "
+        f"median largest weight {pinning.median_largest_weight[head]:.5g}, split "
         f"rows {int(pinning.n_split_rows[head])} of {int(pinning.n_rows)}, needed "
         f"{int(pinning.n_needed[head])} -> "
     )

@@ -1012,7 +1012,7 @@ def _unconverged_heads_message(heads, residual, pinning=None, n_polish_samples=N
         split = int(pinning.n_split_rows[position])
         text += (
             f" Head {head}: median largest weight "
-            f"{pinning.median_largest_weight[position]:.3g}, {split} of "
+            f"{pinning.median_largest_weight[position]:.5g}, {split} of "
             f"{int(pinning.n_rows)} rows split its attention (largest weight <= "
             f"{pinning.threshold:g}), {int(pinning.n_needed[position])} needed to "
             "pin its logits (a counting bound): "
