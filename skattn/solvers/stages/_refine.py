@@ -594,11 +594,7 @@ def _on_more_sequences(
     more, start, info["stuck"] = rows, params, []
     taken = []
     while stuck and len(more) < n:
-        extra = np.setdiff1d(np.arange(n), more)
-        size = min(len(extra), (_STUCK_SEQUENCES - 1) * len(more))
-        more = np.sort(
-            np.concatenate([more, rng.choice(extra, size=size, replace=False)])
-        )
+        more = _with_more(rng, n, more, min(n, _STUCK_SEQUENCES * len(more)))
         start, again = decoupled_refine(
             _take(xp, X, more),
             _take(xp, Y, more),
@@ -704,10 +700,7 @@ def _on_enough_sequences(
     size = _stage_size(max(wanted.values()), len(rows), n)
     if size <= len(rows):
         return params, info
-    extra = np.setdiff1d(np.arange(n), rows)
-    more = np.sort(
-        np.concatenate([rows, rng.choice(extra, size=size - len(rows), replace=False)])
-    )
+    more = _with_more(rng, n, rows, size)
     heads = sorted(wanted)
     refined, again = decoupled_refine(
         _take(xp, X, more),
@@ -743,6 +736,14 @@ def _on_enough_sequences(
         )[1]
         info["kept"] = True
     return params, info
+
+
+def _with_more(rng, n, rows, size):
+    """``rows`` (sorted indices of ``n`` sequences) and ``size - len(rows)``
+    others drawn at random, sorted."""
+    extra = np.setdiff1d(np.arange(n), rows)
+    drawn = rng.choice(extra, size=size - len(rows), replace=False)
+    return np.sort(np.concatenate([rows, drawn]))
 
 
 def _with_heads(xp, par, params, source, heads):
@@ -933,13 +934,11 @@ def _from_patterns(
     pending = [i for i, row in enumerate(info["heads"]) if row and not row["converged"]]
     if not pending or not can_read_patterns(par.rank, k):
         return params, info
-    extra = np.setdiff1d(np.arange(n), rows)
     # as many as the stage on enough sequences took, when it ran
     size = max(
         _STUCK_SEQUENCES * len(rows), info.get("pinning", {}).get("n_sequences", 0)
     )
-    size = min(len(extra), size - len(rows))
-    more = np.sort(np.concatenate([rows, rng.choice(extra, size=size, replace=False)]))
+    more = _with_more(rng, n, rows, min(n, size))
     Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
     needed = split_rows_needed(
         X.shape[2] - (direction is not None),
@@ -967,12 +966,7 @@ def _from_patterns(
         wanted = _sequences_needed(read["n_split_rows"], len(more), needed)
         size = _stage_size(wanted, len(rows), n) if wanted > len(more) else 0
         if size > len(more):
-            extra = np.setdiff1d(np.arange(n), more)
-            more = np.sort(
-                np.concatenate(
-                    [more, rng.choice(extra, size=size - len(more), replace=False)]
-                )
-            )
+            more = _with_more(rng, n, more, size)
             Xm, Ym = _take(xp, X, more), _take(xp, Y, more)
             weights = _take(xp, sample_weight, more)
 
