@@ -618,11 +618,7 @@ def _on_more_sequences(
             taken += converged
         stuck = _stalled(again["heads"], stuck)
     if taken:
-        Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
-        weights = _take(xp, sample_weight, rows)
-        info["residual"] = _output_factors(
-            Xd, Yd, params, par, weights, direction is not None
-        )[1]
+        info["residual"] = _fit_on(X, Y, params, par, sample_weight, direction, rows)
         info["kept"] = True
     return params, info
 
@@ -730,12 +726,23 @@ def _on_enough_sequences(
         params = _with_heads(xp, par, params, refined, converged)
         for i in converged:
             info["heads"][i] = again["heads"][i]
-        Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
-        info["residual"] = _output_factors(
-            Xd, Yd, params, par, _take(xp, sample_weight, rows), direction is not None
-        )[1]
+        info["residual"] = _fit_on(X, Y, params, par, sample_weight, direction, rows)
         info["kept"] = True
     return params, info
+
+
+def _fit_on(X, Y, params, par, sample_weight, direction, rows):
+    """The layer's relative residual at ``params`` on the sequences ``rows``, the
+    output factors eliminated: how the refinement judges a head it takes."""
+    xp = namespace(X, Y)
+    return _output_factors(
+        _take(xp, X, rows),
+        _take(xp, Y, rows),
+        params,
+        par,
+        _take(xp, sample_weight, rows),
+        direction is not None,
+    )[1]
 
 
 def _with_more(rng, n, rows, size):
@@ -939,7 +946,6 @@ def _from_patterns(
         _STUCK_SEQUENCES * len(rows), info.get("pinning", {}).get("n_sequences", 0)
     )
     more = _with_more(rng, n, rows, min(n, size))
-    Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
     needed = split_rows_needed(
         X.shape[2] - (direction is not None),
         par.rank,
@@ -1011,9 +1017,7 @@ def _from_patterns(
             )
             info["n_products"] += again["n_products"]
             solved, grown = again["heads"][head], again["stuck"]
-        residual = _output_factors(
-            Xd, Yd, refined, par, _take(xp, sample_weight, rows), direction is not None
-        )[1]
+        residual = _fit_on(X, Y, refined, par, sample_weight, direction, rows)
         # a converged head, or a near one's end, is taken when the layer fits the
         # refinement's sequences better with it (a near end stays unconverged in
         # the record, and the fit warns; on MiniLM layer 0's previous-token head,
