@@ -7,7 +7,11 @@ from hypothesis.extra.numpy import arrays
 
 from skattn.layer._math import forward, softmax
 from skattn.solvers import FactoredHeads, invert_patterns
-from skattn.solvers.kernels._patterns import project_simplex, simplex_least_squares
+from skattn.solvers.kernels._patterns import (
+    _projected_gradient,
+    project_simplex,
+    simplex_least_squares,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -41,8 +45,70 @@ def test_simplex_least_squares_recovers_planted_rows():
     n, k, r = 20, 5, 8
     Z = rng.normal(size=(n, k, r))
     P = softmax(6.0 * rng.normal(size=(n, 7, k)), axis=-1)
-    found = simplex_least_squares(P @ Z, Z, np.full(P.shape, 1.0 / k), max_iter=3000)
-    np.testing.assert_allclose(found, P, rtol=0, atol=1e-9)
+    found = simplex_least_squares(P @ Z, Z, np.full(P.shape, 1.0 / k))
+    np.testing.assert_allclose(found, P, rtol=0, atol=1e-12)
+
+
+def assert_simplex_optimal(P, targets, images, tol=1e-9):
+    """KKT of ``min ||u - p Z||^2`` over the simplex, every row: the gradient
+    ``p G - b`` equal on the support and no smaller off it."""
+    assert np.all(P >= 0)
+    np.testing.assert_allclose(P.sum(-1), 1.0, rtol=0, atol=1e-12)
+    gram = images @ np.swapaxes(images, 1, 2)
+    gradient = P @ gram - targets @ np.swapaxes(images, 1, 2)
+    scale = 1.0 + np.abs(gradient).max()
+    for g, p in zip(
+        gradient.reshape(-1, P.shape[-1]), P.reshape(-1, P.shape[-1]), strict=True
+    ):
+        support = p > 0
+        level = g[support].mean()
+        np.testing.assert_allclose(g[support], level, rtol=0, atol=tol * scale)
+        assert np.all(g[~support] >= level - tol * scale)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 5),
+    st.integers(1, 9),
+    st.integers(1, 12),
+    st.integers(0, 2**32 - 1),
+)
+def test_simplex_least_squares_is_optimal(n, k, r, seed):
+    """Any targets (not only mixtures), any start on the simplex, also fewer
+    features than tokens (several optima) and repeated tokens: the rows found
+    satisfy the optimality conditions, and no row is worse than FISTA's."""
+    rng = np.random.default_rng(seed)
+    images = rng.normal(size=(n, k, r))
+    if k > 1:
+        images[:, -1] = images[:, 0]  # a repeated token
+    targets = rng.normal(size=(n, 3, r))
+    start = project_simplex(rng.normal(size=(n, 3, k)))
+    found = simplex_least_squares(targets, images, start)
+    assert_simplex_optimal(found, targets, images)
+    gram = images @ np.swapaxes(images, 1, 2)
+    linear = targets @ np.swapaxes(images, 1, 2)
+    fista = _projected_gradient(linear, gram, start, max_iter=5000)
+
+    def cost(P):
+        return 0.5 * np.einsum("nqi,nij,nqj->nq", P, gram, P) - (P * linear).sum(-1)
+
+    assert np.all(cost(found) <= cost(fista) + 1e-10 * (1 + np.abs(cost(fista))))
+
+
+def test_simplex_least_squares_rows_left_are_finished_by_fista():
+    """With no active-set iteration allowed every row goes to projected gradient
+    (1000 FISTA iterations), which comes near the same rows."""
+    rng = np.random.default_rng(2)
+    Z = rng.normal(size=(6, 5, 8))
+    P = softmax(4.0 * rng.normal(size=(6, 4, 5)), axis=-1)
+    uniform = np.full(P.shape, 0.2)
+    exact = simplex_least_squares(P @ Z, Z, uniform)
+    fallback = simplex_least_squares(P @ Z, Z, uniform, max_iter=0)
+    np.testing.assert_allclose(exact, P, rtol=0, atol=1e-12)
+    gram = Z @ np.swapaxes(Z, 1, 2)
+    fista = _projected_gradient((P @ Z) @ np.swapaxes(Z, 1, 2), gram, uniform)
+    np.testing.assert_allclose(fallback, fista, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(fallback, P, rtol=0, atol=1e-4)
 
 
 def test_invert_patterns_reads_the_small_weights_of_a_too_sharp_head():
