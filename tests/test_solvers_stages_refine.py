@@ -455,7 +455,7 @@ def test_a_restart_reads_again_on_as_many_sequences_as_its_patterns_need(
     # the counting bound made to ask for 10000 split rows: head 1, far in the
     # round, on the sequences the bound asks for and after its search afresh, is
     # restarted from its patterns on 600 of 1500 sequences; they split too few rows,
-    # so it is read and fitted again on as many as they ask (all 1500), and
+    # so they are read again on as many as they ask (all 1500), fitted there, and
     # refined there, where it converges
     import skattn.solvers.stages._refine as decoupled
 

@@ -78,7 +78,7 @@ from ._search import (
     _search_alone,
     _take,
 )
-from ._sharp_heads import can_read_patterns, logit_start
+from ._sharp_heads import can_read_patterns, fit_logits, read_patterns
 
 # The one-head problems' rows: this many equations per unknown at least (each row
 # of r targets against Q_i, K_i, the head's W and the fixed columns' coefficients).
@@ -745,6 +745,11 @@ def _fit_on(X, Y, params, par, sample_weight, direction, rows):
     )[1]
 
 
+def _on_rows(xp, rows, *arrays):
+    """Each of ``arrays`` (None stays None) on the sequences ``rows``."""
+    return tuple(_take(xp, array, rows) for array in arrays)
+
+
 def _with_more(rng, n, rows, size):
     """``rows`` (sorted indices of ``n`` sequences) and ``size - len(rows)``
     others drawn at random, sorted."""
@@ -923,11 +928,12 @@ def _from_patterns(
     X, Y, params, par, direction, sample_weight, rng, verbose, info, rows, memory
 ):
     """Each head left unconverged, restarted from its patterns: read off the
-    outputs and fitted in logit space (:func:`~._sharp_heads.logit_start`), then
-    refined alone, on ``_STUCK_SEQUENCES`` times the refinement's sequences
-    (``rows`` and more; as many as :func:`_on_enough_sequences` took, if more),
-    or, when the patterns read there split too few rows to pin the head, read,
-    fitted and refined again on as many as they ask (``_stage_size``); taken
+    outputs (:func:`~._sharp_heads.read_patterns`) on ``_STUCK_SEQUENCES`` times
+    the refinement's sequences (``rows`` and more; as many as
+    :func:`_on_enough_sequences` took, if more), or, when the patterns read there
+    split too few rows to pin the head, read again on as many as they ask
+    (``_stage_size``); then fitted in logit space there
+    (:func:`~._sharp_heads.fit_logits`) and refined alone; taken
     when it converges or ends near, and the layer fits the refinement's sequences
     better; one that ends near but unconverged goes on
     from its end on more sequences (:func:`_on_more_sequences`).  Only when the
@@ -954,34 +960,38 @@ def _from_patterns(
     )
     first = more
     for head in pending:
-        more = first
-        Xm, Ym = _take(xp, X, more), _take(xp, Y, more)
-        weights = _take(xp, sample_weight, more)
 
-        def restart(_, head=head, p=params, Xm=Xm, Ym=Ym, w=weights):
-            return logit_start(
-                Xm, Ym, p, par, head, sample_weight=w, intercept_direction=direction
-            )
-
-        candidate, read = kept(memory, "from-patterns", restart, rng)
-        # the read-off patterns show how sharp the head is: when they split too
-        # few rows to pin it, read and fit again on as many sequences as it needs
-        # (on MiniLM layer 0's previous-token head, random tokens, a fit on 1128
-        # sequences, where the real head splits about 740 rows of 1592 needed,
-        # reached 7.3e-5 there and 2.0e-3 on 3384)
-        wanted = _sequences_needed(read["n_split_rows"], len(more), needed)
-        size = _stage_size(wanted, len(rows), n) if wanted > len(more) else 0
-        if size > len(more):
-            more = _with_more(rng, n, more, size)
-            Xm, Ym = _take(xp, X, more), _take(xp, Y, more)
-            weights = _take(xp, sample_weight, more)
-
-            def restart_more(_, head=head, p=candidate, Xm=Xm, Ym=Ym, w=weights):
-                return logit_start(
-                    Xm, Ym, p, par, head, sample_weight=w, intercept_direction=direction
+        def restart(_, head=head, p=params):
+            # the read-off patterns show how sharp the head is: when they split
+            # too few rows to pin it, they are read again on as many sequences
+            # as it needs before its logits are fitted (on MiniLM layer 0's
+            # previous-token head, random tokens, a fit on 1128 sequences, where
+            # the real head splits about 740 rows of 1592 needed, reached 7.3e-5
+            # there and 2.0e-3 on 3384)
+            chosen, seconds = first, 0.0
+            while True:
+                Xc, Yc, wc = _on_rows(xp, chosen, X, Y, sample_weight)
+                patterns, read = read_patterns(
+                    Xc,
+                    Yc,
+                    p,
+                    par,
+                    head,
+                    sample_weight=wc,
+                    intercept_direction=direction,
                 )
+                seconds += read.pop("seconds")
+                wanted = _sequences_needed(read["n_split_rows"], len(chosen), needed)
+                size = _stage_size(wanted, len(rows), n) if wanted > len(chosen) else 0
+                if size <= len(chosen):
+                    break
+                chosen = _with_more(rng, n, chosen, size)
+            found, fit = fit_logits(Xc, patterns, p, par, head, sample_weight=wc)
+            fit["seconds"] += seconds
+            return found, {**read, **fit}, chosen
 
-            candidate, read = kept(memory, "from-patterns", restart_more, rng)
+        candidate, read, more = kept(memory, "from-patterns", restart, rng)
+        Xm, Ym, weights = _on_rows(xp, more, X, Y, sample_weight)
         refined, again = decoupled_refine(
             Xm,
             Ym,

@@ -7,10 +7,11 @@ Gauss-Newton steps do not move them (see :mod:`~..kernels._logits`).
 :func:`logit_start` restarts such a head where the softmax does not saturate:
 
 1. its attention patterns are read off its share of the outputs
-   (:func:`~..kernels._patterns.invert_patterns`; needs ``head_rank >= k``);
+   (:func:`read_patterns`, by :func:`~..kernels._patterns.invert_patterns`; needs
+   ``head_rank >= k``);
 2. its ``Q_i, K_i`` are fitted to their logarithms by trust-region least squares
    on the residual of :func:`~..kernels._logits.logit_residual`, from the head's
-   current factors;
+   current factors (:func:`fit_logits`);
 
 and the caller solves the head's one-head problem again from there.
 
@@ -117,25 +118,103 @@ def logit_start(
     >>> bool(error < 1e-3 * np.abs(par.attention(truth)).max())
     True
     """
-    clock = time.perf_counter()
-    xp = namespace(params)
-    where = device(params)
-    Xh, Yh, ph = to_numpy(X), to_numpy(Y), to_numpy(params)
-    weights = None if sample_weight is None else to_numpy(sample_weight)
-    direction = None if intercept_direction is None else to_numpy(intercept_direction)
-    patterns, read = invert_patterns(
-        Xh,
-        Yh,
-        ph,
+    patterns, read = read_patterns(
+        X,
+        Y,
+        params,
         parametrization,
         head,
-        sample_weight=weights,
+        sample_weight=sample_weight,
+        intercept_direction=intercept_direction,
+        n_rounds=n_rounds,
+    )
+    found, fit = fit_logits(
+        X,
+        patterns,
+        params,
+        parametrization,
+        head,
+        sample_weight=sample_weight,
+        max_nfev=max_nfev,
+    )
+    fit["seconds"] += read.pop("seconds")
+    return found, {**read, **fit}
+
+
+def read_patterns(
+    X,
+    Y,
+    params,
+    parametrization,
+    head,
+    *,
+    sample_weight=None,
+    intercept_direction=None,
+    n_rounds=_PATTERN_ROUNDS,
+):
+    """Head ``head``'s patterns read off its share of the outputs
+    (:func:`~..kernels._patterns.invert_patterns` on host copies), and how many
+    rows they split: the first half of :func:`logit_start`.
+
+    Returns
+    -------
+    patterns : ndarray of shape (n, k, k)
+    info : dict
+        ``pattern_residuals``, ``n_split_rows`` (as in :func:`logit_start`),
+        ``seconds``.
+    """
+    clock = time.perf_counter()
+    direction = None if intercept_direction is None else to_numpy(intercept_direction)
+    patterns, read = invert_patterns(
+        to_numpy(X),
+        to_numpy(Y),
+        to_numpy(params),
+        parametrization,
+        head,
+        sample_weight=None if sample_weight is None else to_numpy(sample_weight),
         intercept_direction=direction,
         n_rounds=n_rounds,
     )
+    return patterns, {
+        "pattern_residuals": read["residuals"],
+        # rows the read-off patterns split (largest weight <= SPLIT_THRESHOLD):
+        # the head's sharpness as the outputs show it, not as its start has it
+        "n_split_rows": int(np.count_nonzero(patterns.max(-1) <= SPLIT_THRESHOLD)),
+        "seconds": time.perf_counter() - clock,
+    }
+
+
+def fit_logits(
+    X,
+    patterns,
+    params,
+    parametrization,
+    head,
+    *,
+    sample_weight=None,
+    max_nfev=_LOGIT_NFEV,
+):
+    """``params`` with head ``head``'s ``Q, K`` fitted to the logarithms of
+    ``patterns`` (an ``(n, k, k)`` host array, e.g. from :func:`read_patterns`)
+    by trust-region least squares from its current factors: the second half of
+    :func:`logit_start`.
+
+    Returns
+    -------
+    params : array of shape (3 m d r,)
+        In the namespace and on the device of ``params`` (``params`` itself when
+        the fit's cost is not finite).
+    info : dict
+        ``logit_cost_start``, ``logit_cost``, ``nfev``, ``status``, ``seconds``
+        (as in :func:`logit_start`).
+    """
+    clock = time.perf_counter()
+    xp = namespace(params)
+    where = device(params)
+    Xh, ph = to_numpy(X), to_numpy(params)
     targets, entry_weights = logit_targets(patterns)
-    if weights is not None:  # a sequence's weight scales its rows' equations
-        entry_weights = entry_weights * weights[:, None, None]
+    if sample_weight is not None:  # a sequence's weight scales its rows' equations
+        entry_weights = entry_weights * to_numpy(sample_weight)[:, None, None]
     Q, K, V = (np.array(f) for f in parametrization.factors(ph))
     r = parametrization.rank
     x0 = np.concatenate([Q[head].ravel(), K[head].ravel()])
@@ -163,12 +242,7 @@ def logit_start(
     d = Xh.shape[2]
     Q[head] = result.x[: d * r].reshape(d, r)
     K[head] = result.x[d * r :].reshape(d, r)
-    found = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
     info = {
-        "pattern_residuals": read["residuals"],
-        # rows the read-off patterns split (largest weight <= SPLIT_THRESHOLD):
-        # the head's sharpness as the outputs show it, not as its start has it
-        "n_split_rows": int(np.count_nonzero(patterns.max(-1) <= SPLIT_THRESHOLD)),
         "logit_cost_start": start_cost,
         "logit_cost": float(result.cost),
         "nfev": int(result.nfev),
@@ -177,4 +251,5 @@ def logit_start(
     }
     if not math.isfinite(info["logit_cost"]):
         return params, info
+    found = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
     return to_namespace(found, xp, where), info
