@@ -140,3 +140,24 @@ def test_invert_patterns_reads_the_small_weights_of_a_too_sharp_head():
     residuals = info["residuals"]
     assert len(residuals) == 41
     assert residuals[-1] < 1e-7 < 1e-1 < residuals[0]
+
+
+def test_invert_patterns_stops_once_a_round_gains_little():
+    """Outputs with noise: the rounds' residual reaches a floor, where a round
+    lowering it by less than ``stall`` of it ends the reading early; without
+    ``stall`` every round runs."""
+    rng = np.random.default_rng(3)
+    par = FactoredHeads(1, 6, 6)
+    truth = rng.normal(size=par.size)
+    X = rng.normal(size=(200, 4, 6))
+    Y = forward(X, par.attention(truth), par.factors(truth)[2])
+    Y += 1e-3 * np.abs(Y).mean() * rng.normal(size=Y.shape)
+    _, every = invert_patterns(X, Y, truth, par, 0, n_rounds=60)
+    _, early = invert_patterns(X, Y, truth, par, 0, n_rounds=60, stall=0.01)
+    assert len(every["residuals"]) == 61
+    residuals = early["residuals"]
+    assert 2 < len(residuals) < 61
+    assert residuals[-1] > 0.99 * residuals[-2]
+    gains = zip(residuals[:-2], residuals[1:-1], strict=True)
+    assert all(b <= 0.99 * a for a, b in gains)
+    assert residuals[-1] < 1.05 * every["residuals"][-1]  # near the floor

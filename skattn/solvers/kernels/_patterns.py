@@ -234,6 +234,7 @@ def invert_patterns(
     intercept_direction=None,
     n_rounds=10,
     max_iter=None,
+    stall=0.0,
 ):
     """The attention patterns of head ``head`` that the outputs imply.
 
@@ -262,9 +263,13 @@ def invert_patterns(
     intercept_direction : ndarray of shape (d,) or None
         As in :func:`~skattn.solvers.decoupled_refine`.
     n_rounds : int, default=10
+        Rounds at most.
     max_iter : int or None, default=None
         Active-set iterations of each simplex least-squares solve (see
         :func:`simplex_least_squares`).
+    stall : float, default=0.0
+        Stop early once a round lowers the relative residual by less than this
+        fraction of it (0: all ``n_rounds``).
 
     Returns
     -------
@@ -313,7 +318,9 @@ def invert_patterns(
         if round_ > 0:
             coef, row_residuals = _value_fit(X, target, fixed, patterns)
         residuals.append(float(np.linalg.norm(row_residuals) / norm))
-        if round_ == n_rounds:
+        if round_ == n_rounds or (
+            round_ > 0 and residuals[-1] > (1.0 - stall) * residuals[-2]
+        ):
             break
         explained = target if fixed is None else target - fixed @ coef[d:]
         patterns = simplex_least_squares(explained, X @ coef[:d], patterns, max_iter)

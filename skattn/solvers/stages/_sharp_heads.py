@@ -34,10 +34,15 @@ from ..kernels._logits import (
 from ..kernels._patterns import invert_patterns
 from ..optimizers._trf import trf
 
-# Rounds of invert_patterns (value map <-> simplex rows): on MiniLM layer 0's
-# previous-token head one round took the one-head residual from 7.2e-3 to 2.3e-5,
-# ten to 2.2e-6 (benchmarks/HISTORY.md).
-_PATTERN_ROUNDS = 10
+# Rounds of invert_patterns (value map <-> simplex rows) at most, until a round
+# lowers the residual by less than _PATTERN_STALL of it: on MiniLM layer 0's
+# previous-token head (the head alone, 3384 sequences of random tokens, from a
+# start three times too sharp) ten rounds read to 4.6e-7 and thirty to 6.9e-9, the
+# small weights' logarithms to 0.008 and 1e-4 nats, and the logit fit on the
+# latter left a held-out pattern error of 1.9e-6 against 1.1e-4
+# (benchmarks/HISTORY.md).
+_PATTERN_ROUNDS = 50
+_PATTERN_STALL = 0.01
 # Residual evaluations of the logit fit, its tolerances and its LSMR products a
 # step (on MiniLM layer 0's previous-token head, 1128 sequences: about 3 minutes
 # on one thread with the patterns read, against 10 with 50 and 200).
@@ -86,7 +91,8 @@ def logit_start(
     intercept_direction : array of shape (d,) or None
         As in :func:`~._refine.decoupled_refine`.
     n_rounds : int
-        Rounds of :func:`~..kernels._patterns.invert_patterns`.
+        Rounds of :func:`~..kernels._patterns.invert_patterns` at most (fewer
+        once a round lowers its residual by less than 1 %).
     max_nfev : int
         Residual evaluations of the logit fit.
 
@@ -174,6 +180,7 @@ def read_patterns(
         sample_weight=None if sample_weight is None else to_numpy(sample_weight),
         intercept_direction=direction,
         n_rounds=n_rounds,
+        stall=_PATTERN_STALL,
     )
     return patterns, {
         "pattern_residuals": read["residuals"],
