@@ -35,7 +35,8 @@ from ._decoupling import _one_head_problem
 # rows on MiniLM layer 0).
 _TRIM_FRACTION = 0.5
 _TRIM_ROUNDS = 4
-# Rows of simplex_least_squares' systems at once (memory: about 1 kB a row at k = 16).
+# Rows of simplex_least_squares' systems at once (memory: about 6 kB a row at
+# k = 16, about 100 MB in all).
 _CHUNK_ROWS = 16384
 
 
@@ -181,9 +182,8 @@ def _active_set(targets, images, start, max_iter, tol):
         P[active], free[active] = moved, f
         active = active[stepped | release]
     if active.size:
-        rows = active.reshape(-1)
-        P[rows] = _projected_gradient(
-            b[rows][:, None], gram[sequence[rows]], P[rows][:, None]
+        P[active] = _projected_gradient(
+            b[active][:, None], gram[sequence[active]], P[active][:, None]
         )[:, 0]
     return P.reshape(n, k_q, k)
 

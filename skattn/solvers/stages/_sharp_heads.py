@@ -37,7 +37,7 @@ from ..optimizers._trf import trf
 # Rounds of invert_patterns (value map <-> simplex rows) at most, until a round
 # lowers the residual by less than _PATTERN_STALL of it: on MiniLM layer 0's
 # previous-token head (the head alone, 3384 sequences of random tokens, from a
-# start three times too sharp) ten rounds read to 4.6e-7 and thirty to 6.9e-9, the
+# start 1.6 times too sharp) ten rounds read to 4.6e-7 and thirty to 6.9e-9, the
 # small weights' logarithms to 0.008 and 1e-4 nats, and the logit fit on the
 # latter left a held-out pattern error of 1.9e-6 against 1.1e-4
 # (benchmarks/HISTORY.md).
