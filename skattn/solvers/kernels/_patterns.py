@@ -149,11 +149,12 @@ def _active_set(targets, images, start, max_iter, tol):
         if active.size == 0:
             break
         s = sequence[active]
+        G = gram[s]  # gathered once an iteration: the system and the multipliers
         f = free[active]
         mask = f[:, :, None] & f[:, None, :]
         system = np.zeros((active.size, k + 1, k + 1))
         system[:, :k, :k] = np.where(
-            mask, gram[s] + ridge[s, None, None] * eye, eye.astype(float)
+            mask, G + ridge[s, None, None] * eye, eye.astype(float)
         )
         system[:, :k, k] = f
         system[:, k, :k] = f
@@ -174,7 +175,7 @@ def _active_set(targets, images, start, max_iter, tol):
         moved = np.where(hit, 0.0, moved)
         f = f & ~hit
         # optimal rows: every fixed weight's multiplier nonnegative
-        dual = np.einsum("aij,aj->ai", gram[s], moved) - b[active] + multiplier[:, None]
+        dual = np.einsum("aij,aj->ai", G, moved) - b[active] + multiplier[:, None]
         dual = np.where(f | stepped[:, None], np.inf, dual)
         worst = dual.argmin(1)
         release = ~stepped & (dual.min(1) < -tol * scale[s])
