@@ -445,6 +445,9 @@ def test_a_restart_from_patterns_that_ends_near_goes_on_on_more_sequences(
     assert restart["n_sequences"] == 600
     assert restart["stuck"] == [{"heads": [1], "n_sequences": 1500, "converged": [1]}]
     assert restart["converged"] and restart["taken"]
+    # judged on 600 of the 900 sequences the restart did not read
+    before, after = restart["layer_residuals"]
+    assert restart["judged_on"] == 600 and after < 1e-10 < before
     assert decoupled_info["heads"][1]["converged"]
     assert info["relative_residual"] < 1e-10
 
@@ -452,14 +455,14 @@ def test_a_restart_from_patterns_that_ends_near_goes_on_on_more_sequences(
 def test_a_restart_reads_again_on_as_many_sequences_as_its_patterns_need(
     monkeypatch,
 ):
-    # the counting bound made to ask for 10000 split rows: head 1, far in the
+    # the counting bound made to ask for 4000 split rows: head 1, far in the
     # round, on the sequences the bound asks for and after its search afresh, is
     # restarted from its patterns on 600 of 1500 sequences; they split too few rows,
     # so they are read again on as many as they ask (all 1500), fitted there, and
     # refined there, where it converges
     import skattn.solvers.stages._refine as decoupled
 
-    monkeypatch.setattr(decoupled, "split_rows_needed", lambda *a, **kw: 10000)
+    monkeypatch.setattr(decoupled, "split_rows_needed", lambda *a, **kw: 4000)
     calls = {"head 1": 0}
 
     def fails(head):
@@ -484,8 +487,58 @@ def test_a_restart_reads_again_on_as_many_sequences_as_its_patterns_need(
     assert decoupled_info["pinning"]["converged"] == []
     (restart,) = decoupled_info["from_patterns"]
     assert restart["n_sequences"] == 1500 and restart["stuck"] == []
+    assert restart["sequences_needed"] <= 1500
     assert restart["converged"] and restart["taken"]
     assert info["relative_residual"] < 1e-10
+
+
+def test_a_head_the_training_set_cannot_pin_is_left_as_it_is(monkeypatch):
+    # the counting bound made to ask for more split rows than 1500 sequences
+    # have: head 1, far in the round and after its search afresh, has its
+    # patterns read, which ask for more sequences than the training set has; it
+    # is left as it is, its logits not fitted
+    import skattn.solvers.stages._refine as decoupled
+
+    monkeypatch.setattr(decoupled, "split_rows_needed", lambda *a, **kw: 10**6)
+    fail_problems(monkeypatch, lambda head: head == 1)
+    monkeypatch.setattr(decoupled, "_DECOUPLED_PASSES", ("own problem",))
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the logits of a head that cannot be pinned were fitted")
+
+    monkeypatch.setattr(decoupled, "fit_logits", no_fit)
+    X, Y, _, _ = planted(1500, 4, 6, 2, 4, 8, seed=9)
+    _, _, info = fit_from_random_starts(
+        X,
+        Y,
+        2,
+        random_state=0,
+        polish=PolishOptions(head_rank=4, intercept=True),
+        starts=RandomStartOptions(start_search="minibatch"),
+    )
+    decoupled_info = info["start_search"]["decoupled"]
+    (restart,) = decoupled_info["from_patterns"]
+    assert restart["head"] == 1 and not restart["taken"]
+    assert restart["sequences_needed"] > 1500
+    assert restart["logit_cost"] is None and restart["layer_residuals"] is None
+    assert info["unconverged_heads"] == [1]
+
+
+def test_a_restart_is_judged_on_sequences_it_did_not_use():
+    from skattn.solvers.stages._refine import _judged_on
+
+    rng = np.random.default_rng(0)
+    used, rows = np.arange(0, 1000, 3), np.arange(0, 1000, 9)
+    judge = _judged_on(rng, 1000, used, rows)
+    assert len(judge) == len(used) and not np.intersect1d(judge, used).size
+    assert np.all(np.diff(judge) > 0) and judge.max() < 1000
+    most = np.setdiff1d(np.arange(400), np.arange(0, 400, 5))
+    # fewer others than used: all of them
+    np.testing.assert_array_equal(
+        _judged_on(rng, 400, most, rows), np.arange(0, 400, 5)
+    )
+    # a restart that used every sequence is judged on the refinement's
+    np.testing.assert_array_equal(_judged_on(rng, 400, np.arange(400), rows), rows)
 
 
 def test_a_restart_that_ends_near_is_taken_when_the_layer_fits_better(monkeypatch):
