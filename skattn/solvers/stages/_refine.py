@@ -1015,7 +1015,8 @@ def _from_patterns(
         entry = {
             "head": int(head),
             "n_sequences": len(more),
-            "sequences_needed": read["sequences_needed"],
+            # (absent from a stage kept by an earlier version)
+            "sequences_needed": read.get("sequences_needed"),
             "logit_cost": None,
             "relative_residual": None,
             "converged": False,
