@@ -380,6 +380,19 @@ def test_pinned_heads_are_not_solved_on_more_sequences():
     assert residual < 1e-10
 
 
+def two_rank_four_heads(X, Y):
+    """The fit's record of two heads of rank 4 (as many value features as the
+    planted tokens, so that their patterns can be read) from a minibatch search."""
+    return fit_from_random_starts(
+        X,
+        Y,
+        2,
+        random_state=0,
+        polish=PolishOptions(head_rank=4, intercept=True),
+        starts=RandomStartOptions(start_search="minibatch"),
+    )[2]
+
+
 def test_a_head_left_unconverged_is_restarted_from_its_patterns(monkeypatch):
     # head 1 of a layer whose heads have as many value features as tokens
     # (r = k = 4) "fails" (far) in the first refinement and in the search afresh:
@@ -390,14 +403,7 @@ def test_a_head_left_unconverged_is_restarted_from_its_patterns(monkeypatch):
     fail_problems(monkeypatch, head_one_once(times=2))
     X, Y, _, _ = planted(600, 4, 6, 2, 4, 8, seed=9)
     monkeypatch.setattr(decoupled, "_DECOUPLED_PASSES", ("own problem",))
-    _, _, info = fit_from_random_starts(
-        X,
-        Y,
-        2,
-        random_state=0,
-        polish=PolishOptions(head_rank=4, intercept=True),
-        starts=RandomStartOptions(start_search="minibatch"),
-    )
+    info = two_rank_four_heads(X, Y)
     decoupled_info = info["start_search"]["decoupled"]
     assert [r["converged"] for r in decoupled_info["replacements"]] == [False]
     (restart,) = decoupled_info["from_patterns"]
@@ -432,14 +438,7 @@ def test_a_restart_from_patterns_that_ends_near_goes_on_on_more_sequences(
     monkeypatch.setattr(decoupled, "_solve_head", solve_or_stall)
     monkeypatch.setattr(decoupled, "_DECOUPLED_PASSES", ("own problem",))
     X, Y, _, _ = planted(1500, 4, 6, 2, 4, 8, seed=9)
-    _, _, info = fit_from_random_starts(
-        X,
-        Y,
-        2,
-        random_state=0,
-        polish=PolishOptions(head_rank=4, intercept=True),
-        starts=RandomStartOptions(start_search="minibatch"),
-    )
+    info = two_rank_four_heads(X, Y)
     decoupled_info = info["start_search"]["decoupled"]
     (restart,) = decoupled_info["from_patterns"]
     assert restart["n_sequences"] == 600
@@ -474,14 +473,7 @@ def test_a_restart_reads_again_on_as_many_sequences_as_its_patterns_need(
     fail_problems(monkeypatch, fails)
     monkeypatch.setattr(decoupled, "_DECOUPLED_PASSES", ("own problem",))
     X, Y, _, _ = planted(1500, 4, 6, 2, 4, 8, seed=9)
-    _, _, info = fit_from_random_starts(
-        X,
-        Y,
-        2,
-        random_state=0,
-        polish=PolishOptions(head_rank=4, intercept=True),
-        starts=RandomStartOptions(start_search="minibatch"),
-    )
+    info = two_rank_four_heads(X, Y)
     decoupled_info = info["start_search"]["decoupled"]
     assert decoupled_info["pinning"]["heads"] == [1]
     assert decoupled_info["pinning"]["converged"] == []
@@ -508,14 +500,7 @@ def test_a_head_the_training_set_cannot_pin_is_left_as_it_is(monkeypatch):
 
     monkeypatch.setattr(decoupled, "fit_logits", no_fit)
     X, Y, _, _ = planted(1500, 4, 6, 2, 4, 8, seed=9)
-    _, _, info = fit_from_random_starts(
-        X,
-        Y,
-        2,
-        random_state=0,
-        polish=PolishOptions(head_rank=4, intercept=True),
-        starts=RandomStartOptions(start_search="minibatch"),
-    )
+    info = two_rank_four_heads(X, Y)
     decoupled_info = info["start_search"]["decoupled"]
     (restart,) = decoupled_info["from_patterns"]
     assert restart["head"] == 1 and not restart["taken"]
@@ -564,14 +549,7 @@ def test_a_restart_that_ends_near_is_taken_when_the_layer_fits_better(monkeypatc
     monkeypatch.setattr(decoupled, "_solve_head", solve_or_stall)
     monkeypatch.setattr(decoupled, "_DECOUPLED_PASSES", ("own problem",))
     X, Y, _, _ = planted(600, 4, 6, 2, 4, 8, seed=9)
-    _, _, info = fit_from_random_starts(
-        X,
-        Y,
-        2,
-        random_state=0,
-        polish=PolishOptions(head_rank=4, intercept=True),
-        starts=RandomStartOptions(start_search="minibatch"),
-    )
+    info = two_rank_four_heads(X, Y)
     decoupled_info = info["start_search"]["decoupled"]
     (restart,) = decoupled_info["from_patterns"]
     assert restart["taken"] and not restart["converged"]
