@@ -124,7 +124,7 @@ def test_single_precision_products_reach_a_double_precision_optimum(monkeypatch)
 
 
 @pytest.mark.parametrize("rank", [None, 2])
-def test_numpy_steps_are_scipys_least_squares(rank):
+def test_numpy_run_ends_where_scipys_least_squares_does(rank):
     # the solver it replaced: scipy's least_squares on a LinearOperator of the
     # products, in the preconditioner's variables (one stage, coarse=False)
     from scipy.optimize import least_squares
@@ -163,9 +163,18 @@ def test_numpy_steps_are_scipys_least_squares(rank):
         gtol=eps,
     )
     params, projection, info = varpro_least_squares(X, Y, start, par, coarse=False)
-    assert (info["n_iter"], info["n_evaluations"]) == (expected.njev, expected.nfev)
-    np.testing.assert_allclose(params, apply(expected.x), rtol=1e-12, atol=0)
+    # the same outcome (not one scipy version's evaluation counts): both converge
+    # on the planted layer, exactly
+    assert expected.success and expected.status > 0
     assert info["converged"] and info["stop_reason"] in ("step", "gradient")
+    assert np.sqrt(2 * info["loss"]) <= 1e-12 * np.linalg.norm(Y)
+    assert np.sqrt(2 * expected.cost) <= 1e-12 * np.linalg.norm(Y)
+    np.testing.assert_allclose(
+        par.attention(params),
+        par.attention(apply(expected.x)),
+        rtol=0,
+        atol=1e-10 * abs(attention).max(),
+    )
 
 
 def _namespace_cases():
@@ -220,9 +229,14 @@ def test_other_namespaces_give_numpys_result(to_array, case):
     xp = namespace(to_array(X))
     assert namespace(got_params) is xp and namespace(got_projection) is xp
     assert got_info.keys() == info.keys()
-    for key in ("n_iter", "n_coarse_iter", "n_evaluations", "stop_reason"):
-        assert got_info[key] == info[key]
     assert all(type(got_info[key]) is type(info[key]) for key in info)
+    # whole runs (a float32 stage among them) compared by their outcome, not by
+    # their iteration counts: both converge, and both fit the planted data exactly
+    assert got_info["converged"] and info["converged"]
+    assert got_info["stop_reason"] == info["stop_reason"]
+    scale = np.linalg.norm(Y)
+    assert np.sqrt(2 * got_info["loss"]) <= 1e-12 * scale
+    assert np.sqrt(2 * info["loss"]) <= 1e-12 * scale
     got_params, got_projection = to_numpy(got_params), to_numpy(got_projection)
     if isinstance(par, FullRank):
         np.testing.assert_allclose(got_params, params, rtol=1e-10, atol=1e-12)

