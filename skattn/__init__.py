@@ -6,6 +6,7 @@ examples, and learns them back: with the provable phased learner of Chen & Li
 (``MultiHeadAttentionRegressor``) and two baselines from the same literature.
 """
 
+from ._version import __version__
 from .datasets import make_attention_layer, make_attention_regression
 from .diagnostics import Certificate, ConditionReport, certify, check_conditions
 from .estimators import (
@@ -17,8 +18,6 @@ from .estimators import (
 from .layer import AttentionLayer
 from .metrics import attention_pattern_error, parameter_error, prediction_error
 from .utils import estimator_to_numpy
-
-__version__ = "0.1.0.dev0"
 
 __all__ = [
     "AttentionLayer",

@@ -19,6 +19,7 @@ import pytest
 from _helpers import refine_planted
 
 from skattn import MultiHeadAttentionRegressor
+from skattn.solvers import _checkpoints
 from skattn.solvers._checkpoints import DamagedCacheError
 
 PARAMS = dict(
@@ -180,6 +181,46 @@ def test_changed_data_or_parameter_reuses_nothing(tmp_path):
         memory=str(tmp_path), **{**PARAMS, "random_state": 1}
     )
     assert _stages(other_seed.fit(X, y))["reused"] == []
+
+
+def test_stages_kept_by_another_version_are_computed_again_and_said(
+    tmp_path, monkeypatch
+):
+    # a folder written by "0.0.1" (as an older skattn would): the same fit under
+    # this version finds every entry, reuses none, says so in phase_report_, and
+    # replaces them, so that a third fit reuses all
+    X, y = _data()
+    monkeypatch.setattr(_checkpoints, "__version__", "0.0.1")
+    old = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS).fit(X, y)
+    monkeypatch.undo()
+    kept = _stages(old)["computed"]
+    assert kept and _stages(old)["stale"] == []
+    new = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS).fit(X, y)
+    memory = _stages(new)
+    assert memory["folder"] == _stages(old)["folder"]
+    assert memory["reused"] == []
+    assert {entry["stage"] for entry in memory["stale"]} >= set(kept) - {
+        name for name in kept if name.endswith("iterate")
+    }
+    assert {entry["written_by"] for entry in memory["stale"]} == {"0.0.1"}
+    assert "another skattn version" in memory["note"] and "0.0.1" in memory["note"]
+    _same_layer(new, old)
+    third = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS).fit(X, y)
+    assert _stages(third)["computed"] == [] and _stages(third)["stale"] == []
+    assert "note" not in _stages(third)
+
+
+def test_a_stage_of_another_schema_is_computed_again(tmp_path, monkeypatch):
+    # the polish's schema raised (what it keeps changed): the search and the
+    # refinement are reused, the polish computed again
+    X, y = _data()
+    MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS).fit(X, y)
+    monkeypatch.setitem(_checkpoints.SCHEMAS, "polish", 99)
+    again = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS).fit(X, y)
+    memory = _stages(again)
+    assert "search-1" in memory["reused"] and "polish-1" in memory["computed"]
+    assert [entry["stage"] for entry in memory["stale"]] == ["polish-1"]
+    assert memory["stale"][0]["schema"] == 1
 
 
 def test_damaged_entry_is_an_error_naming_it(tmp_path):

@@ -15,12 +15,20 @@ reused.  Each entry is written to a temporary file and renamed, and its SHA-256
 written beside it last; an entry whose bytes do not match its digest (a damaged
 disk, a hand edit) raises an error naming the file, never a wrong layer.  An entry
 without its digest (a kill between the two renames) counts as not written.
+
+Each entry also records the skattn version that wrote it and the schema number of
+its stage (:data:`SCHEMAS`, raised whenever what a stage keeps changes).  An entry
+of another version or schema is recomputed, never reused half-compatible, and the
+fit says so (``StageMemory.stale``, ``info["memory"]["stale"]``); the folder of a
+fit does not depend on the version, so that an upgrade finds its old entries and
+reports them instead of leaving them behind unnoticed.
 """
 
 import copy
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -28,12 +36,43 @@ import joblib
 import numpy as np
 from sklearn.utils.validation import check_memory
 
+from .._version import __version__
 from ..utils._array_api import to_numpy
 
 __all__ = ["StageMemory", "DamagedCacheError", "kept"]
 
 # an entry's name in the folder of its fit: "<stage>.joblib" and "<stage>.sha256"
 _DATA, _DIGEST = ".joblib", ".sha256"
+
+# The schema number of each stage's kept value, by the label of its name (the
+# text before "-<count>"): raise a stage's number when what it keeps changes, and
+# the entries of the earlier schema are recomputed.
+SCHEMAS = {
+    "search": 1,
+    "refine": 1,
+    "heads": 1,
+    "lm": 1,
+    "search-afresh": 1,
+    # 2: the record gained sequences_needed, judged_on, layer_residuals
+    "from-patterns": 2,
+    "polish": 1,
+}
+
+
+def stage_schema(name):
+    """The schema number of stage ``name`` (``SCHEMAS`` of its label; 1 for a
+    label not listed).
+
+    Examples
+    --------
+    >>> from skattn.solvers._checkpoints import stage_schema
+    >>> stage_schema("refine-1.from-patterns-2"), stage_schema("lm-3-coarse-iterate")
+    (2, 1)
+    """
+    last = name.rsplit(".", 1)[-1]
+    match = re.match(r"(.+?)-\d+(?:-|$)", last)
+    return SCHEMAS.get(match.group(1) if match else last, 1)
+
 
 # Seconds between two kept iterates of a Levenberg-Marquardt run (an iterate of
 # 12 MiniLM heads is about 8 MB; a run of minutes keeps a few)
@@ -95,6 +134,11 @@ class StageMemory:
         The fit's folder (``<memory>/skattn/<digest>``).
     reused, computed : list of str
         The stages read back and the stages computed, in order.
+    stale : list of dict
+        The kept stages found but not reused, each ``{"stage", "written_by",
+        "schema"}``: written by another skattn version (``written_by``, ``None``
+        for a version that did not record it) or under another schema of the
+        stage; each was computed again and its entry replaced.
 
     Examples
     --------
@@ -110,7 +154,7 @@ class StageMemory:
     """
 
     def __init__(self, memory, key, data):
-        self.reused, self.computed = [], []
+        self.reused, self.computed, self.stale = [], [], []
         self.folder = None
         self.iterate_interval = ITERATE_INTERVAL
         self._calls, self._prefix = {}, ""
@@ -165,17 +209,35 @@ class StageMemory:
                 f"The kept stage {str(data)!r} cannot be read ({exc}). Delete the "
                 f"folder {str(self.folder)!r} and fit again."
             ) from exc
-        return True, value
+        schema = stage_schema(name)
+        if (
+            not isinstance(value, dict)
+            or value.get("skattn") != __version__
+            or value.get("schema") != schema
+            or "value" not in value
+        ):  # another version's entry: computed again (and replaced)
+            written = value if isinstance(value, dict) else {}
+            self.stale.append(
+                {
+                    "stage": name,
+                    "written_by": written.get("skattn"),
+                    "schema": written.get("schema"),
+                }
+            )
+            return False, None
+        return True, value["value"]
 
     def save(self, name, value):
-        """Keep ``value`` as stage ``name`` (written, then its digest)."""
+        """Keep ``value`` as stage ``name`` (written, then its digest), with this
+        skattn version and the stage's schema number."""
         if self.folder is None:
             return
         data, digest = self.folder / (name + _DATA), self.folder / (name + _DIGEST)
         digest.unlink(missing_ok=True)
         handle, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
         os.close(handle)
-        joblib.dump(value, tmp)
+        entry = {"skattn": __version__, "schema": stage_schema(name), "value": value}
+        joblib.dump(entry, tmp)
         os.replace(tmp, data)
         _atomic_write(digest, _sha256(data).encode())
 

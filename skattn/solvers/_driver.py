@@ -28,6 +28,7 @@ import math
 import joblib
 from sklearn.utils import check_random_state
 
+from .._version import __version__
 from ..utils._array_api import device, namespace, to_namespace
 from ._checkpoints import StageMemory, _rng_state, kept
 from ._options import PolishOptions, RandomStartOptions
@@ -228,7 +229,16 @@ def fit_from_random_starts(
             "folder": str(memory.folder),
             "reused": list(memory.reused),
             "computed": list(memory.computed),
+            "stale": list(memory.stale),
         }
+        if memory.stale:  # entries of another version: recomputed, and said
+            versions = sorted({str(entry["written_by"]) for entry in memory.stale})
+            info["memory"]["note"] = (
+                f"{len(memory.stale)} kept stage(s) in {str(memory.folder)!r} were "
+                f"written by another skattn version or stage schema (written by "
+                f"{', '.join(versions)}; this is skattn {__version__}): computed "
+                f"again and replaced, not reused"
+            )
     return attention, projection, info
 
 

@@ -1015,8 +1015,7 @@ def _from_patterns(
         entry = {
             "head": int(head),
             "n_sequences": len(more),
-            # (absent from a stage kept by an earlier version)
-            "sequences_needed": read.get("sequences_needed"),
+            "sequences_needed": read["sequences_needed"],
             "logit_cost": None,
             "relative_residual": None,
             "converged": False,
