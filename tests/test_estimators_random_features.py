@@ -301,7 +301,11 @@ def test_leave_one_out_needs_two_samples():
         est.fit(X[:1], y[:1])  # its leave-one-out errors were all 0
     with pytest.raises(ValueError, match=match + " with a positive weight"):
         est.fit(X, y, sample_weight=[0.0, 2.0, 0.0])
-    assert est.set_params(alpha=1.0).fit(X[:1], y[:1]).predict(X[:1]) == y[0]
+    # a fixed alpha needs no leave-one-out, but a fit on one sample is refused all
+    # the same (it would predict y[0] whatever X), as by the other regressors
+    with pytest.raises(ValueError, match=r"got 1 sample to fit, but needs at least 2"):
+        est.set_params(alpha=1.0).fit(X[:1], y[:1])
+    assert est.fit(X[:2], y[:2]).predict(X[:1]).shape == (1,)
     assert len(est.set_params(alpha=None).fit(X[:2], y[:2]).loo_errors_) == 19
 
 

@@ -162,6 +162,24 @@ def test_wrong_rank_of_parameters():
         )
 
 
+def test_attention_matrices_that_are_not_square_name_the_expected_shape():
+    layer = AttentionLayer(np.ones((2, 3, 4)), np.ones((2, 3, 5)))  # not validated
+    match = (
+        r"got \(2, 3, 4\): its matrices are 3 x 4, not square .* projection of "
+        r"shape \(2, 3, 5\) has n_features=3, so attention of shape \(2, 3, 3\) "
+        r"is expected"
+    )
+    for use in (
+        lambda: layer.transform(np.ones((1, 6))),
+        lambda: layer.fit(np.ones((1, 6))),
+        layer.factors,
+        lambda: layer.n_features,  # the properties validate too
+        lambda: layer.n_outputs,
+    ):
+        with pytest.raises(ValueError, match=match):
+            use()
+
+
 def test_mismatched_head_counts_and_widths():
     with pytest.raises(ValueError, match="attention has 2 heads but projection has 3"):
         AttentionLayer(np.ones((2, 3, 3)), np.ones((3, 3, 4))).transform(

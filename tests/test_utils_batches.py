@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
+from sklearn.base import clone
 
 from skattn import (
     GradientAttentionRegressor,
@@ -115,6 +116,21 @@ def test_dask_nan_is_found_by_dask(tmp_path):
     X = _store(bad, "dask", tmp_path, "X", chunks=30)
     with pytest.raises(ValueError, match="X contains 1 NaN"):
         validate_batches(X, np.ones((100, 6)), 3, 16)
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_validation_measures_the_largest_magnitude(tmp_path, kind, monkeypatch):
+    monkeypatch.setattr(_batches, "_VALIDATION_ROWS", 16)  # many batches
+    rng = np.random.default_rng(2)
+    X, y = rng.standard_normal((100, 6)), rng.standard_normal((100, 3))
+    X[77, 4], y[3, 0] = -1e200, 7.0  # a negative extreme, in a later batch
+    X3, Y3 = validate_batches(
+        _store(X, kind, tmp_path, "X", chunks=30),
+        _store(y, kind, tmp_path, "y", chunks=30),
+        3,
+        16,
+    )
+    assert X3.max_abs == 1e200 and Y3.max_abs == np.abs(y).max() == 7.0
 
 
 @pytest.mark.parametrize("kind", SOURCES)
@@ -255,6 +271,35 @@ def test_boolean_check_runs_in_chunks(tmp_path, kind):
             _store(X, kind, tmp_path, "X", chunks=120),
             _store(y, kind, tmp_path, "y", chunks=120),
         )
+
+
+@pytest.mark.parametrize("kind", ["memmap", "dask"])
+@pytest.mark.parametrize("estimator", ["phased", "gradient"])
+def test_out_of_core_magnitudes_are_checked_as_in_memory(tmp_path, kind, estimator):
+    X, y = make_attention_regression(300, 3, 4, 1, n_outputs=2, random_state=0)
+    if estimator == "phased":
+        est = MultiHeadAttentionRegressor(n_tokens=3, batch_size=64, random_state=0)
+    else:
+        est = GradientAttentionRegressor(n_tokens=3, max_iter=5, random_state=0)
+    big_x, big_y = X.copy(), y.copy()
+    big_x[250, 5], big_y[10, 0] = 1e200, -1e200  # one entry each, batch 4 and 1
+    for big, name in ((dict(X=big_x, y=y), "X"), (dict(X=X, y=big_y), "y")):
+        with pytest.raises(ValueError, match=f"Rescale {name}") as in_memory:
+            clone(est).fit(big["X"], big["y"])
+        with pytest.raises(ValueError, match=f"Rescale {name}") as out_of_core:
+            clone(est).fit(
+                _store(big["X"], kind, tmp_path, f"X{name}", chunks=70),
+                _store(big["y"], kind, tmp_path, f"y{name}", chunks=70),
+            )
+        assert str(out_of_core.value) == str(in_memory.value)  # the same message
+    # data of a normal size fit out of core as in memory
+    fitted = _fit(
+        clone(est),
+        _store(X, kind, tmp_path, "X", chunks=70),
+        _store(y, kind, tmp_path, "y", chunks=70),
+    )
+    reference = _fit(clone(est), X, y)
+    np.testing.assert_allclose(fitted.attention_, reference.attention_, atol=1e-8)
 
 
 # ----------------------------------------------- phases 1-4 on dask workers

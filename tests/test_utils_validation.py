@@ -11,6 +11,7 @@ from skattn.utils._validation import (
     as_array,
     check_finite,
     check_fitted_tokens,
+    check_largest_magnitude,
     check_magnitude,
     check_no_overflow,
     check_target,
@@ -130,6 +131,19 @@ def test_check_magnitude_rejects_sums_that_overflow_float64():
     check_magnitude(X * 1e100, "X", 2, "Est")  # squares of 1e100 do not overflow
     with pytest.raises(ValueError, match=r"Rescale y \(with a scaler\) first"):
         check_magnitude(-X * 1e200, "y", 2, "Est", fix="with a scaler")
+
+
+def test_a_measured_largest_value_gets_the_same_limit_and_message():
+    # out-of-core values are measured in batches, then checked by their maximum
+    X = np.ones((10, 10))
+    X[3, 4] = -1e100
+    check_largest_magnitude(1e100, 100, "X", 2, "Est")  # squares do not overflow
+    check_largest_magnitude(1e300, 0, "X", 4, "Est")  # no entry, no product
+    with pytest.raises(ValueError) as in_memory:
+        check_magnitude(X, "X", 4, "Est", what="the logits")
+    with pytest.raises(ValueError) as measured:
+        check_largest_magnitude(1e100, 100, "X", 4, "Est", what="the logits")
+    assert str(measured.value) == str(in_memory.value)
 
 
 class _Fitted:

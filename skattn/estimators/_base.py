@@ -1,6 +1,7 @@
 """Shared machinery of skattn's regressors: token layout, validation, predict."""
 
 import functools
+import math
 from numbers import Integral
 
 import numpy as np
@@ -19,9 +20,10 @@ from sklearn.utils.validation import (
 from ..layer import AttentionLayer
 from ..layer._math import forward
 from ..utils._array_api import device, is_numpy, namespace, to_namespace, to_numpy
-from ..utils._batches import is_out_of_core, validate_batches
+from ..utils._batches import TokenBatches, is_out_of_core, validate_batches
 from ..utils._validation import (
     check_fitted_tokens,
+    check_largest_magnitude,
     check_magnitude,
     check_no_overflow,
     check_target,
@@ -39,6 +41,11 @@ RESCALE_Y = (
     "e.g. with sklearn.compose.TransformedTargetRegressor(regressor, "
     "transformer=StandardScaler())"
 )
+
+# Fewest samples of positive weight that ``fit`` takes: a single sequence is
+# reproduced exactly by many layers, so a fit on it would report a perfect (or
+# undefined) score that says nothing about the layer.
+MIN_FIT_SAMPLES = 2
 
 
 def available_if_explained(check):
@@ -110,13 +117,86 @@ def check_weights(sample_weight):
     if n_negative:
         raise ValueError(
             f"sample_weight has {n_negative} negative value(s); expected "
-            f"non-negative weights."
+            f"non-negative weights. Pass weights >= 0 (0 leaves a sample out)."
         )
     if not total > 0:
         raise ValueError(
             "sample_weight sums to zero; at least one sample needs a positive weight."
         )
     return sample_weight
+
+
+def check_enough_samples(n_samples, sample_weight, owner, minimum=MIN_FIT_SAMPLES):
+    """Raise unless at least ``minimum`` samples have a positive weight.
+
+    Parameters
+    ----------
+    n_samples : int
+        Number of samples (rows of X).
+    sample_weight : array-like of shape (n_samples,) or None
+        Validated weights; ``None``: every sample counts.
+    owner : str
+        The estimator's class name, for the message.
+    minimum : int, default=MIN_FIT_SAMPLES
+        Fewest samples of positive weight accepted.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_enough_samples(3, None, "Est")
+    >>> check_enough_samples(3, np.array([1.0, 0.0, 0.0]), "Est")
+    Traceback (most recent call last):
+    ...
+    ValueError: Est got 1 sample with a positive weight (of 3) to fit, but needs ...
+    """
+    if sample_weight is None:
+        n_fit = int(n_samples)
+    elif is_foreign_array(sample_weight):  # under array_api_dispatch
+        xp = namespace(sample_weight)
+        n_fit = int(xp.sum(xp.astype(sample_weight > 0, xp.int64)))
+    else:
+        n_fit = int(np.count_nonzero(np.asarray(sample_weight) > 0))
+    if n_fit >= minimum:
+        return
+    rows = "sample" if n_fit == 1 else "samples"
+    weighted = "" if n_fit == n_samples else f" with a positive weight (of {n_samples})"
+    raise ValueError(
+        f"{owner} got {n_fit} {rows}{weighted} to fit, but needs at least "
+        f"{minimum}: a single sequence is reproduced exactly by many attention "
+        f"layers, so a fit on it says nothing about the layer (a training loss of "
+        f"0, an undefined R^2). Pass at least {minimum} samples of positive "
+        f"weight (in practice many more than the layer has parameters)."
+    )
+
+
+def check_score_weights(sample_weight):
+    """The ``sample_weight`` of ``score``, checked like ``fit``'s: ``None``, or
+    weights with no negative value and a positive sum (:func:`check_weights`).
+
+    Parameters
+    ----------
+    sample_weight : array-like of shape (n_samples,) or None
+        Weights of the samples in the score.
+
+    Returns
+    -------
+    sample_weight : ndarray, array of X's namespace, or None
+        A list (or other array-like) as a float64 ndarray.
+
+    Examples
+    --------
+    >>> check_score_weights([1.0, 2.0])
+    array([1., 2.])
+    >>> check_score_weights([1.0, -2.0])
+    Traceback (most recent call last):
+    ...
+    ValueError: sample_weight has 1 negative value(s); expected non-negative ...
+    """
+    if sample_weight is None:
+        return None
+    if not is_foreign_array(sample_weight):
+        sample_weight = np.asarray(sample_weight, dtype=np.float64)
+    return check_weights(sample_weight)
 
 
 def augment_tokens(X):
@@ -270,8 +350,18 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         tags.target_tags.single_output = True
         return tags
 
-    def _validate_fit_data(self, X, y, sample_weight=None):
+    def _validate_fit_data(
+        self, X, y, sample_weight=None, *, min_samples=MIN_FIT_SAMPLES
+    ):
         """Validate X, y (and weights) and return them as token tensors.
+
+        Parameters
+        ----------
+        X, y, sample_weight
+            The arguments of ``fit``.
+        min_samples : int, default=MIN_FIT_SAMPLES
+            Fewest samples of positive weight accepted (``partial_fit``: 1, a
+            batch of a stream).
 
         Returns
         -------
@@ -283,7 +373,7 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         returned as :class:`skattn.utils._batches.TokenBatches`, read batch by batch.
         """
         if is_out_of_core(X) or is_out_of_core(y):
-            return self._validate_fit_batches(X, y, sample_weight)
+            return self._validate_fit_batches(X, y, sample_weight, min_samples)
         X, k3 = flatten_tokens(X)
         y = check_target(y, type(self).__name__, Y_SHAPES)
         if getattr(y, "ndim", 0) > 2:
@@ -327,6 +417,8 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         sample_weight = check_weights(
             _check_sample_weight(sample_weight, X, dtype=dtype)
         )
+        name = type(self).__name__
+        check_enough_samples(X.shape[0], sample_weight, name, min_samples)
         self.n_tokens_ = k
         self.n_features_per_token_ = X.shape[1] // k
         self.n_outputs_per_token_ = y.shape[1] // k
@@ -344,16 +436,34 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         return get_namespace(X)[0]
 
     def _check_magnitudes(self, X, y):
-        """Reject X and y too large for float64 arithmetic, before the fit."""
-        name = type(self).__name__
-        check_magnitude(X, "X", self._x_degree, name, what=self._x_products)
-        check_magnitude(y, "y", 2, name, what="the squared errors", fix=RESCALE_Y)
+        """Reject X and y too large for float64 arithmetic, before the fit.
 
-    def _validate_fit_batches(self, X, y, sample_weight):
-        """``_validate_fit_data`` for out-of-core X, y: nothing is loaded whole."""
+        In memory X and y are arrays; out of core they are the
+        :class:`~skattn.utils._batches.TokenBatches` of ``validate_batches``,
+        whose largest ``|value|`` (``max_abs``) it measured in its one pass:
+        the same limits, the same messages.
+        """
+        name = type(self).__name__
+        what_x, what_y = self._x_products, "the squared errors"
+        if isinstance(X, TokenBatches):
+            size_x, size_y = math.prod(X.shape), math.prod(y.shape)
+            check_largest_magnitude(
+                X.max_abs, size_x, "X", self._x_degree, name, what=what_x
+            )
+            check_largest_magnitude(
+                y.max_abs, size_y, "y", 2, name, what=what_y, fix=RESCALE_Y
+            )
+            return
+        check_magnitude(X, "X", self._x_degree, name, what=what_x)
+        check_magnitude(y, "y", 2, name, what=what_y, fix=RESCALE_Y)
+
+    def _validate_fit_batches(self, X, y, sample_weight, min_samples=MIN_FIT_SAMPLES):
+        """``_validate_fit_data`` for out-of-core X, y: nothing is loaded whole
+        (one pass over each checks its values, magnitudes included)."""
         batch_size = getattr(self, "batch_size", None)
         batch_size = batch_size if isinstance(batch_size, Integral) else 4096
         X3, Y3 = validate_batches(X, y, self.n_tokens, batch_size)
+        self._check_magnitudes(X3, Y3)
         n, k, d = X3.shape
         self.n_features_in_ = k * d
         if hasattr(self, "feature_names_in_"):
@@ -362,6 +472,7 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         sample_weight = check_weights(
             _check_sample_weight(sample_weight, np.empty((n, 0)), dtype=np.float64)
         )
+        check_enough_samples(n, sample_weight, type(self).__name__, min_samples)
         self.n_tokens_ = k
         self.n_features_per_token_ = d
         self.n_outputs_per_token_ = Y3.shape[2]
@@ -519,7 +630,14 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         -------
         score : float
             R^2 of ``predict(X)`` (1 for a perfect fit).
+
+        Raises
+        ------
+        ValueError
+            On invalid X, and on ``sample_weight`` with a negative value or a
+            zero sum (checked as by ``fit``, before predicting).
         """
+        sample_weight = check_score_weights(sample_weight)
         y_pred = self.predict(X)
         if is_foreign_array(y_pred):  # y and the weights follow the predictions
             xp, where = namespace(y_pred), device(y_pred)

@@ -336,9 +336,10 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
         ------
         ValueError
             On invalid X, y or sample_weight (ragged lists, NaN, shapes that do
-            not fit ``n_tokens``, values too large for float64 arithmetic) and
-            when training diverges.  Nothing of the previous fit is changed
-            then: the fitted attributes are those of the last successful fit.
+            not fit ``n_tokens``, values too large for float64 arithmetic, fewer
+            than 2 samples of positive weight) and when training diverges.
+            Nothing of the previous fit is changed then: the fitted attributes
+            are those of the last successful fit.
         TypeError
             On sparse X or y.
         """
@@ -522,8 +523,10 @@ class GradientAttentionRegressor(BaseAttentionRegressor):
                 f"head_rank={self.head_rank}; use fit with optimizer='lbfgs'."
             )
         first = not hasattr(self, "attention_")
-        if first:
-            X3, Y3, sample_weight = self._validate_fit_data(X, y, sample_weight)
+        if first:  # a batch of a stream: one sample is a batch
+            X3, Y3, sample_weight = self._validate_fit_data(
+                X, y, sample_weight, min_samples=1
+            )
         else:
             X3, Y3, sample_weight = self._validate_partial_fit_data(X, y, sample_weight)
         X3 = self._model_tokens(X3)

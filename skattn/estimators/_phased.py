@@ -548,10 +548,11 @@ n_features_per_token)
         ------
         ValueError
             On invalid X, y or sample_weight (ragged lists, NaN, shapes that do
-            not fit ``n_tokens``, values too large for float64 arithmetic), on
-            too few examples for ``n_heads="auto"``, and when the phases fail
-            (``init="phased"``).  Nothing of the previous fit is changed then:
-            the fitted attributes are those of the last successful ``fit``.
+            not fit ``n_tokens``, values too large for float64 arithmetic, fewer
+            than 2 samples of positive weight), on too few examples for
+            ``n_heads="auto"``, and when the phases fail (``init="phased"``).
+            Nothing of the previous fit is changed then: the fitted attributes
+            are those of the last successful ``fit``.
         TypeError
             On sparse X or y.
         """

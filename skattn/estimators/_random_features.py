@@ -43,7 +43,12 @@ from ..utils._validation import (
     resolve_n_tokens,
     unflatten_tokens,
 )
-from ._base import RESCALE_Y, check_weights
+from ._base import (
+    RESCALE_Y,
+    check_enough_samples,
+    check_score_weights,
+    check_weights,
+)
 
 # The shapes of y RandomFeatureAttentionRegressor accepts, as said by its errors.
 _Y_SHAPES = (
@@ -837,9 +842,10 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         ValueError
             On invalid X, y or sample_weight (ragged lists, NaN, per-token y of
             shape ``(n_samples, n_tokens, n_outputs)``, values too large for
-            float64 arithmetic), and with ``alpha=None`` on fewer than 2 samples
-            of positive weight (leave-one-out needs 2).  The fitted attributes of
-            a previous fit are then left as they were.
+            float64 arithmetic), and on fewer than 2 samples of positive weight
+            (with ``alpha=None`` the message names leave-one-out, which needs
+            2).  The fitted attributes of a previous fit are then left as they
+            were.
         TypeError
             On sparse X or y.
 
@@ -877,8 +883,9 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float64)
             check_weights(sample_weight)
-        if self.alpha is None:
+        if self.alpha is None:  # first: the reason that names alpha
             _check_leave_one_out(len(X), sample_weight)
+        check_enough_samples(len(X), sample_weight, name)
         if k >= 2 and y.ndim == 2 and y.shape[1] % k == 0:
             _warn_per_token_layout(name, y.shape[1], k)
         self.features_ = RandomAttentionFeatures(
@@ -935,6 +942,36 @@ class RandomFeatureAttentionRegressor(RegressorMixin, BaseEstimator):
         check_fitted_tokens(k3, self.n_tokens_)
         y_pred = self.ridge_.predict(self.features_.transform(X))
         return check_no_overflow(y_pred, "predict", X=X, values_=self.values_)
+
+    def score(self, X, y, sample_weight=None):
+        """The coefficient of determination R^2 of the predictions.
+
+        :meth:`sklearn.base.RegressorMixin.score`, with ``sample_weight``
+        checked as by ``fit`` first (no negative value, a positive sum).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or \
+(n_samples, n_tokens, n_features)
+            Input sequences.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            True outputs of the sequences.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples.
+
+        Returns
+        -------
+        score : float
+            R^2 of ``predict(X)`` (1 for a perfect fit).
+
+        Raises
+        ------
+        ValueError
+            On invalid X, and on ``sample_weight`` with a negative value or a
+            zero sum (before predicting).
+        """
+        sample_weight = check_score_weights(sample_weight)
+        return super().score(X, y, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

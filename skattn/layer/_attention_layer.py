@@ -38,7 +38,7 @@ def check_layer_parameters(attention, projection):
         attention = attention[None]
     if projection.ndim == 2:
         projection = projection[None]
-    if attention.ndim != 3 or attention.shape[1] != attention.shape[2]:
+    if attention.ndim != 3:
         raise ValueError(
             f"attention must have shape (n_heads, n_features, n_features), got "
             f"{attention.shape}."
@@ -48,6 +48,8 @@ def check_layer_parameters(attention, projection):
             f"projection must have shape (n_heads, n_features, n_outputs), got "
             f"{projection.shape}."
         )
+    if attention.shape[1] != attention.shape[2]:
+        raise ValueError(_not_square(attention.shape, projection.shape))
     if attention.shape[0] != projection.shape[0]:
         raise ValueError(
             f"attention has {attention.shape[0]} heads but projection has "
@@ -63,6 +65,21 @@ def check_layer_parameters(attention, projection):
     check_finite(attention, "attention")
     check_finite(projection, "projection")
     return attention, projection
+
+
+def _not_square(attention_shape, projection_shape):
+    """The message for attention matrices that are not square: the shape got and
+    the shape expected from the projection's ``(n_heads, n_features, ...)``."""
+    rows, cols = attention_shape[1:]
+    m, d = projection_shape[:2]
+    return (
+        f"attention must have shape (n_heads, n_features, n_features), got "
+        f"{attention_shape}: its matrices are {rows} x {cols}, not square (each "
+        f"Theta_i = Q_i K_i^T is n_features x n_features). projection of shape "
+        f"{projection_shape} has n_features={d}, so attention of shape "
+        f"{(m, d, d)} is expected; pass square matrices, e.g. Q_i @ K_i.T from "
+        f"the query and key weights."
+    )
 
 
 def check_layer_biases(key_bias, intercept, n_heads, n_features, n_outputs):
@@ -448,13 +465,13 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
 
     @property
     def n_features(self):
-        """Features per input token d."""
-        return np.shape(self.attention)[-1]
+        """Features per input token d (of the validated parameters)."""
+        return check_layer_parameters(self.attention, self.projection)[0].shape[-1]
 
     @property
     def n_outputs(self):
-        """Features per output token d_out."""
-        return np.shape(self.projection)[-1]
+        """Features per output token d_out (of the validated parameters)."""
+        return check_layer_parameters(self.attention, self.projection)[1].shape[-1]
 
     def _sequences(self, X, reset):
         X, k3 = flatten_tokens(X)

@@ -151,6 +151,12 @@ class TokenBatches:
     name : str, default="X"
         What the source is to the user, for error messages.
 
+    Attributes
+    ----------
+    max_abs : float or None
+        Largest ``|value|`` of the source, measured by :func:`validate_batches`
+        in its one pass over the chunks; ``None`` on a view it did not make.
+
     Notes
     -----
     The file of a memmap or h5py array, or the folder of a zarr array, is
@@ -178,6 +184,7 @@ class TokenBatches:
         self.shape = (int(n), int(n_tokens), int(width) // int(n_tokens))
         self.batch_size = int(batch_size)
         self.name = name
+        self.max_abs = None
         self._location = _source_location(source)
         if self._location is not None:
             self._fingerprint = _fingerprint(self._location)
@@ -263,30 +270,45 @@ class TokenBatches:
             yield start, self[start : start + self.batch_size]
 
 
-def _check_chunks(array, name, batch_size):
-    """Finiteness and numeric dtype of a 2-D source, checked chunk by chunk."""
+def _scan_chunks(array, name, batch_size):
+    """Numeric dtype, finiteness and largest ``|value|`` of a 2-D source, in one
+    pass over its chunks; return the largest ``|value|`` (0.0 when empty).
+
+    The largest ``|value|`` is ``max(|min|, |max|)`` of each chunk (two
+    reductions, no temporary array), for the estimators' check of values too
+    large for float64 arithmetic (``check_largest_magnitude``); on dask arrays
+    the three reductions are one computation, which reads every chunk once.
+    """
     dtype = np.dtype(array.dtype)
     if dtype.kind not in "biuf":
         raise TypeError(
             f"{name} must hold numbers, got an array of dtype {dtype}; convert it "
             f"to float64."
         )
-    if dtype.kind != "f":
-        return
+    floating = dtype.kind == "f"
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        return 0.0
     if _is_dask(array):
+        import dask
         import dask.array as da
 
-        n_bad = int((~da.isfinite(array)).sum().compute())
+        bad = (~da.isfinite(array)).sum() if floating else 0
+        n_bad, high, low = dask.compute(bad, array.max(), array.min())
+        n_bad, largest = int(n_bad), max(abs(float(high)), abs(float(low)))
     else:
-        n_bad = 0
+        n_bad, largest = 0, 0.0
         for start in range(0, array.shape[0], batch_size):
             part = np.asarray(array[start : start + batch_size])
-            n_bad += int(part.size - np.count_nonzero(np.isfinite(part)))
+            if floating:
+                n_bad += int(part.size - np.count_nonzero(np.isfinite(part)))
+            high, low = float(np.max(part)), float(np.min(part))
+            largest = max(largest, abs(high), abs(low))
     if n_bad:
         raise ValueError(
             f"{name} contains {n_bad} NaN or infinite value(s); attention layers "
             f"need finite inputs. Remove or impute them first."
         )
+    return largest
 
 
 def _as_2d(array, name):
@@ -310,6 +332,10 @@ def _as_2d(array, name):
 def validate_batches(X, y, n_tokens, batch_size):
     """Check out-of-core ``X`` and ``y`` chunk by chunk and wrap them.
 
+    One pass over each source checks that it holds finite numbers and measures
+    its largest ``|value|`` (the views' ``max_abs``), for the estimators' check
+    of values too large for float64 arithmetic.
+
     Parameters
     ----------
     X : memmap, zarr, h5py or dask array of shape (n_samples, n_tokens * n_features)
@@ -325,14 +351,16 @@ def validate_batches(X, y, n_tokens, batch_size):
     -------
     X3 : TokenBatches of shape (n_samples, n_tokens, n_features)
     Y3 : TokenBatches of shape (n_samples, n_tokens, n_outputs)
+        Their ``max_abs`` is the largest ``|value|`` of X and of y.
 
     Examples
     --------
     >>> import numpy as np
     >>> X = np.lib.format.open_memmap("/tmp/skattn_doc_X.npy", "w+", "f8", (5, 6))
+    >>> X[0, 0] = -3.0
     >>> X3, Y3 = validate_batches(X, np.zeros((5, 3)), 3, 2)
-    >>> X3.shape, Y3.shape
-    ((5, 3, 2), (5, 3, 1))
+    >>> X3.shape, Y3.shape, X3.max_abs, Y3.max_abs
+    ((5, 3, 2), (5, 3, 1), 3.0, 0.0)
     """
     from ._validation import resolve_n_tokens
 
@@ -359,8 +387,8 @@ def validate_batches(X, y, n_tokens, batch_size):
     X3 = TokenBatches(X, k, batch_size, name="X")
     Y3 = TokenBatches(y, k, batch_size, name="y")
     rows = max(batch_size, _VALIDATION_ROWS)
-    _check_chunks(X, "X", rows)
-    _check_chunks(y, "y", rows)
+    X3.max_abs = _scan_chunks(X, "X", rows)
+    Y3.max_abs = _scan_chunks(y, "y", rows)
     X3.check_source()
     Y3.check_source()
     return X3, Y3

@@ -7,8 +7,9 @@ shape ``(n_samples, k, d)`` is accepted as a convenience and flattened first.
 The sample weights of a loss or an error, normalised to sum to one, are here too
 (:func:`_normalized_weights`, for the solvers and the metrics alike), and the checks
 every ``fit`` shares: ragged lists and sparse targets (:func:`check_target`), values
-too large for float64 (:func:`check_magnitude`), and :func:`restore_on_error`, which
-makes a failed ``fit`` leave the previous fit as it was.
+too large for float64 (:func:`check_magnitude`; :func:`check_largest_magnitude` for
+out-of-core values, measured in batches), and :func:`restore_on_error`, which makes
+a failed ``fit`` leave the previous fit as it was.
 """
 
 import contextlib
@@ -434,6 +435,11 @@ def check_magnitude(values, name, degree, owner, *, what="", fix=None):
     -------
     values : ndarray
 
+    See Also
+    --------
+    check_largest_magnitude : the same check of a largest ``|value|`` measured
+        elsewhere (out-of-core X and y, scanned in batches).
+
     Examples
     --------
     >>> import numpy as np
@@ -455,6 +461,36 @@ def check_magnitude(values, name, degree, owner, *, what="", fix=None):
         if size == 0:
             return values
         largest = float(np.max(np.abs(values)))
+    check_largest_magnitude(largest, size, name, degree, owner, what=what, fix=fix)
+    return values
+
+
+def check_largest_magnitude(largest, size, name, degree, owner, *, what="", fix=None):
+    """:func:`check_magnitude` given the largest ``|value|`` and the entry count.
+
+    For values that are not in memory (out-of-core X and y, whose largest
+    ``|value|`` is measured in the one pass that validates them): the same
+    limit, the same message.
+
+    Parameters
+    ----------
+    largest : float
+        Largest absolute value of the (finite) entries.
+    size : int
+        Number of entries.
+    name, degree, owner, what, fix
+        As for :func:`check_magnitude`.
+
+    Examples
+    --------
+    >>> check_largest_magnitude(1.0, 3, "X", 2, "Est")
+    >>> check_largest_magnitude(1e200, 3, "X", 2, "Est")
+    Traceback (most recent call last):
+    ...
+    ValueError: X has entries up to 1e+200 in absolute value, too large for ...
+    """
+    if size == 0:
+        return
     limit = (np.finfo(np.float64).max / size) ** (1.0 / degree)
     if largest > limit:
         fix = "e.g. with sklearn.preprocessing.StandardScaler" if fix is None else fix
@@ -465,7 +501,6 @@ def check_magnitude(values, name, degree, owner, *, what="", fix=None):
             f"{what}, which overflow above about {limit:.1g} for {size} "
             f"entries. Rescale {name} ({fix}) first."
         )
-    return values
 
 
 @contextlib.contextmanager
