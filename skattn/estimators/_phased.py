@@ -367,14 +367,14 @@ n_features_per_token)
     Array API (GPU): under ``sklearn.config_context(array_api_dispatch=True)``
     (which needs the environment variable ``SCIPY_ARRAY_API=1`` set before scipy
     is imported), ``fit``, ``predict`` and ``score`` accept torch tensors (CPU or
-    CUDA), CuPy arrays and other array-API arrays; ``y`` and ``sample_weight``
-    follow X's namespace and device.  The random-start path (``init="random"``:
-    the minibatch search, the per-head refinement, the Levenberg-Marquardt
-    polish) runs in that namespace on that device, and ``attention_``,
-    ``projection_``, ``key_bias_``, ``intercept_``, ``projection_sum_``,
-    ``hull_point_``, ``hull_directions_`` and ``factors_`` are float64 arrays
-    of it; ``predict`` then wants
-    inputs of the same namespace and device.  Phases 1-6 are numpy-only: with
+    CUDA) and other array-API arrays (CuPy: untested in CI); ``y`` and
+    ``sample_weight`` follow X's namespace and device.  The random-start path
+    (``init="random"``: the minibatch search, the per-head refinement, the
+    Levenberg-Marquardt polish) runs in that namespace on that device, and
+    ``attention_``, ``projection_``, ``key_bias_``, ``intercept_``,
+    ``projection_sum_``, ``hull_point_``, ``hull_directions_`` and ``factors_``
+    are float64 arrays of it; ``predict`` then wants inputs of the same
+    namespace and device.  Phases 1-6 are numpy-only: with
     ``init="phased"`` (or ``"auto"`` choosing them) and with ``n_heads="auto"``
     they run on numpy copies of X and y on the host, the polish after them on
     the device, and ``phase_report_`` says so (``"host_copies"`` in its first
@@ -533,7 +533,7 @@ n_features_per_token)
             Input sequences, token-major.  A ``numpy.memmap``, zarr, h5py or
             dask array is read in ``batch_size`` batches, never whole (see Notes).
             Under ``sklearn.config_context(array_api_dispatch=True)`` a torch
-            tensor (CPU or CUDA), CuPy array or other array-API array is fitted
+            tensor (CPU or CUDA) or other array-API array is fitted
             in its namespace and on its device (see Notes).
         y : array-like of shape (n_samples, n_tokens * n_outputs)
             Output sequences ``F(X)`` (+ noise), token-major; out of core too.

@@ -6,7 +6,7 @@ The variable-projection problem (the W_i eliminated by least squares;
 Jacobian products) is solved by the trust-region reflective method with LSMR steps
 (:func:`~skattn.solvers.optimizers._trf.trf`: scipy's ``least_squares(method="trf",
 tr_solver="lsmr")``, written against the array namespace of the data, so that torch
-or CuPy arrays stay on their device; on numpy it is scipy's, to the bit).  No
+or CuPy arrays stay on their device; on numpy it ends where scipy's ends).  No
 ``(m d^2)^2`` matrix is ever formed: memory is that of a few residual vectors and
 the per-sample patterns.
 
@@ -87,8 +87,8 @@ def varpro_least_squares(
     """Minimise the reduced loss matrix-free: trust-region reflective steps by LSMR.
 
     The arrays may be of any array-API namespace (numpy, torch, CuPy,
-    array-api-strict): the solver runs in that of ``X``, on its device, and numpy
-    gives the results of scipy's ``least_squares`` (which it replaced) to the bit.
+    array-api-strict): the solver runs in that of ``X``, on its device; with
+    numpy it ends where scipy's ``least_squares`` (which it replaced) ends.
 
     Parameters
     ----------

@@ -5,10 +5,11 @@ scipy's ``scipy.sparse.linalg.lsmr`` is numpy-only; this is the same algorithm,
 step for step and in the same floating-point operations, written against the array
 namespace ``xp`` of ``b``: the vectors (``u``, ``v``, ``h``, ``hbar``, ``x``) stay
 in ``xp`` on ``b``'s device, and the scalar recurrences (Givens rotations, norm
-estimates, stopping tests) run on the host in Python floats.  With numpy it gives
-scipy's iterates to the bit (the same BLAS dot products and the same scalar
-arithmetic), so that :mod:`skattn.solvers.optimizers._trf` reproduces scipy's
-``least_squares``.
+estimates, stopping tests) run on the host in Python floats.  With numpy it makes
+scipy's operations (the same BLAS dot products and the same scalar arithmetic), so
+that :mod:`skattn.solvers.optimizers._trf` follows scipy's ``least_squares``; the
+tests hold it to scipy's solution and documented stopping behaviour, not to one
+scipy version's iterates.
 """
 
 import math

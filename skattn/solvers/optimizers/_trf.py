@@ -18,8 +18,11 @@ iteration:
    radius (scipy's ``update_tr_radius``), and ``ftol``/``xtol`` stop the run
    (``check_termination``); a rejected step shrinks the radius and retries.
 
-With numpy the iterates are scipy's to the bit: the same BLAS calls on arrays of
-the same layout (the QR is scipy's ``linalg.qr``), the same scalar arithmetic.
+With numpy it makes scipy's calls: the same BLAS calls on arrays of the same
+layout (the QR is scipy's ``linalg.qr``), the same scalar arithmetic, so that on
+the scipy it was written against its iterates were scipy's to the bit.  The tests
+hold it to scipy's documented outcome (the same status, the same minimum, the
+budget of evaluations), not to one scipy version's iterates or counts.
 Unlike scipy, no Jacobian product is spent on a zero vector to infer a dtype (scipy
 builds a ``LinearOperator`` each iteration that does that).
 """
