@@ -1,0 +1,196 @@
+"""Counting what a fit asks of an array library: operations and host reads.
+
+On a GPU the random-start path is bound by launches and by the host waiting for
+the device (a value read by the host, ``float(t)``, ``bool(t)``, a copy to
+numpy, waits for every kernel queued before it).  Both show on the CPU too,
+where torch CPU tensors take the same code path: :class:`DeviceWork` counts the
+torch operations (each a kernel launch on a GPU) and the host reads
+(``aten._local_scalar_dense``, and tensors copied to numpy or to lists) while
+it is active, by *stage*, so that a benchmark can compare versions and a test can
+catch a regression without a GPU.
+
+A ``TorchDispatchMode`` sees the operations of its own thread only: count a fit
+that runs in one thread (``threadpoolctl.threadpool_limits(1)`` and
+``torch.set_num_threads(1)``, as :func:`count_fit` does).
+"""
+
+import collections
+import contextlib
+import functools
+import sys
+
+__all__ = ["DeviceWork", "count_fit"]
+
+
+class DeviceWork:
+    """Torch operations and host reads, counted by stage while active.
+
+    Use it as a context manager; :meth:`stage` names the stage that the counts
+    go to (``"other"`` outside any), and :meth:`wrap` makes a function count as
+    a stage whenever it runs.
+
+    Parameters
+    ----------
+    where : bool, default=False
+        Also count the host reads by the skattn function that made them
+        (``reads_by_source``; a walk up the stack at each read).
+
+    Attributes
+    ----------
+    operations, host_reads : collections.Counter
+        Counts by stage.
+    reads_by_source : collections.Counter
+        With ``where``: host reads by ``"module.function:line"`` of the innermost
+        skattn frame that made them.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skattn.utils._device_work import DeviceWork
+    >>> with DeviceWork() as work:
+    ...     with work.stage("sum"):
+    ...         total = float(torch.ones(3).sum())
+    >>> work.host_reads["sum"], work.operations["sum"] >= 2
+    (1, True)
+    """
+
+    def __init__(self, where=False):
+        self.operations = collections.Counter()
+        self.host_reads = collections.Counter()
+        self.reads_by_source = collections.Counter()
+        self._where = where
+        self._stages = ["other"]
+        self._mode = None
+        self._patched = []
+
+    @contextlib.contextmanager
+    def stage(self, name):
+        """Count as stage ``name`` (nested stages count as the innermost)."""
+        self._stages.append(name)
+        try:
+            yield
+        finally:
+            self._stages.pop()
+
+    def wrap(self, function, name):
+        """``function``, counting as stage ``name`` while it runs."""
+
+        @functools.wraps(function)
+        def counted(*args, **kwargs):
+            with self.stage(name):
+                return function(*args, **kwargs)
+
+        return counted
+
+    def _read(self):
+        self.host_reads[self._stages[-1]] += 1
+        if self._where:
+            self.reads_by_source[_skattn_caller()] += 1
+
+    def __enter__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        work = self
+        scalar = torch.ops.aten._local_scalar_dense.default
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                work.operations[work._stages[-1]] += 1
+                if func is scalar:
+                    work._read()
+                return func(*args, **(kwargs or {}))
+
+        # copies to the host that no torch operation shows: to numpy, to lists
+        for name in ("numpy", "tolist", "__array__"):
+            original = getattr(torch.Tensor, name)
+
+            def copying(tensor, *args, _original=original, **kwargs):
+                work._read()
+                return _original(tensor, *args, **kwargs)
+
+            self._patched.append((name, original))
+            setattr(torch.Tensor, name, copying)
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        self._mode.__exit__(*exc)
+        for name, original in reversed(self._patched):
+            setattr(torch.Tensor, name, original)
+        self._patched.clear()
+        return False
+
+    def summary(self):
+        """``{stage: {"operations": n, "host_reads": n}}``, and a ``"total"``."""
+        stages = sorted(set(self.operations) | set(self.host_reads))
+        table = {
+            stage: {
+                "operations": self.operations[stage],
+                "host_reads": self.host_reads[stage],
+            }
+            for stage in stages
+        }
+        table["total"] = {
+            "operations": sum(self.operations.values()),
+            "host_reads": sum(self.host_reads.values()),
+        }
+        return table
+
+
+def _skattn_caller():
+    """``"module.function:line"`` of the innermost skattn frame on the stack
+    (this module's own frames skipped)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("skattn.") and module != __name__:
+            return f"{module}.{frame.f_code.co_name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "outside skattn"
+
+
+def count_fit(estimator, X, y, stages=(), where=False):
+    """Fit ``estimator`` on torch tensors ``X``, ``y`` (CPU) under the array API
+    dispatch, in one thread, counting the work by stage.
+
+    Parameters
+    ----------
+    estimator : estimator
+        Fitted in place.
+    X, y : torch tensors
+        The data, on the CPU.
+    stages : iterable of (module, name, stage)
+        Functions ``module.name`` whose calls count as ``stage`` (patched while
+        the fit runs: name them where their caller looks them up).
+    where : bool, default=False
+        Count the host reads by source too (:class:`DeviceWork`).
+
+    Returns
+    -------
+    estimator, work : the fitted estimator and its :class:`DeviceWork`.
+
+    Needs torch, and ``SCIPY_ARRAY_API=1`` set before scipy was imported.
+    """
+    import torch
+    from sklearn import config_context
+    from threadpoolctl import threadpool_limits
+
+    work = DeviceWork(where=where)
+    stages = list(stages)
+    saved = [getattr(module, name) for module, name, _ in stages]
+    threads = torch.get_num_threads()
+    try:
+        for (module, name, stage), function in zip(stages, saved, strict=True):
+            setattr(module, name, work.wrap(function, stage))
+        torch.set_num_threads(1)
+        with threadpool_limits(1), config_context(array_api_dispatch=True), work:
+            estimator.fit(X, y)
+    finally:
+        torch.set_num_threads(threads)
+        for (module, name, _), function in zip(stages, saved, strict=True):
+            setattr(module, name, function)
+    return estimator, work
