@@ -208,6 +208,7 @@ class VarproProblem:
         self.shape = (n * k * self.d_out, parametrization.size)
         self.n_products = 0
         self._params = None
+        self._source = self._source_version = None  # see _same_point
         self._cached = None
 
     # -- evaluation at a point -------------------------------------------------
@@ -267,11 +268,21 @@ class VarproProblem:
         return True
 
     def _same_point(self, params):
-        """Whether ``params`` is the point evaluated last."""
+        """Whether ``params`` is the point evaluated last.
+
+        The very array evaluated last, unchanged since (a torch tensor's version
+        counter counts its in-place changes), is that point without a look at
+        its values: on a device comparing them is a read by the host, a wait for
+        the device, at every residual and product.  Otherwise the values are
+        compared."""
         if self._params is None:
             return False
         if is_numpy(self._xp):
             return np.array_equal(params, self._params)
+        version = getattr(params, "_version", None)
+        if version is not None and params is self._source:
+            if version == self._source_version:
+                return True
         return params.shape == self._params.shape and bool(
             self._xp.all(params == self._params)
         )
@@ -292,6 +303,9 @@ class VarproProblem:
         xp = self._xp
         md, o = self.width, self.d_out
         self._params = xp.asarray(params, dtype=xp.float64, copy=True)
+        # the array given, to know it again (see _same_point)
+        self._source = params
+        self._source_version = getattr(params, "_version", None)
         self._low = xp.astype(self._params, self._dtype)  # the products' precision
         self._cached = None
         states = [] if self._keep else None

@@ -339,11 +339,21 @@ def _stage(
         apply, transpose, inverse = precond
         z0 = inverse(params)
 
+    last = [None, None]  # (z, p): the point of the last residual
+
+    def point(z):
+        """``p = M z``: the same array for the same ``z``, so that the problem
+        knows the point of its last residual when the Jacobian there is asked
+        for (trf passes the accepted ``x_new`` itself to both)."""
+        if z is not last[0]:
+            last[0], last[1] = z, apply(z)
+        return last[1]
+
     def residual(z):
-        return problem.residual(apply(z))
+        return problem.residual(point(z))
 
     def jacobian(z):
-        p = apply(z)  # the problems keep their own copy of the point
+        p = point(z)  # the problems keep their own copy of the point
 
         # LSMR's left vectors stay orthogonal to the design (they are built from
         # the residual at W* and from J v): the cheaper adjoint is exact there

@@ -152,7 +152,15 @@ def _blas_limits(xp):
 
 
 def batch_loss_gradient(
-    X, Y, params, parametrization, intercept_direction=None, n_jobs=1, fixed=None
+    X,
+    Y,
+    params,
+    parametrization,
+    intercept_direction=None,
+    n_jobs=1,
+    fixed=None,
+    *,
+    losses=True,
 ):
     """The reduced loss of one batch and its gradient, the output factors eliminated.
 
@@ -174,14 +182,18 @@ def batch_loss_gradient(
     fixed : ndarray of shape (b, k, c) or None
         Columns of the design that are not searched (no gradient): eliminated
         with the output factors, like the intercept.
+    losses : bool, default=True
+        Whether to read the two losses to the host (a wait for the device each):
+        a training step, which uses the gradient only, passes False.
 
     Returns
     -------
-    loss : float
-        ``min_O ||A(p) O - Y||^2 / (2 b)``.
+    loss : float or None
+        ``min_O ||A(p) O - Y||^2 / (2 b)`` (None without ``losses``).
     gradient : ndarray of shape (p,), float64
-    target : float
-        ``||Y||^2 / (2 b)``, the loss of predicting zero.
+    target : float or None
+        ``||Y||^2 / (2 b)``, the loss of predicting zero (None without
+        ``losses``).
 
     Examples
     --------
@@ -243,9 +255,11 @@ def batch_loss_gradient(
                 for i, state in zip(parts, states, strict=True)
             ],
         )
+    gradient = sum(xp.astype(part[1], xp.float64) for part in backward)
+    if not losses:  # a training step: nothing read by the host
+        return None, gradient / b, None
     # one host sync each for the loss and the zero loss (the gradient stays)
     loss = 0.5 * float(sum(part[0] for part in backward)) / b
-    gradient = sum(xp.astype(part[1], xp.float64) for part in backward)
     zero = 0.5 * float(sum(state["zero"] for state in states)) / b
     return loss, gradient / b, zero
 
@@ -536,6 +550,7 @@ def minibatch_search(
                 intercept_direction,
                 n_jobs,
                 batch(fixed, rows),
+                losses=False,
             )
             step, t = step + 1, t + 1
             first = _BETA1 * first + (1 - _BETA1) * gradient
