@@ -395,6 +395,13 @@ def _parser():
         "--no-cache", action="store_true", help="keep no stage: a rerun starts over"
     )
     layer.add_argument(
+        "--device",
+        default=None,
+        help="fit on this torch device (cuda, cuda:1, mps, cpu) through the array "
+        "API: the random-start path runs there (needs torch; sets SCIPY_ARRAY_API=1 "
+        "for you). Default: numpy on the host",
+    )
+    layer.add_argument(
         "--verbose",
         action="count",
         default=0,
@@ -895,6 +902,7 @@ def _layer(args):
         plot=args.plot,
         random_state=args.random_state,
         memory=cache,
+        device=args.device,
         verbose=args.verbose,
     )
     report = result.report
@@ -913,6 +921,18 @@ def _layer(args):
     for role, path in result.files.items():
         print(f"  {role}: {path}")
     return 0
+
+
+def _with_array_api(argv):
+    """Run this command again in a fresh interpreter with ``SCIPY_ARRAY_API=1``
+    unless it is set: scipy reads it once, when imported, and ``--device`` fits
+    through scikit-learn's array API, which needs it (scipy is imported by now)."""
+    if os.environ.get("SCIPY_ARRAY_API") == "1":
+        return
+    env = {**os.environ, "SCIPY_ARRAY_API": "1"}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "skattn", *argv], env)
 
 
 def main(argv=None):
@@ -951,6 +971,8 @@ def main(argv=None):
     SystemExit: skattn: error: X file 'missing.npy' does not exist.
     """
     args = _parser().parse_args(argv)
+    if getattr(args, "device", None) is not None:
+        _with_array_api(sys.argv[1:] if argv is None else list(argv))
     command = {"demo": _demo, "fit": _fit, "sweep": _sweep, "layer": _layer}
     command = command[args.command]
     with warnings.catch_warnings():

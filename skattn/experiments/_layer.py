@@ -87,6 +87,69 @@ def _check_arguments(layer, n_tokens, n_windows, held_out, n_heads, plot, out):
         raise ValueError("plot=True needs out, the folder to write the figure in.")
 
 
+def _check_device(device, estimator):
+    """The ``torch.device`` to fit on (``None`` for numpy), checked before any
+    work: torch installed, the device known and seen, the array API usable."""
+    if device is None:
+        return None
+    if not isinstance(device, str):
+        raise ValueError(
+            f"device must be a torch device name such as 'cuda', 'cuda:1' or "
+            f"'cpu', got {device!r}."
+        )
+    torch = require("torch", extra="torch", feature="Fitting on a device (device=)")
+    try:
+        where = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(
+            f"device={device!r} is not a torch device ({exc}); use e.g. 'cuda', "
+            f"'cuda:1', 'mps' or 'cpu'."
+        ) from None
+    if where.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (where.index or 0) >= count:
+            raise ValueError(
+                f"device={device!r}: torch sees {count} CUDA device(s) here. Pass "
+                f"another device, or leave device out to fit with numpy."
+            )
+    elif where.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r}: torch sees no MPS device here.")
+    elif where.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(
+            f"device={device!r}: only 'cpu', 'cuda' and 'mps' devices are "
+            f"supported."
+        )
+    if os.environ.get("SCIPY_ARRAY_API") != "1":
+        raise ValueError(
+            f"device={device!r} fits through scikit-learn's array API, which needs "
+            f"the environment variable SCIPY_ARRAY_API=1 set before scipy is "
+            f"imported: run 'SCIPY_ARRAY_API=1 python ...' (the skattn command "
+            f"sets it itself)."
+        )
+    if estimator is not None and not estimator.__sklearn_tags__().array_api_support:
+        raise ValueError(
+            f"device={device!r} needs a learner that supports the array API; "
+            f"{type(estimator).__name__} computes in numpy. Use the default "
+            f"learner (or a MultiHeadAttentionRegressor), or leave device out."
+        )
+    return where
+
+
+def _fit_on(learner, X, y, device):
+    """``learner.fit(X, y)``; on ``device`` (a torch device) as tensors there,
+    under the array API dispatch."""
+    if device is None:
+        learner.fit(X, y)
+        return
+    import torch
+    from sklearn import config_context
+
+    with config_context(array_api_dispatch=True):
+        learner.fit(
+            torch.asarray(X, device=device), torch.asarray(y, device=device)
+        )
+
+
 def _read_texts(texts):
     """The contents of the text files, each checked before anything else."""
     if isinstance(texts, str | os.PathLike):
@@ -346,6 +409,7 @@ def learn_layer(
     estimator=None,
     random_state=0,
     memory=None,
+    device=None,
     verbose=0,
 ):
     """Learn layer L of a BERT-style model back from its behaviour on your text.
@@ -411,6 +475,15 @@ def learn_layer(
         that a fit interrupted (killed, Ctrl-C) and run again with the same
         arguments resumes after the last one (``skattn layer`` keeps them in
         ``<out>/cache`` unless ``--no-cache``).
+    device : str or None, default=None
+        A torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``, ``"mps"``) to fit
+        on: the windows become torch tensors there and the learner fits them
+        under ``sklearn.config_context(array_api_dispatch=True)`` (the user
+        guide's *On a GPU*: the random-start path on the device, the phases on
+        host copies).  Needs torch (``pip install "skattn[torch]"``), a learner
+        that supports the array API (the default does), and the environment
+        variable ``SCIPY_ARRAY_API=1`` set before scipy was imported (``skattn
+        layer --device`` sets it for you).  ``None``: numpy on the host.
     verbose : int, default=0
         Print each step to stderr when positive, and pass it to the learner
         (a progress bar per stage; from 2, one line per polish iteration).
@@ -426,6 +499,7 @@ def learn_layer(
             head, its errors and both heads' sharpness,
             :func:`skattn.metrics.sharpness_profile`), ``certificate`` (the
             summary of the learner's ``certificate_``, else ``None``),
+            ``device`` (the torch device fitted on, else ``None``),
             ``fit_seconds``, ``total_seconds``, ``peak_memory_mb``,
             ``n_windows_fit``, ``n_windows_held_out``, ``text``, ``checkpoint``,
             ``estimator``, ``warnings``, ``files`` and ``arguments``.
@@ -450,10 +524,13 @@ def learn_layer(
     ValueError
         On a bad argument; an output folder that cannot be written; a checkpoint
         folder lacking a file, of another architecture than BERT's, or without
-        that layer or that many heads; text too short for the windows asked.
+        that layer or that many heads; text too short for the windows asked; a
+        device that torch does not know or does not see, or asked without
+        ``SCIPY_ARRAY_API=1``.
     ImportError
         If ``tokenizers`` or ``safetensors`` (``pip install "skattn[pretrained]"``),
-        or with ``plot`` matplotlib (``skattn[plot]``), is missing.
+        with ``plot`` matplotlib (``skattn[plot]``), or with ``device`` torch
+        (``skattn[torch]``) is missing.
 
     See Also
     --------
@@ -501,9 +578,11 @@ def learn_layer(
         "plot": bool(plot),
         "estimator": None if estimator is None else repr(estimator),
         "random_state": random_state,
+        "device": None if device is None else str(device),
     }
     # -- every check, before the model is loaded --------------------------------
     _check_arguments(layer, n_tokens, n_windows, held_out, n_heads, plot, out)
+    device = _check_device(device, estimator)
     paths, contents = _read_texts(texts)
     if out is not None:
         out = _check_out(out)
@@ -554,7 +633,7 @@ def learn_layer(
     fit_start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        learner.fit(X_fit, y[fit])
+        _fit_on(learner, X_fit, y[fit], device)
     fit_seconds = time.perf_counter() - fit_start
     for w in caught:  # shown after all, and recorded in the report
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -593,6 +672,7 @@ def learn_layer(
                 "heads_learned": list(range(n_heads)),
             },
             "estimator": repr(learner),
+            "device": None if device is None else str(device),
             "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
             "files": {role: str(path) for role, path in files.items()},
             "arguments": arguments,
