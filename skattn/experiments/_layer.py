@@ -116,8 +116,7 @@ def _check_device(device, estimator):
         raise ValueError(f"device={device!r}: torch sees no MPS device here.")
     elif where.type not in ("cpu", "cuda", "mps"):
         raise ValueError(
-            f"device={device!r}: only 'cpu', 'cuda' and 'mps' devices are "
-            f"supported."
+            f"device={device!r}: only 'cpu', 'cuda' and 'mps' devices are supported."
         )
     if os.environ.get("SCIPY_ARRAY_API") != "1":
         raise ValueError(
@@ -145,9 +144,7 @@ def _fit_on(learner, X, y, device):
     from sklearn import config_context
 
     with config_context(array_api_dispatch=True):
-        learner.fit(
-            torch.asarray(X, device=device), torch.asarray(y, device=device)
-        )
+        learner.fit(torch.asarray(X, device=device), torch.asarray(y, device=device))
 
 
 def _read_texts(texts):
