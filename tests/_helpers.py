@@ -13,6 +13,7 @@ from skattn import (
     make_attention_regression,
 )
 from skattn.layer._math import forward
+from skattn.solvers import PolishOptions, RandomStartOptions, fit_from_random_starts
 
 
 def planted(
@@ -124,9 +125,9 @@ def fail_problems(monkeypatch, fails, residual=1.0, end=None):
     """Make the problems of the heads for which ``fails(head)`` is true report a
     relative residual of ``residual`` (not converged; 1: far, 1e-5: near); they
     are solved as usual, and with ``end(q, k, v)`` their ends replaced."""
-    import skattn.solvers.stages._refine as decoupled
+    import skattn.solvers.stages._rounds as rounds
 
-    solve = decoupled._solve_head
+    solve = rounds._solve_head
 
     def solve_or_fail(X, shares, head, *args, **kwargs):
         q, kk, values, info = solve(X, shares, head, *args, **kwargs)
@@ -136,13 +137,62 @@ def fail_problems(monkeypatch, fails, residual=1.0, end=None):
                 q, kk, values = end(q, kk, values)
         return q, kk, values, info
 
-    monkeypatch.setattr(decoupled, "_solve_head", solve_or_fail)
+    monkeypatch.setattr(rounds, "_solve_head", solve_or_fail)
 
 
 def nudged(scale, seed):
     """An ``end`` for :func:`fail_problems`: ``Q`` moved by ``scale`` noise."""
     rng = np.random.default_rng(seed)
     return lambda q, k, v: (q + scale * rng.normal(size=q.shape), k, v)
+
+
+def head_one_once(times=1):
+    """A ``fails`` for :func:`fail_problems`: head 1's first ``times`` problems."""
+    left = {"head 1": times}
+
+    def fails(head):
+        if head == 1 and left["head 1"]:
+            left["head 1"] -= 1
+            return True
+        return False
+
+    return fails
+
+
+def decoupled_after_the_search():
+    """The decoupled record and the fit's residual of a minibatch search's fit."""
+    X, Y, _, _ = refine_planted(600, 6, 6, 3, 2, 6, seed=9)
+    _, _, info = fit_from_random_starts(
+        X,
+        Y,
+        3,
+        random_state=0,
+        polish=PolishOptions(head_rank=2, intercept=True),
+        starts=RandomStartOptions(start_search="minibatch"),
+    )
+    return info["start_search"]["decoupled"], info["relative_residual"]
+
+
+def stall_head_one_below(monkeypatch, times):
+    """Head 1's problem ends near (1e-5) and stops improving on fewer than
+    ``times`` times the refinement's own sequences (as sharp heads do); returns
+    the list that receives that number of sequences."""
+    import skattn.solvers.stages._rounds as rounds
+
+    solve = rounds._solve_head
+    small = []
+
+    def stalled(X, shares, head, *args, **kwargs):
+        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
+        if not small:  # the first problem is on the refinement's own sequences
+            small.append(len(X))
+        if head == 1 and len(X) < times * small[0]:
+            info["relative_residual"] = 1e-5
+            q = nudged(1e-6, 19)(q, kk, values)[0]
+        return q, kk, values, info
+
+    monkeypatch.setattr(rounds, "_solve_head", stalled)
+    return small
 
 
 def two_heads_regression(k, d):

@@ -56,7 +56,7 @@ CHILD = textwrap.dedent(
     import test_estimators_memory as t
     from skattn.solvers import _checkpoints
     from skattn.solvers.optimizers import _lm_matrix_free, _trf
-    from skattn.solvers.stages import _refine
+    from skattn.solvers.stages import _rounds
     from skattn.solvers import _driver
 
     where, stage = sys.argv[1], sys.argv[2]
@@ -72,7 +72,7 @@ CHILD = textwrap.dedent(
             die()
         _driver.minibatch_search = killed
     elif stage == "refinement":  # after two heads' problems, mid-refinement
-        solve = _refine._solve_head
+        solve = _rounds._solve_head
         import threading
         calls, lock = [], threading.Lock()
         def killed(*args, **kwargs):
@@ -82,7 +82,7 @@ CHILD = textwrap.dedent(
                 if len(calls) == 2:
                     die()
             return solved
-        _refine._solve_head = killed
+        _rounds._solve_head = killed
     else:  # the polish, after its fifth kept iterate
         trf = _lm_matrix_free.trf
         n = []
@@ -239,12 +239,12 @@ def test_damaged_entry_is_an_error_naming_it(tmp_path):
 def test_ctrl_c_leaves_the_estimator_unfitted_and_says_how_to_resume(
     tmp_path, monkeypatch
 ):
-    from skattn.solvers.stages import _refine
+    from skattn.solvers.stages import _rounds
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_refine, "_solve_head", interrupted)
+    monkeypatch.setattr(_rounds, "_solve_head", interrupted)
     X, y = _data()
     estimator = MultiHeadAttentionRegressor(memory=str(tmp_path), **PARAMS)
     with pytest.raises(KeyboardInterrupt, match="fit again with the same data"):

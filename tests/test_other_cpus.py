@@ -49,9 +49,17 @@ MODULES = (
     "test_solvers_optimizers_lsmr.py",
     "test_solvers_optimizers_trf.py",
     "test_utils_array_api.py",
+    "test_solvers_stages_rounds.py",
     "test_solvers_stages_refine.py",
+    "test_solvers_stages_more_sequences.py",
+    "test_solvers_stages_pinning.py",
+    "test_solvers_stages_search_afresh.py",
+    "test_solvers_stages_from_patterns.py",
 )
-SELECTION = "torch or stages_refine"
+SELECTION = (
+    "torch or stages_rounds or stages_refine or stages_more_sequences"
+    " or stages_pinning or stages_search_afresh or stages_from_patterns"
+)
 
 
 @pytest.mark.skipif(

@@ -34,7 +34,8 @@ from skattn.solvers import (
 )
 from skattn.solvers.kernels._varpro import _intercept_direction
 from skattn.solvers.stages._polish import polish, staged_polish
-from skattn.solvers.stages._refine import decoupled_refine, refine_heads
+from skattn.solvers.stages._refine import refine_heads
+from skattn.solvers.stages._rounds import decoupled_refine
 from skattn.solvers.stages._search import head_contributions, minibatch_search
 from skattn.utils._array_api import namespace, to_numpy
 

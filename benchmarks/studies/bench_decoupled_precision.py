@@ -36,7 +36,7 @@ import skattn.solvers._driver as driver_module
 import skattn.solvers.stages._refine as refine_module
 from skattn.solvers import FactoredHeads
 from skattn.solvers.kernels._decoupling import _shares
-from skattn.solvers.stages._refine import _solve_head
+from skattn.solvers.stages._rounds import _solve_head
 
 
 class _Saved(Exception):

@@ -1,7 +1,7 @@
 """Decoupled one-head problems: how many sequences they are solved on.
 
 The decoupled refinement (:func:`skattn.solvers.decoupled_refine`) solves one
-problem per head on :func:`~skattn.solvers.stages._refine.decoupled_size` random
+problem per head on :func:`~skattn.solvers.stages._rounds.decoupled_size` random
 sequences of the training set.  A Jacobian product costs in proportion to the
 sequences; more sequences make each head's problem better conditioned (fewer
 products) and pin the head better on sequences it was not solved on.  This
@@ -38,7 +38,7 @@ from threadpoolctl import threadpool_limits
 
 from skattn.layer._math import softmax
 from skattn.solvers.kernels._decoupling import _one_head_problem, _shares
-from skattn.solvers.stages._refine import _solve_head
+from skattn.solvers.stages._rounds import _solve_head
 
 
 def held_out_residual(X, Y, params, par, head, fit, test, intercept):

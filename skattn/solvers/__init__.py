@@ -37,8 +37,9 @@ from .kernels._varpro import VarproProblem
 from .kernels._whitening import whitening_map
 from .optimizers._lm_matrix_free import varpro_least_squares
 from .stages._polish import choose_factor_values, choose_solver, polish
-from .stages._refine import can_decouple, decoupled_refine, search_head
+from .stages._rounds import can_decouple, decoupled_refine
 from .stages._search import head_contributions, minibatch_search
+from .stages._search_afresh import search_head
 
 __all__ = [
     "STOP_REASONS",

@@ -36,9 +36,11 @@ from .kernels._loss import REALISABLE_RESIDUAL
 from .kernels._parametrization import FactoredHeads, random_attention
 from .kernels._varpro import _intercept_direction
 from .kernels._whitening import WHITEN_MIN_CONDITION, _unwhiten, whitening_map
+from .stages._common import _blas_limits, _on_accelerator, _threads
 from .stages._polish import choose_factor_values, staged_polish, warmup_size
-from .stages._refine import _threads, can_decouple, refine_heads
-from .stages._search import _blas_limits, _on_accelerator, minibatch_search
+from .stages._refine import refine_heads
+from .stages._rounds import can_decouple
+from .stages._search import minibatch_search
 
 
 def fit_from_random_starts(

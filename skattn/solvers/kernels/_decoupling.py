@@ -6,7 +6,7 @@ A layer of low-rank heads with factored values writes its outputs as
 ``O = [O_1; ...; O_m]`` have full row rank (``m r <= d_out``), ``D = O^+`` maps the
 outputs to every head's share, ``Y_s D_i = S_i(X_s) X_s V_i (+ 1 c^T D_i)``, which
 depends on head i's parameters alone (the derivation is in
-:mod:`skattn.solvers.stages._refine`, which solves the one-head problems).
+:mod:`skattn.solvers.stages._rounds`, which solves the one-head problems).
 Arrays in, arrays out, of any array-API namespace (numpy arrays get the numpy
 results of before).
 """

@@ -100,7 +100,7 @@ class VarproProblem:
         Full ``W_i`` only: ``f`` more eliminated design columns that do not depend
         on the parameters (row ``(n, l)`` gets ``fixed_columns[n, l]``); their
         coefficients are in :attr:`fixed_coefficients`.  The decoupled one-head
-        problems (:mod:`skattn.solvers.stages._refine`) put the other heads' outputs
+        problems (:mod:`skattn.solvers.stages._rounds`) put the other heads' outputs
         there.
     n_jobs : int, default=1
         Threads over the chunks of the examples in the Jacobian products (when

@@ -28,7 +28,7 @@ from ..kernels._parametrization import make_parametrization
 from ..optimizers._lbfgs import lbfgs_layer, lbfgs_reduced
 from ..optimizers._lm_dense import _varpro_levenberg_marquardt
 from ..optimizers._lm_matrix_free import varpro_least_squares
-from ._search import _copy, _take
+from ._common import _copy, _take
 
 # the polish's defaults (written once, in PolishOptions)
 _POLISH = PolishOptions()

@@ -19,14 +19,11 @@ of ``X``, the batches are drawn on the host (a numpy generator: the same batches
 every namespace), and the records hold Python numbers.
 """
 
-import contextlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from sklearn.externals import array_api_compat as _compat
 from sklearn.utils import check_random_state
-from threadpoolctl import threadpool_limits
 
 from ...layer._math import softmax
 from ...utils._array_api import (
@@ -44,6 +41,7 @@ from ..kernels._parametrization import random_attention
 from ..optimizers._adam import _ADAM_BETA1 as _BETA1
 from ..optimizers._adam import _ADAM_BETA2 as _BETA2
 from ..optimizers._adam import _ADAM_EPSILON as _EPSILON
+from ._common import _blas_limits, _copy, _on_accelerator, _take
 
 # The search's defaults (also those of the replacements after a decoupled refinement).
 _BATCH_SIZE = 256
@@ -66,10 +64,10 @@ _REPLACEMENT_BATCHES = 16
 _REPLACE_BELOW = math.sqrt(2.0)
 
 
-# The array namespace's small helpers of the random-start stages (_search, _refine,
-# _polish and the driver): each keeps the numpy route of the code it replaced (so
-# that numpy's results keep their bits) and is written against the array API
-# standard for the other namespaces.
+# The array namespace's small helpers of the search (those the stages share are in
+# _common): each keeps the numpy route of the code it replaced (so that numpy's
+# results keep their bits) and is written against the array API standard for the
+# other namespaces.
 
 
 def _xp_dtype(xp, dtype):
@@ -80,21 +78,6 @@ def _xp_dtype(xp, dtype):
     except TypeError:
         return dtype
     return getattr(xp, name)
-
-
-def _take(xp, A, rows):
-    """The entries ``rows`` (host integer indices) of ``A`` along its first axis,
-    in ``A``'s namespace and on its device (``None`` for ``A=None``)."""
-    if A is None:
-        return None
-    if is_numpy(xp):
-        return A[rows]
-    return xp.take(A, to_namespace(np.asarray(rows), xp, device(A)), axis=0)
-
-
-def _copy(xp, a):
-    """A copy of ``a`` (numpy: ``a.copy()``, C order as before)."""
-    return a.copy() if is_numpy(xp) else xp.asarray(a, copy=True)
 
 
 def _sum_squares(xp, a):
@@ -133,22 +116,6 @@ def _columns(xp, a, indices, axis):
         return a[(slice(None),) * axis + (indices,)]
     indices = to_namespace(np.asarray(indices), xp, device(a))
     return xp.take(a, indices, axis=axis)
-
-
-def _on_accelerator(x):
-    """Whether ``x`` lives on a GPU (torch CUDA/MPS or CuPy): there the stages run
-    their independent pieces one after another rather than in host threads."""
-    if _compat.is_cupy_array(x):
-        return True
-    return _compat.is_torch_array(x) and x.device.type != "cpu"
-
-
-def _blas_limits(xp):
-    """One BLAS thread (numpy's threadpoolctl limit), or nothing for the other
-    namespaces (their libraries schedule their own threads)."""
-    if is_numpy(xp):
-        return threadpool_limits(limits=1, user_api="blas")
-    return contextlib.nullcontext()
 
 
 def batch_loss_gradient(

@@ -1,6 +1,6 @@
 """Sharp heads: a head restarted from its patterns, fitted in logit space.
 
-A head whose one-head problem (:func:`~._refine.decoupled_refine`) stalls is most
+A head whose one-head problem (:func:`~._rounds.decoupled_refine`) stalls is most
 often a sharp one: its rows put nearly all their weight on one token, the outputs'
 derivatives in its small weights are proportional to those weights, and
 Gauss-Newton steps do not move them (see :mod:`~..kernels._logits`).
@@ -89,7 +89,7 @@ def logit_start(
     head : int
     sample_weight : array of shape (n,) or None
     intercept_direction : array of shape (d,) or None
-        As in :func:`~._refine.decoupled_refine`.
+        As in :func:`~._rounds.decoupled_refine`.
     n_rounds : int
         Rounds of :func:`~..kernels._patterns.invert_patterns` at most (fewer
         once a round lowers its residual by less than 1 %).

@@ -1,0 +1,74 @@
+"""Heads stuck near on more sequences: a head whose one-head problem ended near
+its head but stopped improving (a sharp head's problem is badly conditioned on few
+sequences) is solved again from its end on ``_STUCK_SEQUENCES`` times the
+sequences, and on as many times those while it stays near and unconverged and the
+training set has more; the heads that converge are taken.
+"""
+
+from ...utils._array_api import namespace
+from ._common import _fit_on, _take, _with_heads, _with_more
+from ._rounds import _NEAR, decoupled_refine
+
+# Heads whose problems ended near but stopped improving are solved again on this
+# many times the sequences, and again on this many times those while they stay
+# near and unconverged and the training set has more: a sharp head's problem is
+# badly conditioned on few (on MiniLM layer 1 of real text, heads 0, 2 and 3
+# stopped at 5.5e-5-1.4e-4 on 376 sequences and converged on 1128; the sharpest
+# head, 2.0e-4 on 376 and 2.6e-5 on 1128, converged alone on 3384 to 2.3e-12,
+# held out 7.6e-12; benchmarks/HISTORY.md).
+_STUCK_SEQUENCES = 3
+
+
+def _stalled(heads, among):
+    """The heads of ``among`` whose problems (rows of ``heads``, None when not
+    refined) ended near (at most ``_NEAR``) but unconverged."""
+    return [
+        i
+        for i in among
+        if heads[i] is not None
+        and not heads[i]["converged"]
+        and heads[i]["relative_residual"] <= _NEAR
+    ]
+
+
+def _on_more_sequences(
+    X, Y, params, par, direction, sample_weight, rng, verbose, info, stuck, rows, memory
+):
+    """The ``stuck`` heads refined again on ``_STUCK_SEQUENCES`` times the
+    sequences (``rows`` and more), those still near and unconverged there on
+    ``_STUCK_SEQUENCES`` times those, and so on while the training set has
+    more; each stage starts from the previous one's ends, and the heads that
+    converge are taken.  ``info["stuck"]`` lists the stages (``heads``,
+    ``n_sequences``, ``converged``)."""
+    xp = namespace(X, Y)
+    n = X.shape[0]
+    more, start, info["stuck"] = rows, params, []
+    taken = []
+    while stuck and len(more) < n:
+        more = _with_more(rng, n, more, min(n, _STUCK_SEQUENCES * len(more)))
+        start, again = decoupled_refine(
+            _take(xp, X, more),
+            _take(xp, Y, more),
+            start,
+            par,
+            sample_weight=_take(xp, sample_weight, more),
+            intercept_direction=direction,
+            heads=stuck,
+            verbose=verbose,
+            memory=memory,
+        )
+        info["n_products"] += again["n_products"]
+        converged = [i for i in stuck if again["heads"][i]["converged"]]
+        info["stuck"].append(
+            {"heads": stuck, "n_sequences": len(more), "converged": converged}
+        )
+        if converged:
+            params = _with_heads(xp, par, params, start, converged)
+            for i in converged:
+                info["heads"][i] = again["heads"][i]
+            taken += converged
+        stuck = _stalled(again["heads"], stuck)
+    if taken:
+        info["residual"] = _fit_on(X, Y, params, par, sample_weight, direction, rows)
+        info["kept"] = True
+    return params, info

@@ -1,0 +1,195 @@
+"""The rounds of one-head solves: every head refined on its own one-head
+problem, near heads restarted from their ends (``stages/_rounds.py``)."""
+
+import numpy as np
+import pytest
+from _helpers import fail_problems, head_one_once, nudged
+from _helpers import refine_planted as planted
+
+from skattn.solvers import FactoredHeads, can_decouple, decoupled_refine
+from skattn.solvers.kernels._varpro import _intercept_direction
+from skattn.solvers.stages._rounds import decoupled_size
+
+
+def identifiable_attention_error(par, params, truth, intercept=True):
+    """Relative error of the Theta_i, heads in order; with tokens ``[x, 1]`` the
+    column of the constant key coordinate only shifts a row of logits and cancels
+    in the softmax, so it is left out."""
+    cut = slice(None, -1) if intercept else slice(None)
+    a, b = par.attention(params)[:, :, cut], par.attention(truth)[:, :, cut]
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def three_heads(**options):
+    """:func:`decoupled_refine` of three planted heads from a start 0.03 off:
+    ``(par, start, refined, info)``."""
+    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
+    par = FactoredHeads(3, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X), **options
+    )
+    return par, start, refined, info
+
+
+def assert_head_one_kept_its_start(par, start, refined):
+    Q, K, _ = par.factors(refined)
+    Q0, K0, _ = par.factors(start)
+    np.testing.assert_array_equal(Q[1], Q0[1])
+    np.testing.assert_array_equal(K[1], K0[1])
+
+
+def test_can_decouple_and_sizes():
+    assert can_decouple(12, 32, 384) and can_decouple(3, 2, 7)
+    assert not can_decouple(3, 3, 7) and not can_decouple(2, None, 100)
+    # enough equations per unknown, and a floor for tiny layers
+    m, k, d, r, o = 12, 16, 385, 32, 384
+    n = decoupled_size(m, k, d, r, o)
+    assert n * k * r >= 4 * (2 * d * r + (d + o - r) * r)
+    assert decoupled_size(2, 4, 5, 1, 2) == 200
+
+
+@pytest.mark.parametrize(
+    "d_out, intercept, weighted", [(6, True, False), (9, True, True), (6, False, False)]
+)
+def test_decoupled_refine_recovers_every_head_from_a_perturbed_start(
+    d_out, intercept, weighted
+):
+    # m r = 6 <= d_out: every head on its own problem, whatever the others' errors
+    X, Y, truth, _ = planted(400, 6, 6, 3, 2, d_out, seed=4, intercept=intercept)
+    d = X.shape[2]
+    par = FactoredHeads(3, d, 2)
+    rng = np.random.default_rng(5)
+    start = truth + 0.05 * rng.normal(size=truth.size)
+    weights = rng.uniform(0.5, 2.0, size=400) if weighted else None
+    direction = _intercept_direction(X) if intercept else None
+    refined, info = decoupled_refine(
+        X, Y, start, par, sample_weight=weights, intercept_direction=direction
+    )
+    assert info["kept"] and info["residual_start"] > 1e-3
+    assert info["residual"] < 1e-10
+    assert all(head["relative_residual"] < 1e-10 for head in info["heads"])
+    assert identifiable_attention_error(par, refined, truth, intercept) < 1e-8
+
+
+def test_decoupled_refine_in_threads_gives_the_same_result():
+    X, Y, truth, _ = planted(300, 5, 5, 2, 2, 4, seed=6)
+    par = FactoredHeads(2, 6, 2)
+    start = truth + 0.03 * np.random.default_rng(7).normal(size=truth.size)
+    direction = _intercept_direction(X)
+    one, _ = decoupled_refine(X, Y, start, par, intercept_direction=direction)
+    two, _ = decoupled_refine(X, Y, start, par, intercept_direction=direction, n_jobs=2)
+    np.testing.assert_array_equal(one, two)
+
+
+def test_decoupled_refine_refuses_heads_that_do_not_fit_in_the_outputs():
+    X, Y, truth, _ = planted(50, 3, 4, 3, 2, 6)
+    with pytest.raises(ValueError, match="n_heads \\* head_rank <= n_outputs"):
+        decoupled_refine(X, Y[:, :, :5], truth, FactoredHeads(3, 5, 2))
+
+
+def test_decoupled_refine_keeps_the_start_when_it_fits_better():
+    # at the truth there is nothing to gain: the start is returned as it is
+    X, Y, truth, _ = planted(250, 4, 4, 2, 2, 4, seed=8)
+    par = FactoredHeads(2, 5, 2)
+    refined, info = decoupled_refine(
+        X, Y, truth, par, intercept_direction=_intercept_direction(X), max_iter=1
+    )
+    assert info["residual"] <= info["residual_start"] < 1e-12
+    if not info["kept"]:
+        np.testing.assert_array_equal(refined, truth)
+
+
+def test_an_unconverged_head_is_not_taken(monkeypatch):
+    # a problem that does not converge (far) leaves its head as it was
+    fail_problems(monkeypatch, lambda head: head == 1)
+    par, start, refined, info = three_heads()
+    assert_head_one_kept_its_start(par, start, refined)
+    assert info["kept"] and info["residual"] < info["residual_start"]
+    assert not info["heads"][1]["converged"] and info["heads"][0]["converged"]
+
+
+def test_near_unconverged_heads_are_restarted_from_their_ends():
+    # three iterations leave every head near (about 1e-4), unconverged; a second
+    # round from their ends, the decoupling map recomputed, solves them
+    X, Y, truth, _ = planted(400, 6, 6, 3, 2, 6, seed=4)
+    par = FactoredHeads(3, 7, 2)
+    start = truth + 0.05 * np.random.default_rng(5).normal(size=truth.size)
+    direction = _intercept_direction(X)
+    once, info_once = decoupled_refine(
+        X, Y, start, par, intercept_direction=direction, max_iter=3, restarts=0
+    )
+    assert all(1e-10 < h["relative_residual"] <= 1e-3 for h in info_once["heads"])
+    assert [h["rounds"] for h in info_once["heads"]] == [1, 1, 1]
+    # the near ends are taken: the layer fits better than at the start
+    assert info_once["kept"] and info_once["residual"] < 1e-3
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=direction, max_iter=3, restarts=3
+    )
+    # every head restarted (how many rounds of three iterations each took is the
+    # path of its float32 and float64 solves, which another BLAS may change)
+    assert all(2 <= h["rounds"] <= 4 for h in info["heads"])
+    assert all(h["converged"] and h["n_iter"] > 3 for h in info["heads"])
+    assert info["residual"] < 1e-10
+    assert identifiable_attention_error(par, refined, truth) < 1e-8
+
+
+def test_far_heads_are_not_restarted_and_their_ends_not_taken():
+    X, Y, truth, _ = planted(400, 6, 6, 3, 2, 6, seed=4)
+    par = FactoredHeads(3, 7, 2)
+    start = truth + 0.1 * np.random.default_rng(5).normal(size=truth.size)
+    refined, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X), max_iter=2
+    )
+    assert all(h["relative_residual"] > 1e-3 for h in info["heads"])
+    assert [h["rounds"] for h in info["heads"]] == [1, 1, 1]
+    assert not info["kept"]
+    np.testing.assert_array_equal(refined, start)
+
+
+def test_a_head_that_stops_improving_is_not_restarted_again(monkeypatch):
+    # head 1 reports 1e-5 every round (and ends slightly off, so the layer does
+    # not fit to rounding): restarted once (it was near), then its residual did
+    # not fall tenfold and it stops; the others converge in round 1
+    fail_problems(
+        monkeypatch, lambda head: head == 1, residual=1e-5, end=nudged(1e-7, 16)
+    )
+    _, _, _, info = three_heads(restarts=3)
+    assert [h["rounds"] for h in info["heads"]] == [1, 2, 1]
+    assert not info["heads"][1]["converged"] and info["heads"][0]["converged"]
+
+
+def test_a_near_end_that_fits_the_layer_worse_is_not_taken(monkeypatch):
+    # head 1's problem reports a near residual but ends at random factors: the
+    # layer without that end fits better, so head 1 keeps its start
+    rng = np.random.default_rng(14)
+    fail_problems(
+        monkeypatch,
+        lambda head: head == 1,
+        residual=1e-5,
+        end=lambda q, k, v: tuple(rng.normal(size=f.shape) for f in (q, k, v)),
+    )
+    par, start, refined, info = three_heads()
+    assert_head_one_kept_its_start(par, start, refined)
+    assert info["kept"] and info["heads"][0]["converged"]
+
+
+def test_a_head_just_under_the_converged_rule_is_restarted_to_rounding(monkeypatch):
+    # head 1's first problem reports 5e-11 and ends slightly off: converged
+    # (taken) but above 1e-12, and the layer not fitted to 1e-10, so it goes on
+    # for another round, which ends at rounding
+    fail_problems(monkeypatch, head_one_once(), residual=5e-11, end=nudged(1e-7, 15))
+    _, _, _, info = three_heads()
+    assert [h["rounds"] for h in info["heads"]] == [1, 2, 1]
+    assert all(h["converged"] for h in info["heads"])
+    assert info["heads"][1]["relative_residual"] <= 1e-12
+    assert info["residual"] < 1e-10
+
+
+def test_no_round_starts_once_the_layer_fits_to_rounding(monkeypatch):
+    # the same report, but head 1's end is exact: the layer fits to rounding
+    # after round one, so head 1 is not restarted
+    fail_problems(monkeypatch, head_one_once(), residual=5e-11)
+    _, _, _, info = three_heads()
+    assert [h["rounds"] for h in info["heads"]] == [1, 1, 1]
+    assert info["residual"] < 1e-10
