@@ -7,8 +7,9 @@ that compared iterates of a nonconvex optimizer across libraries passed on one
 machine and failed on another (issue 48).  The variables below make this
 machine's libraries take the kernels of other CPUs, so that such a test fails
 here too: each configuration runs, in a fresh interpreter (the libraries read
-them once, when loaded), the tests that compare torch with numpy, and the
-refinement's tests whose rounds follow float32 solves.
+them once, when loaded), the tests that compare torch with numpy, the
+refinement's tests whose rounds follow float32 solves, and the head selection's
+look-ahead test, which the whole suite's run with Prescott's kernels caught.
 
 ``.ci/other_cpus`` runs the whole suite in each configuration (and a third).
 """
@@ -38,8 +39,9 @@ CONFIGURATIONS = {
     },
 }
 
-# the modules whose tests compare libraries (their torch cases are selected) and
-# the refinement's
+# the modules whose tests compare libraries (their torch cases are selected), the
+# refinement's, and the look-ahead of the head selection (whose 1-head fit ran
+# out of iterations with Prescott's and Haswell's kernels)
 MODULES = (
     "test_estimators_array_api.py",
     "test_solvers_array_api.py",
@@ -55,10 +57,12 @@ MODULES = (
     "test_solvers_stages_pinning.py",
     "test_solvers_stages_search_afresh.py",
     "test_solvers_stages_from_patterns.py",
+    "test_phased_model_selection.py",
 )
 SELECTION = (
     "torch or stages_rounds or stages_refine or stages_more_sequences"
     " or stages_pinning or stages_search_afresh or stages_from_patterns"
+    " or lookahead"
 )
 
 
