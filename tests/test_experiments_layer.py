@@ -90,7 +90,9 @@ def test_learn_layer_returns_and_writes_the_same_layer_and_report(tmp_path, text
 def test_a_fit_on_a_torch_device_is_the_fit_on_the_host(text):
     # device="cpu": the windows as torch tensors, fitted through the array API
     # (the CUDA route, on the CPU); one iteration of the polish from the same
-    # start: the same layer as numpy's to rounding
+    # start gives numpy's layer but for rounding, which LSMR's inner iterations
+    # amplify (1.6e-7 in the held-out error with OpenBLAS's Prescott kernels,
+    # 1e-13 with this machine's): compared at 1e-5, a hundredfold above
     pytest.importorskip("torch")
     if layer_module.os.environ.get("SCIPY_ARRAY_API") != "1":
         pytest.skip("the array API needs SCIPY_ARRAY_API=1 (the root conftest)")
@@ -101,13 +103,14 @@ def test_a_fit_on_a_torch_device_is_the_fit_on_the_host(text):
     assert torch_fit.report["arguments"]["device"] == "cpu"
     assert type(torch_fit.estimator.attention_).__name__ == "Tensor"
     assert torch_fit.report["held_out_relative_error"] == pytest.approx(
-        host.report["held_out_relative_error"], rel=1e-8
+        host.report["held_out_relative_error"], rel=1e-5
     )
+    predicted = host.learned.transform(host.X_held_out)
     np.testing.assert_allclose(
         torch_fit.learned.transform(host.X_held_out),
-        host.learned.transform(host.X_held_out),
-        rtol=1e-8,
-        atol=1e-8 * abs(host.y_held_out).max(),
+        predicted,
+        rtol=0,
+        atol=1e-5 * abs(predicted).max(),
     )
 
 
