@@ -58,6 +58,7 @@ MODULES = (
     "test_solvers_stages_search_afresh.py",
     "test_solvers_stages_from_patterns.py",
     "test_phased_model_selection.py",
+    "test_experiments_layer.py",
 )
 SELECTION = (
     "torch or stages_rounds or stages_refine or stages_more_sequences"
