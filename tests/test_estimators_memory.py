@@ -257,6 +257,32 @@ def test_ctrl_c_leaves_the_estimator_unfitted_and_says_how_to_resume(
     assert "search-1" in _stages(resumed)["reused"]
 
 
+def test_memory_without_an_int_seed_warns_and_promises_no_resume(tmp_path, monkeypatch):
+    # random_state=None draws other starts at every fit: nothing kept can be
+    # reused, and the fit says so at once; interrupted, it promises no resume
+    from skattn.solvers.stages import _rounds
+
+    X, y = _data()
+    params = {**PARAMS, "random_state": None}
+    with pytest.warns(UserWarning, match="computes everything anew"):
+        first = MultiHeadAttentionRegressor(memory=str(tmp_path), **params).fit(X, y)
+    with pytest.warns(UserWarning, match="Pass an int random_state"):
+        again = MultiHeadAttentionRegressor(memory=str(tmp_path), **params).fit(X, y)
+    assert _stages(again)["reused"] == [] and _stages(first)["computed"]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_rounds, "_solve_head", interrupted)
+    estimator = MultiHeadAttentionRegressor(memory=str(tmp_path), **params)
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(KeyboardInterrupt, match="cannot resume") as caught,
+    ):
+        estimator.fit(X, y)
+    assert "fit again with the same data" not in str(caught.value)
+
+
 def test_memory_parameter_is_validated():
     X, y = _data()
     with pytest.raises(ValueError, match="memory"):

@@ -4,6 +4,7 @@ The estimator holds the parameters, validates the data and keeps the fitted
 attributes; the learner itself is :func:`skattn.phased.phased_fit`.
 """
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -248,8 +249,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         (bit for bit with the same number of BLAS threads; to rounding with
         another, as a product's last bits depend on it).
         Changed data or parameters use none of them; resuming needs an int
-        ``random_state`` (with None every fit draws new starts). Phases 1-6 are
-        not kept. ``None``: nothing is kept.
+        ``random_state`` (with None every fit draws new starts: ``fit`` then
+        warns at once that it cannot be resumed, and an interrupted fit does not
+        promise it). Phases 1-6 are not kept. ``None``: nothing is kept.
     verbose : int, default=0
         Show a progress bar over the phases (tqdm) when positive; from 2 on, the
         matrix-free polish also prints one line per iteration.
@@ -571,6 +573,13 @@ n_features_per_token)
                 "out-of-core X."
             )
         X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
+        resumable = _resumable(self.random_state)
+        if self.memory is not None and not resumable:
+            warnings.warn(
+                _never_resumes(self.memory, self.random_state),
+                UserWarning,
+                stacklevel=4,  # fit, all_or_nothing, _fit_context: the caller's line
+            )
         rng = check_random_state(self.random_state)
         if self.n_heads == "auto" and self.head_rank is not None and self.n_tokens_ > 1:
             raise ValueError(
@@ -593,7 +602,7 @@ n_features_per_token)
                 memory=self.memory,
             )
         except KeyboardInterrupt:  # the estimator is left as it was (all_or_nothing)
-            raise KeyboardInterrupt(_interrupted(self.memory)) from None
+            raise KeyboardInterrupt(_interrupted(self.memory, resumable)) from None
         self.phase_report_ = info["reports"]
         self.n_heads_, self.n_iter_ = info["n_heads"], info["n_iter"]
         self.projection_sum_ = info["projection_sum"]
@@ -617,13 +626,37 @@ n_features_per_token)
         return self
 
 
-def _interrupted(memory):
+def _resumable(random_state):
+    """Whether a fit with ``random_state`` draws the same starts when run again
+    (an int seed), so that stages kept by ``memory`` can be read back."""
+    return isinstance(random_state, Integral) and not isinstance(random_state, bool)
+
+
+def _never_resumes(memory, random_state):
+    """The warning of a fit given ``memory`` that no later fit can resume."""
+    return (
+        f"memory={memory!r} keeps the fit's finished stages, but random_state="
+        f"{random_state!r} draws other random starts at every fit, so a fit run "
+        f"again (after an interruption, say) computes everything anew and reuses "
+        f"nothing. Pass an int random_state (e.g. random_state=0) to make the fit "
+        f"resumable."
+    )
+
+
+def _interrupted(memory, resumable=True):
     """What an interrupted fit says: how to resume it, or how it could have."""
     if memory is None:
         return (
             "MultiHeadAttentionRegressor.fit was interrupted; the estimator is left "
             "as it was. Pass memory='a folder' (and an int random_state) to keep "
             "each finished stage, so that a fit run again resumes after the last."
+        )
+    if not resumable:  # nothing kept can be read back: no promise
+        return (
+            f"MultiHeadAttentionRegressor.fit was interrupted; the estimator is left "
+            f"as it was. A fit run again cannot resume from memory={memory!r}: "
+            f"without an int random_state it draws other random starts. Pass "
+            f"random_state=0 (any int) with memory to make fits resumable."
         )
     return (
         f"MultiHeadAttentionRegressor.fit was interrupted; the estimator is left as "
