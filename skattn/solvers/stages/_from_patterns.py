@@ -11,7 +11,7 @@ from ..kernels._logits import split_rows_needed
 from ._common import _fit_on, _judged_on, _on_rows, _with_more
 from ._more_sequences import _STUCK_SEQUENCES, _on_more_sequences, _stalled
 from ._pinning import _sequences_needed, _stage_size
-from ._rounds import _NEAR, decoupled_refine
+from ._rounds import _NEAR, _refine_on
 from ._sharp_heads import can_read_patterns, fit_logits, read_patterns
 
 
@@ -115,17 +115,17 @@ def _from_patterns(
                     f"{read['sequences_needed']:.0f} needed to pin it, {n} given"
                 )
             continue
-        Xm, Ym, weights = _on_rows(xp, more, X, Y, sample_weight)
-        refined, again = decoupled_refine(
-            Xm,
-            Ym,
+        refined, again = _refine_on(
+            X,
+            Y,
+            sample_weight,
+            more,
             candidate,
             par,
-            sample_weight=weights,
-            intercept_direction=direction,
-            heads=[head],
-            verbose=verbose,
-            memory=memory,
+            direction,
+            [head],
+            verbose,
+            memory,
         )
         solved = again["heads"][head]
         info["n_products"] += again["n_products"]  # spent, taken or not

@@ -6,8 +6,8 @@ training set has more; the heads that converge are taken.
 """
 
 from ...utils._array_api import namespace
-from ._common import _fit_on, _take, _with_heads, _with_more
-from ._rounds import _NEAR, decoupled_refine
+from ._common import _fit_on, _with_heads, _with_more
+from ._rounds import _NEAR, _refine_on
 
 # Heads whose problems ended near but stopped improving are solved again on this
 # many times the sequences, and again on this many times those while they stay
@@ -46,16 +46,8 @@ def _on_more_sequences(
     taken = []
     while stuck and len(more) < n:
         more = _with_more(rng, n, more, min(n, _STUCK_SEQUENCES * len(more)))
-        start, again = decoupled_refine(
-            _take(xp, X, more),
-            _take(xp, Y, more),
-            start,
-            par,
-            sample_weight=_take(xp, sample_weight, more),
-            intercept_direction=direction,
-            heads=stuck,
-            verbose=verbose,
-            memory=memory,
+        start, again = _refine_on(
+            X, Y, sample_weight, more, start, par, direction, stuck, verbose, memory
         )
         info["n_products"] += again["n_products"]
         converged = [i for i in stuck if again["heads"][i]["converged"]]

@@ -11,7 +11,7 @@ import math
 from ...utils._array_api import namespace, to_numpy
 from ..kernels._logits import split_rows, split_rows_needed
 from ._common import _fit_on, _take, _with_heads, _with_more
-from ._rounds import decoupled_refine
+from ._rounds import _refine_on
 
 # A head left unconverged whose attention the refinement's sequences split on
 # fewer rows than its logits need (split_rows_needed: a counting bound) is solved
@@ -88,16 +88,8 @@ def _on_enough_sequences(
         return params, info
     more = _with_more(rng, n, rows, size)
     heads = sorted(wanted)
-    refined, again = decoupled_refine(
-        _take(xp, X, more),
-        _take(xp, Y, more),
-        params,
-        par,
-        sample_weight=_take(xp, sample_weight, more),
-        intercept_direction=direction,
-        heads=heads,
-        verbose=verbose,
-        memory=memory,
+    refined, again = _refine_on(
+        X, Y, sample_weight, more, params, par, direction, heads, verbose, memory
     )
     info["n_products"] += again["n_products"]
     converged = [i for i in heads if again["heads"][i]["converged"]]

@@ -58,7 +58,7 @@ from ..kernels._decoupling import _output_factors, decoupling_map
 from ..kernels._loss import REALISABLE_RESIDUAL, _weights
 from ..kernels._parametrization import LowRank
 from ..optimizers._lm_matrix_free import varpro_least_squares
-from ._common import _blas_limits, _copy, _on_accelerator, _threads
+from ._common import _blas_limits, _copy, _on_accelerator, _on_rows, _threads
 
 __all__ = ["can_decouple", "decoupled_refine", "decoupled_size"]
 
@@ -433,3 +433,22 @@ def _solve_heads(
         if jobs == 1:
             return [job(i) for i in heads]
         return Parallel(n_jobs=jobs, prefer="threads")(delayed(job)(i) for i in heads)
+
+
+def _refine_on(
+    X, Y, sample_weight, rows, params, par, direction, heads, verbose, memory
+):
+    """:func:`decoupled_refine` of ``heads`` from ``params`` on the sequences
+    ``rows`` (the stages that solve heads again on other sequences)."""
+    Xr, Yr, weights = _on_rows(namespace(X, Y), rows, X, Y, sample_weight)
+    return decoupled_refine(
+        Xr,
+        Yr,
+        params,
+        par,
+        sample_weight=weights,
+        intercept_direction=direction,
+        heads=heads,
+        verbose=verbose,
+        memory=memory,
+    )
