@@ -1,11 +1,11 @@
 """AttentionLayer: a fixed (planted or learned) multi-head attention layer."""
 
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.utils import check_array
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..utils._validation import (
@@ -17,6 +17,7 @@ from ..utils._validation import (
 )
 from ._convert import projections_to_parameters
 from ._math import attention_patterns, balanced_factors, forward
+from ._positions import LAYOUTS, Rotary
 
 
 def check_layer_parameters(attention, projection):
@@ -115,6 +116,93 @@ def check_layer_biases(key_bias, intercept, n_heads, n_features, n_outputs):
     return key_bias, intercept
 
 
+def check_decoder_parameters(
+    rotary_query, rotary_key, n_kv_heads, n_heads, n_features, rope_theta=10000.0
+):
+    """Validate the rotary maps and the key/value heads of a decoder layer.
+
+    ``rotary_query`` ``(n_heads, n_features [+ 1], r)`` and ``rotary_key``
+    ``(n_kv_heads, n_features [+ 1], r)``, both or neither (``None``); ``r`` even;
+    ``n_kv_heads`` (``None``: ``rotary_key``'s heads, else ``n_heads``) dividing
+    ``n_heads``.  Returns ``(rotary_query, rotary_key, n_kv_heads)``, the arrays
+    as float64 with ``n_features + 1`` rows (a zero bias row added).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> P, K, g = check_decoder_parameters(np.ones((4, 3, 2)), np.ones((2, 3, 2)),
+    ...                                    None, 4, 3)
+    >>> P.shape, K.shape, g
+    ((4, 4, 2), (2, 4, 2), 2)
+    """
+    if n_kv_heads is not None and (
+        isinstance(n_kv_heads, bool)
+        or not isinstance(n_kv_heads, Integral)
+        or n_kv_heads < 1
+    ):
+        raise ValueError(f"n_kv_heads must be a positive integer, got {n_kv_heads!r}.")
+    if (rotary_query is None) != (rotary_key is None):
+        given = "rotary_query" if rotary_key is None else "rotary_key"
+        raise ValueError(
+            f"{given} is given without "
+            f"{'rotary_key' if rotary_key is None else 'rotary_query'}: a rotary "
+            f"layer needs both (the query and key maps of its rotated dimensions)."
+        )
+    if rotary_query is not None:
+        rope_theta = float(rope_theta)
+        if not (np.isfinite(rope_theta) and rope_theta > 0):
+            raise ValueError(
+                f"rope_theta must be a positive number, got {rope_theta!r}."
+            )
+        rotary_query = _rotary_map(rotary_query, "rotary_query", n_features)
+        rotary_key = _rotary_map(rotary_key, "rotary_key", n_features)
+        if rotary_query.shape[0] != n_heads:
+            raise ValueError(
+                f"rotary_query has {rotary_query.shape[0]} heads but the layer has "
+                f"n_heads={n_heads}; rotary_query must have shape (n_heads, "
+                f"n_features [+ 1], rotary_dim)."
+            )
+        r = rotary_query.shape[2]
+        if rotary_key.shape[2] != r:
+            raise ValueError(
+                f"rotary_key has rotary dimension {rotary_key.shape[2]} but "
+                f"rotary_query has {r}; both rotate the same dimensions."
+            )
+        if r % 2:
+            raise ValueError(
+                f"the rotary dimension (last axis of rotary_query) is {r}, odd: RoPE "
+                f"rotates pairs of dimensions, so it must be even."
+            )
+        if n_kv_heads is None:
+            n_kv_heads = rotary_key.shape[0]
+        elif rotary_key.shape[0] != n_kv_heads:
+            raise ValueError(
+                f"rotary_key has {rotary_key.shape[0]} heads but n_kv_heads="
+                f"{n_kv_heads}; rotary_key must have shape (n_kv_heads, ...)."
+            )
+    if n_kv_heads is not None and n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}: each group "
+            f"of n_heads / n_kv_heads query heads shares one key/value head."
+        )
+    return rotary_query, rotary_key, n_kv_heads
+
+
+def _rotary_map(value, name, n_features):
+    """A finite float64 ``(heads, n_features + 1, r)`` array (bias row added)."""
+    arr = np.asarray(value, dtype=float)
+    if arr.ndim != 3 or arr.shape[1] not in (n_features, n_features + 1):
+        raise ValueError(
+            f"{name} must have shape (heads, {n_features} or {n_features + 1}, "
+            f"rotary_dim) (the map of the features, and optionally a bias row), "
+            f"got {arr.shape}."
+        )
+    check_finite(arr, name)
+    if arr.shape[1] == n_features:
+        arr = np.concatenate([arr, np.zeros((arr.shape[0], 1, arr.shape[2]))], axis=1)
+    return arr
+
+
 class AttentionLayer(TransformerMixin, BaseEstimator):
     """A multi-head attention layer ``F(X) = sum_i softmax(X Theta_i X^T) X W_i``.
 
@@ -150,6 +238,35 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         (numerically: singular values above ``1e-8`` times the largest of the
         stack) and raise a ValueError naming the ranks otherwise, and
         :meth:`factors` returns factors of that size.  ``None``: full rank.
+    causal : bool, default=False
+        Decoder (causal) attention: token l attends to the tokens ``a <= l``
+        only.
+    rotary_query : array-like of shape (n_heads, n_features [+ 1], rotary_dim), \
+default=None
+        Rotary position embeddings (RoPE): head i's logit between query token l
+        and key token a gains ``q_i(l)^T R((a - l) omega) k_g(a)`` with ``q_i(l)
+        = P_i^T [x_l; 1]`` (``P_i = rotary_query[i]``, the logit scale folded
+        in; a last row, when present, is the query bias), ``k_g(a)`` likewise
+        from ``rotary_key[g]``, and ``R`` the rotation of the pairs of rotated
+        dimensions by the angles ``(a - l) rope_theta^(-2p / rotary_dim)``
+        (:mod:`skattn.layer._positions`).  The position-free ``attention`` and
+        ``key_bias`` still add to the logits (the dimensions a partial rotary
+        layer does not rotate; zeros for Llama).  ``None``: no positions.
+    rotary_key : array-like of shape (n_kv_heads, n_features [+ 1], rotary_dim), \
+default=None
+        The key maps ``K_g`` of the rotated dimensions; query head i uses key
+        head ``g = i // (n_heads / n_kv_heads)``.  Given with ``rotary_query``.
+    rope_theta : float, default=10000.0
+        The RoPE base (transformers' ``rope_theta``).
+    rope_layout : {"half", "interleaved"}, default="half"
+        Which dimensions pair up: ``(p, p + rotary_dim / 2)`` (Llama, Qwen2,
+        Mistral: ``rotate_half``) or ``(2p, 2p + 1)`` (GPT-J).
+    n_kv_heads : int, default=None
+        Key/value heads of grouped-query attention: consecutive groups of
+        ``n_heads / n_kv_heads`` query heads share one key and one value head.
+        ``None``: ``rotary_key``'s heads, else ``n_heads``.  The products
+        ``attention`` and ``projection`` need not show the sharing; :meth:`to_torch`
+        into a transformers module factors them with shared heads.
 
     Attributes
     ----------
@@ -163,6 +280,8 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
     skattn.datasets.make_attention_layer : plant a random layer.
     AttentionLayer.from_torch : a layer from ``torch.nn.MultiheadAttention``.
     AttentionLayer.from_projections : a layer from raw (checkpoint) weights.
+    skattn.layer._positions : the math of rotary positions, masks and shared
+        key heads.
 
     Examples
     --------
@@ -181,6 +300,12 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         "key_bias": ["array-like", None],
         "intercept": ["array-like", None],
         "head_rank": [Interval(Integral, 1, None, closed="left"), None],
+        "causal": ["boolean"],
+        "rotary_query": ["array-like", None],
+        "rotary_key": ["array-like", None],
+        "rope_theta": [Interval(Real, 0, None, closed="neither")],
+        "rope_layout": [StrOptions(set(LAYOUTS))],
+        "n_kv_heads": [Interval(Integral, 1, None, closed="left"), None],
     }
 
     def __init__(
@@ -192,6 +317,12 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         key_bias=None,
         intercept=None,
         head_rank=None,
+        causal=False,
+        rotary_query=None,
+        rotary_key=None,
+        rope_theta=10000.0,
+        rope_layout="half",
+        n_kv_heads=None,
     ):
         self.attention = attention
         self.projection = projection
@@ -199,6 +330,12 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         self.key_bias = key_bias
         self.intercept = intercept
         self.head_rank = head_rank
+        self.causal = causal
+        self.rotary_query = rotary_query
+        self.rotary_key = rotary_key
+        self.rope_theta = rope_theta
+        self.rope_layout = rope_layout
+        self.n_kv_heads = n_kv_heads
 
     def _parameters(self):
         """Validated ``(attention, projection, key_bias, intercept)``."""
@@ -208,11 +345,46 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         )
         return attention, projection, key_bias, intercept
 
+    def _decoder(self, attention=None):
+        """The validated decoder keywords of the math (``causal``, ``rotary``):
+        ``{}`` for a position-free, unmasked layer."""
+        if attention is None:
+            attention = self._parameters()[0]
+        m, d = attention.shape[:2]
+        if self.causal not in (True, False):  # numpy booleans too
+            raise ValueError(f"causal must be True or False, got {self.causal!r}.")
+        if self.rope_layout not in LAYOUTS:
+            raise ValueError(
+                f"rope_layout must be one of {list(LAYOUTS)}, got {self.rope_layout!r}."
+            )
+        query, key, _ = check_decoder_parameters(
+            self.rotary_query, self.rotary_key, self.n_kv_heads, m, d, self.rope_theta
+        )
+        decoder = {}
+        if self.causal:
+            decoder["causal"] = True
+        if query is not None:
+            decoder["rotary"] = Rotary(
+                query, key, float(self.rope_theta), self.rope_layout
+            )
+        return decoder
+
     def _arrays(self):
         """What metrics and diagnostics compute with: the validated ``(attention,
         projection, key_bias, intercept, n_tokens)``, zero biases where absent and
-        ``n_tokens_`` once fitted (else ``n_tokens``)."""
+        ``n_tokens_`` once fitted (else ``n_tokens``).
+
+        A causal or rotary layer raises a ValueError: what computes with these
+        arrays alone would miss its mask and positions."""
         attention, projection, key_bias, intercept = self._parameters()
+        decoder = self._decoder(attention)
+        if decoder:
+            raise ValueError(
+                f"this is a decoder layer ({' and '.join(sorted(decoder))}): its "
+                f"function is not attention and projection alone, and this part of "
+                f"skattn supports position-free, unmasked layers only; use "
+                f"transform / attention_patterns."
+            )
         m, d, d_out = projection.shape
         return (
             attention,
@@ -526,6 +698,7 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             left as they were.
         """
         attention, projection, _, _ = self._parameters()
+        self._decoder(attention)
         self._check_head_rank(attention, projection)
         X3 = self._sequences(X, reset=True)
         self.n_tokens_ = X3.shape[1]
@@ -544,8 +717,16 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         Y : ndarray of shape (n_samples, n_tokens * n_outputs)
         """
         attention, projection, key_bias, intercept = self._parameters()
+        decoder = self._decoder(attention)
         X3 = self._sequences(X, reset=False)
-        Y = forward(X3, attention, projection, key_bias=key_bias, intercept=intercept)
+        Y = forward(
+            X3,
+            attention,
+            projection,
+            key_bias=key_bias,
+            intercept=intercept,
+            **decoder,
+        )
         check_no_overflow(
             Y, "transform", X=X3, attention=attention, projection=projection
         )
@@ -563,11 +744,13 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         -------
         patterns : ndarray of shape (n_samples, n_heads, n_tokens, n_tokens)
             Row l of head i is the distribution softmax_a(x_l^T Theta_i x_a +
-            u_i^T x_a).
+            u_i^T x_a) (plus the rotary logits and the causal mask of a decoder
+            layer).
         """
         attention, _, key_bias, _ = self._parameters()
+        decoder = self._decoder(attention)
         X3 = self._sequences(X, reset=False)
-        patterns = attention_patterns(X3, attention, key_bias)
+        patterns = attention_patterns(X3, attention, key_bias, **decoder)
         return check_no_overflow(
             patterns, "attention_patterns", X=X3, attention=attention
         )
