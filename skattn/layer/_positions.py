@@ -53,9 +53,8 @@ class Rotary(NamedTuple):
 
 
 def _xp(*arrays):
-    from ._math import _namespace  # the numpy fast path of the kernels
-
-    return _namespace(*arrays)
+    """The array namespace of ``arrays`` (``None`` ignored)."""
+    return namespace(*(a for a in arrays if a is not None))
 
 
 def rotary_frequencies(rotary_dim, base):
