@@ -513,8 +513,20 @@ default=None
         >>> bool(abs(diff).max() < 1e-12)
         True
         """
-        from ._torch import torch_parameters
+        from ._torch import hf_architecture, hf_module_parameters, torch_parameters
 
+        if hf_architecture(module) is not None:
+            return cls(**hf_module_parameters(module), n_tokens=n_tokens)
+        decoder = {}
+        if getattr(module, "causal", False):
+            decoder["causal"] = True
+        if getattr(module, "rotary_query", None) is not None:
+            decoder.update(
+                rotary_query=module.rotary_query.detach().cpu().double().numpy(),
+                rotary_key=module.rotary_key.detach().cpu().double().numpy(),
+                rope_theta=module.rope_theta,
+                rope_layout=module.rope_layout,
+            )
         attention, projection, key_bias, intercept = torch_parameters(module)
         bias_free = not (np.any(key_bias) or np.any(intercept))
         if bias_free and getattr(module, "in_proj_bias", 0) is None:
@@ -525,6 +537,7 @@ default=None
             n_tokens=n_tokens,
             key_bias=key_bias,
             intercept=intercept,
+            **decoder,
         )
 
     def to_torch(self, *, batch_first=True, dtype=None, module="auto"):
@@ -572,12 +585,21 @@ default=None
         >>> type(full.to_torch()).__name__
         'AttentionLayerModule'
         """
-        from ._torch import import_torch, parameters_to_torch
+        from ._torch import hf_architecture, hf_write, import_torch, parameters_to_torch
 
         torch = import_torch()
+        if not isinstance(module, str):
+            if hf_architecture(module) is None:
+                raise TypeError(
+                    f"module must be 'auto', 'skattn' or a transformers GPT-2, "
+                    f"Llama, Mistral or Qwen2 attention module, got "
+                    f"{type(module).__name__}."
+                )
+            return hf_write(self, module)
         if module not in ("auto", "skattn"):
             raise ValueError(f'module must be "auto" or "skattn", got {module!r}.')
         attention, projection, key_bias, intercept = self._parameters()
+        decoder = self._decoder(attention)
         m, d, d_out = projection.shape
         return parameters_to_torch(
             attention,
@@ -587,6 +609,7 @@ default=None
             batch_first=batch_first,
             dtype=torch.float64 if dtype is None else dtype,
             force_module=module == "skattn",
+            **decoder,
         )
 
     def factors(self):
