@@ -475,19 +475,28 @@ default=None
 
     @classmethod
     def from_torch(cls, module, *, n_tokens=None):
-        """The layer computed by a ``torch.nn.MultiheadAttention``, exactly.
+        """The layer computed by a torch attention module, exactly.
 
-        ``module(x, x, x, need_weights=False)[0]`` equals ``transform`` of this
-        layer (in eval mode: dropout is a training-time perturbation and is not
-        part of the function).  ``batch_first`` only changes the tensor layout
-        and is handled by the caller; the layer always takes
+        For a ``torch.nn.MultiheadAttention``, ``module(x, x, x,
+        need_weights=False)[0]`` equals ``transform`` of this layer (in eval
+        mode: dropout is a training-time perturbation and is not part of the
+        function).  For transformers' decoder attention modules
+        (``GPT2Attention``, ``LlamaAttention``, ``MistralAttention``,
+        ``Qwen2Attention``), the module's output on the hidden states entering
+        it, with its causal mask and its rotary positions, equals ``transform``
+        (a causal layer; RoPE in ``rotary_query`` / ``rotary_key``, grouped-query
+        heads in ``n_kv_heads``; see :mod:`skattn.layer._hf`).  What the layer
+        does not represent (sliding windows, RoPE scalings, soft-capping,
+        cross-attention, attention sinks, ...) is a one-line ValueError naming
+        it.  ``batch_first`` only changes the tensor layout and is handled by
+        the caller; the layer always takes
         ``(n_samples, n_tokens, n_features)``.  A module returned by
         :meth:`to_torch` is converted back as well.  Requires torch
         (``pip install "skattn[torch]"``).
 
         Parameters
         ----------
-        module : torch.nn.MultiheadAttention
+        module : torch.nn.MultiheadAttention or transformers attention module
             With or without bias.  ``add_bias_kv=True``, ``add_zero_attn=True`` and
             ``kdim``/``vdim`` different from ``embed_dim`` are not supported (a
             ValueError names the option); masks are arguments of the module's
@@ -517,6 +526,12 @@ default=None
 
         if hf_architecture(module) is not None:
             return cls(**hf_module_parameters(module), n_tokens=n_tokens)
+        if type(module).__module__.startswith("transformers"):
+            raise ValueError(
+                f"unsupported transformers module {type(module).__name__}; "
+                f"supported: GPT2Attention, LlamaAttention, MistralAttention, "
+                f"Qwen2Attention (and torch.nn.MultiheadAttention)."
+            )
         decoder = {}
         if getattr(module, "causal", False):
             decoder["causal"] = True
@@ -548,10 +563,18 @@ default=None
         <= head_dim`` and ``rank W_i <= head_dim``, ``head_dim = n_features /
         n_heads``) the result is a standard ``torch.nn.MultiheadAttention`` (with
         bias, in eval mode): call it as ``mha(x, x, x, need_weights=False)[0]``.
-        Otherwise it is a small skattn ``torch.nn.Module`` holding ``attention``,
-        ``projection``, ``key_bias`` and ``intercept`` as parameters, called the
-        same way (self-attention only; masks raise a ValueError).  Requires
-        torch (``pip install "skattn[torch]"``).
+        Otherwise (and for every causal or rotary layer) it is a small skattn
+        ``torch.nn.Module`` holding ``attention``, ``projection``, ``key_bias``,
+        ``intercept`` (and ``rotary_query``, ``rotary_key``) as parameters,
+        called the same way (self-attention only; masks raise a ValueError: a
+        causal layer masks itself).  Given a transformers ``GPT2Attention``,
+        ``LlamaAttention``, ``MistralAttention`` or ``Qwen2Attention`` module,
+        the layer is written into it, in place, in its own tensor names and
+        layout (``strict`` ``load_state_dict``), so that the module computes the
+        layer; a layer the module cannot hold (not causal, other positions or
+        head counts, heads above its head dimension, biases it lacks) is a
+        ValueError naming the reason.  Requires torch (``pip install
+        "skattn[torch]"``).
 
         Parameters
         ----------
@@ -560,8 +583,10 @@ default=None
             features)`` when True, ``(tokens, batch, features)`` when False.
         dtype : torch.dtype, default=None
             ``None`` is ``torch.float64``.
-        module : {"auto", "skattn"}, default="auto"
-            ``"skattn"`` always returns skattn's module.
+        module : {"auto", "skattn"} or transformers attention module, \
+default="auto"
+            ``"skattn"`` always returns skattn's module; a transformers module
+            is written into (``batch_first`` and ``dtype`` are then its own).
 
         Returns
         -------
