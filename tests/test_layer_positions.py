@@ -233,3 +233,25 @@ def test_metrics_refuse_decoder_layers():
     with pytest.raises(ValueError, match="decoder layer"):
         _layer(causal=True)._arrays()
     _layer(rotary_query=None, rotary_key=None, n_kv_heads=2)._arrays()  # no positions
+
+
+def test_chunked_forward_cuts_the_key_mask_with_the_samples(monkeypatch):
+    import skattn.layer._math as math
+
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(7, 4, 3))
+    theta, W = rng.normal(size=(2, 3, 3)), rng.normal(size=(2, 3, 2))
+    rotary = Rotary(rng.normal(size=(2, 4, 2)), rng.normal(size=(1, 4, 2)), 10.0)
+    mask = rng.random((7, 4)) > 0.3
+    mask[:, -1] = True
+    whole = forward(X, theta, W, rotary=rotary, causal=True, key_mask=mask)
+    monkeypatch.setattr(math, "_FORWARD_CHUNK_FLOATS", 2 * 4 * 4 * 2)  # 2 samples
+    chunked = forward(X, theta, W, rotary=rotary, causal=True, key_mask=mask)
+    np.testing.assert_array_equal(chunked, whole)
+    per_sample = [
+        forward(
+            X[s : s + 1], theta, W, rotary=rotary, causal=True, key_mask=mask[s : s + 1]
+        )
+        for s in range(7)
+    ]
+    np.testing.assert_allclose(np.concatenate(per_sample), whole, rtol=0, atol=1e-14)

@@ -644,7 +644,9 @@ default="auto"
         values split evenly between the two factors of the SVD) and of the
         declared ``head_rank`` (``None``: full, ``min`` of the shapes).  Factors
         are defined only up to an invertible ``r x r`` gauge; the products are
-        the layer.
+        the layer.  Of a rotary layer, ``Q`` and ``K`` factor the position-free
+        ``attention`` only: the rotated maps are ``rotary_query`` and
+        ``rotary_key``.
 
         Returns
         -------
