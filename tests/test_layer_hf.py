@@ -206,8 +206,16 @@ def test_planted_gqa_rope_layer_loads_into_llama(layout):
 def test_gpt2_scale_by_inverse_layer_index_is_read_from_the_module():
     model, attn = _model("gpt2", scale_attn_by_inverse_layer_idx=True)
     hidden, args, kwargs, out, mask = _run(model, attn, "none")
-    ours = AttentionLayer.from_torch(attn).transform(hidden.numpy())
+    layer = AttentionLayer.from_torch(attn)
+    ours = layer.transform(hidden.numpy())
     assert _rel(ours, out.numpy().reshape(3, -1)) <= 1e-12
+    # written back with that scale (1 / (2 sqrt(head_dim)) in layer 1)
+    assert attn.scaling == pytest.approx(0.5 / HEAD_DIM**0.5)
+    _, other = _model("gpt2", seed=5, scale_attn_by_inverse_layer_idx=True)
+    layer.to_torch(module=other)
+    with torch.no_grad():
+        theirs = other(hidden, attention_mask=None)[0].numpy().reshape(3, -1)
+    assert _rel(ours, theirs) <= 1e-12
 
 
 def _settings_error(config):
