@@ -255,3 +255,24 @@ def test_chunked_forward_cuts_the_key_mask_with_the_samples(monkeypatch):
         for s in range(7)
     ]
     np.testing.assert_allclose(np.concatenate(per_sample), whole, rtol=0, atol=1e-14)
+
+
+def test_array_api_strict_namespace_gives_the_numpy_result():
+    xp = pytest.importorskip("array_api_strict")
+    rng = np.random.default_rng(9)
+    X, theta, W = (rng.normal(size=s) for s in ((2, 5, 4), (2, 4, 4), (2, 4, 3)))
+    P, K = rng.normal(size=(2, 5, 2)), rng.normal(size=(1, 5, 2))
+    mask = np.ones((2, 5), dtype=bool)
+    mask[0, 0] = False
+    kw = {"causal": True, "key_mask": mask}
+    expected = forward(X, theta, W, rotary=Rotary(P, K, 10.0, "interleaved"), **kw)
+    a = xp.asarray
+    out = forward(
+        a(X),
+        a(theta),
+        a(W),
+        rotary=Rotary(a(P), a(K), 10.0, "interleaved"),
+        causal=True,
+        key_mask=a(mask),
+    )
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=0, atol=1e-14)
