@@ -19,7 +19,6 @@ reads, held-out relative error; and the ratios per-head / batched.
 """
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -71,7 +70,10 @@ def _route(batched):
 
     class _Patch:
         def __enter__(self):
-            _rounds._solve_heads = functools.partial(original, batched=batched)
+            def forced(*args, **kwargs):
+                return original(*args, **{**kwargs, "batched": batched})
+
+            _rounds._solve_heads = forced
 
         def __exit__(self, *exc):
             _rounds._solve_heads = original
