@@ -536,8 +536,6 @@ n_features_per_token)
         tags.array_api_support = True
         return tags
 
-    @_fit_context(prefer_skip_nested_validation=True)
-    @all_or_nothing
     def _data_verdict(self, X3, Y3, weights):
         """:func:`~skattn.metrics.data_verdict` of the fit's data: the sequences
         of positive weight, the model's tokens (``[x, 1]`` with an intercept),
@@ -550,6 +548,8 @@ n_features_per_token)
             n, X3.shape[1], X3.shape[2], Y3.shape[2], m, head_rank=self.head_rank
         )
 
+    @_fit_context(prefer_skip_nested_validation=True)
+    @all_or_nothing
     def fit(self, X, y, sample_weight=None):
         """Learn the layer from examples with the phased algorithm.
 

@@ -29,8 +29,22 @@ __all__ = ["IdentifiabilityWarning", "data_verdict", "describe_verdict"]
 
 
 class IdentifiabilityWarning(UserWarning):
-    """The data cannot determine the layer (by :func:`data_verdict`): raised by
-    a fit before its long work, with the number of sequences that could."""
+    """The data cannot determine the layer, by :func:`data_verdict`.
+
+    Raised by a fit before its long work, with the number of sequences that
+    could.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from skattn.metrics import IdentifiabilityWarning
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warnings.warn("10 sequences cannot determine this layer",
+    ...                   IdentifiabilityWarning)
+    >>> caught[0].category.__name__
+    'IdentifiabilityWarning'
+    """
 
 
 def _value_unknowns(n_features, head_rank, n_outputs):
