@@ -31,6 +31,7 @@ below ``xtol``, a relative decrease below ``ftol`` with a good step, or at
 
 import numpy as np
 
+from ...utils._array_api import device, to_numpy
 from ..kernels._parametrization import _inverse_root
 
 __all__ = ["batched_cgls", "batched_least_squares"]
@@ -300,7 +301,7 @@ def batched_least_squares(
         z_norm = xp.sqrt(_norms2(xp, z))
         xtol_ok = step_norm < xtol * (xtol + z_norm)
         ftol_ok = (actual < ftol * cost) & (ratio > 0.25)
-        code = xp.zeros(cost.shape, dtype=xp.int64, device=_device_of(cost)) - 1
+        code = xp.zeros(cost.shape, dtype=xp.int64, device=device(cost)) - 1
         code = xp.where(ftol_ok, 2, code)
         code = xp.where(xtol_ok & ftol_ok, 4, code)
         code = xp.where((code < 0) & xtol_ok, 3, code)
@@ -316,15 +317,15 @@ def batched_least_squares(
         # one read a step: which heads took it, which have stopped
         flags = xp.stack([xp.astype(accept, xp.int64), code], axis=1)
         counter["reads"] += 1
-        flags = np.asarray(_to_host(flags))
+        flags = np.asarray(to_numpy(flags))
         took = flags[:, 0].astype(bool)
         codes = flags[:, 1]
         for j, i in enumerate(alive):
             n_eval[i] += 1
             n_iter[i] += int(took[j])
-        z = xp.where(xp.asarray(took[:, None], device=_device_of(z)), z_new, z)
-        f = xp.where(xp.asarray(took[:, None], device=_device_of(z)), f_new, f)
-        cost = xp.where(xp.asarray(took, device=_device_of(z)), cost_new, cost)
+        z = xp.where(xp.asarray(took[:, None], device=device(z)), z_new, z)
+        f = xp.where(xp.asarray(took[:, None], device=device(z)), f_new, f)
+        cost = xp.where(xp.asarray(took, device=device(z)), cost_new, cost)
         done = [j for j, i in enumerate(alive) if codes[j] > 0 or n_eval[i] >= max_nfev]
         if not took.all():  # the problem's point is the accepted one again
             problem.evaluate(apply(z, index))
@@ -339,19 +340,17 @@ def batched_least_squares(
             break
         if done:
             keep = [j for j in range(len(alive)) if j not in done]
-            keep_array = xp.asarray(
-                np.asarray(keep, dtype=np.int64), device=_device_of(z)
-            )
+            keep_array = xp.asarray(np.asarray(keep, dtype=np.int64), device=device(z))
             problem.select(keep)
             z, f, cost = (xp.take(a, keep_array, axis=0) for a in (z, f, cost))
             lam, nu = xp.take(lam, keep_array, axis=0), xp.take(nu, keep_array, axis=0)
             alive = [alive[j] for j in keep]
-            index = xp.asarray(np.asarray(alive, dtype=np.int64), device=_device_of(z))
+            index = xp.asarray(np.asarray(alive, dtype=np.int64), device=device(z))
         matvec, rmatvec = jac()
         g = rmatvec(f)
     x = xp.stack(final_x)
     coefficients = xp.stack(final_coef)
-    losses = _to_host(xp.stack(final_cost))
+    losses = to_numpy(xp.stack(final_cost))
     counter["reads"] += 1
     info = {
         "n_iter": n_iter,
@@ -363,16 +362,3 @@ def batched_least_squares(
         "inner_iterations": inner_total,
     }
     return x, coefficients, info
-
-
-def _to_host(a):
-    """``a`` as a numpy array (one read)."""
-    from ...utils._array_api import to_numpy
-
-    return to_numpy(a)
-
-
-def _device_of(a):
-    from ...utils._array_api import device
-
-    return device(a)

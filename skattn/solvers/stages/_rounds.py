@@ -65,7 +65,7 @@ from ..kernels._loss import REALISABLE_RESIDUAL, _weights
 from ..kernels._parametrization import LowRank
 from ..optimizers._batched_lm import batched_least_squares
 from ..optimizers._lm_matrix_free import _STATUS, varpro_least_squares
-from ._common import _blas_limits, _copy, _on_rows, _threads
+from ._common import _blas_limits, _copy, _on_accelerator, _on_rows, _threads
 
 __all__ = ["can_decouple", "decoupled_refine", "decoupled_size"]
 
@@ -456,7 +456,8 @@ def _solve_heads(
         bar.set_postfix_str(f"worst head: {worst:.2g}")
         return results
 
-    threads = _threads(n_jobs, math.inf)
+    # on a GPU one after another: host threads would only contend for its stream
+    threads = 1 if _on_accelerator(X) else _threads(n_jobs, math.inf)
     jobs = min(threads, len(heads))
     inner = threads // jobs
 
