@@ -608,7 +608,7 @@ LAYER_BAD_INPUT = [
         ["--n-windows", "100000"],
         "the text is too short: 1 file(s) of ",
     ),
-    (None, ["--layer", "6"], "layer=6: the checkpoint"),  # 3. a layer it lacks
+    (None, ["--layer", "6"], "--layer 6: the checkpoint"),  # 3. a layer it lacks
     (None, ["--out", "text.txt"], "out 'text.txt' is a file"),  # 4. unwritable out
     (None, ["--out", "text.txt/sub"], "is not a folder skattn can write in"),
     (None, ["--text", "nope.txt"], "text file 'nope.txt' does not exist"),  # 5.
@@ -625,13 +625,13 @@ LAYER_BAD_INPUT = [
         "unsupported architecture: ",
     ),
     (lambda f: (f / "config.json").write_text("{"), [], "cannot be read as JSON"),
-    (None, ["--n-heads", "13"], "n_heads=13: layer 0 of the checkpoint has 12 heads"),
+    (None, ["--n-heads", "13"], "--n-heads 13: layer 0 of the checkpoint has 12 heads"),
     (None, ["--n-tokens", "600"], "exceeds the checkpoint's position table"),
-    (None, ["--n-tokens", "2"], "n_tokens=2 leaves no room for text"),
+    (None, ["--n-tokens", "2"], "--n-tokens 2 leaves no room for text"),
     (None, ["--n-windows", "2", "--held-out", "0.1"], "leaves none to hold out"),
     (None, ["--text", "."], "is a folder, not a text file"),
     (None, ["--text", "binary.txt"], "is not UTF-8 text"),
-    (None, ["--device", "gpu"], "device='gpu' is not a torch device"),
+    (None, ["--device", "gpu"], "--device gpu is not a torch device"),
     (None, ["--device", "cuda:5"], "CUDA device(s) here"),
 ]
 
@@ -708,3 +708,62 @@ def test_layer_malformed_options_are_argparse_errors(capsys, args, message):
     argv = ["layer", "--layer", "0", "--text", "t.txt"]
     code, err = _exit(argv + args, capsys)
     assert code == 2 and message in err
+
+
+# -- messages in the words of the command (issue 52, point 3) ----------------------
+
+
+def test_fit_messages_name_the_flags_not_the_parameters(data, capsys, monkeypatch):
+    monkeypatch.chdir(data)
+    X, y = np.load("X.npy"), np.load("y.npy")
+    np.savez("real.npz", X=0.5 * X, y=y)
+    argv = ["fit", "real.npz", "--n-tokens", "4", "--distribution", "boolean"]
+    code, err = _exit(argv + ["--quiet"], capsys)
+    assert code == 1
+    assert err.endswith("For real-valued tokens use --distribution gaussian.\n")
+    assert "input_distribution" not in err
+    # a polish capped short: the warning names the flag that raises the cap
+    argv = ["fit", "data.npz", "--n-tokens", "4", "--n-heads", "2", "--quiet"]
+    assert main(argv + ["--init", "random", "--polish-max-iter", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "skattn: warning: ConvergenceWarning: The polish did not converge" in err
+    assert "--polish-max-iter 2" in err
+    assert err.endswith("with --polish-tol 1e-10; raise --polish-max-iter.\n")
+    assert "polish_" not in err
+
+
+def test_layer_messages_name_the_flags_or_where_to_set_the_rest():
+    from skattn.cli import _command_words, _in_flags
+
+    words = _command_words("layer")
+    assert _in_flags(
+        "held_out=0.1 of 2 windows leaves none to hold out; use more windows or "
+        "another held_out.",
+        *words,
+    ) == (
+        "--held-out 0.1 of 2 windows leaves none to hold out; use more windows or "
+        "another --held-out."
+    )
+    # learner parameters that skattn layer has no flag for: said so, and where
+    text = _in_flags("... Pass init='random' to silence this warning.", *words)
+    assert text.startswith("... Pass init='random' to silence this warning. (init: ")
+    assert "a learner parameter that this command does not have; pass a " in text
+    assert "to skattn.experiments.learn_layer as estimator= to set it)" in text
+    # skattn fit has --init
+    assert _in_flags("Pass init='random' now.", *_command_words("fit")) == (
+        "Pass --init random now."
+    )
+    # skattn sweep's config keys are the parameters: its messages stay as they are
+    assert _command_words("sweep") is None
+
+
+def test_layer_held_out_error_names_the_flag(tmp_path, capsys, monkeypatch, checkpoint):
+    import skattn.experiments._layer as layer_module
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(layer_module.BertEncoder, "from_safetensors", _no_model)
+    argv = ["layer", "model", "--layer", "0", "--text", "text.txt", "--out", "o"]
+    code, err = _exit(argv + ["--n-windows", "2", "--held-out", "0.1"], capsys)
+    assert code == 1
+    assert "--held-out 0.1 of 2 windows leaves none to hold out" in err
+    assert "another --held-out." in err and "held_out" not in err

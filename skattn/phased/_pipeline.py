@@ -842,8 +842,8 @@ class _PhasedRun:
         )
         warn_at_caller(
             f"The polish did not converge (stopped: {reason}) after "
-            f"{info.get('n_iter')} iterations with polish_tol="
-            f"{self.options.polish.tol:g}; {fix}.",
+            f"{_iterations_text(info, self.options.polish.max_iter)} with "
+            f"polish_tol={self.options.polish.tol:g}; {fix}.",
             ConvergenceWarning,
         )
 
@@ -966,6 +966,38 @@ def _scaled_pinning(pinning, n_sequences):
     return scaled
 
 
+def _iterations_text(info, max_iter):
+    """The iterations of a polish's ``info``, in words that match ``max_iter``.
+
+    ``polish_max_iter`` bounds each stage of the polish (a warm-up on a
+    subsample, variable projection, the full problem), and ``info["n_iter"]``
+    sums them: "after 198 iterations" against a bound of 100 reads as a broken
+    bound unless the stages are shown.
+
+    >>> _iterations_text({"n_iter": 198, "warmup": {"n_iter": 100},
+    ...                   "final_stage": "ran"}, 100)
+    '198 iterations in all (warm-up 100, polish 98; polish_max_iter=100 bounds each)'
+    >>> _iterations_text({"n_iter": 100}, 100)
+    '100 iterations (polish_max_iter=100)'
+    """
+    total = info.get("n_iter")
+    parts = []
+    warmup = info.get("warmup")
+    rest = total
+    if warmup and info.get("final_stage") == "ran" and total is not None:
+        parts.append(("warm-up", warmup.get("n_iter", 0)))
+        rest = total - warmup.get("n_iter", 0)
+    stages = [s for s in info.get("stages") or () if "n_iter" in s]
+    if len(stages) > 1:
+        parts += [(s.get("stage", "polish"), s["n_iter"]) for s in stages]
+    elif parts:
+        parts.append(("polish", rest))
+    if len(parts) < 2:
+        return f"{total} iterations (polish_max_iter={max_iter})"
+    each = ", ".join(f"{name} {n}" for name, n in parts)
+    return f"{total} iterations in all ({each}; polish_max_iter={max_iter} bounds each)"
+
+
 def _unconverged_heads_message(heads, residual, pinning=None, n_polish_samples=None):
     """The warning of a fit whose heads stopped short on their one-head problems.
 
@@ -998,7 +1030,8 @@ def _unconverged_heads_message(heads, residual, pinning=None, n_polish_samples=N
         "which crawls from such a point, was skipped: the fit is approximate "
         f"(relative residual {residual:.3g} on the polish set). Heads with sharp "
         "attention (a row's largest weight near one) end so: the outputs pin "
-        "their logits weakly (benchmarks/README.md)."
+        "their logits weakly (the user guide, 'Learn a layer of your own model', "
+        "'How long, how good')."
     )
     if pinning is None:
         return text
