@@ -32,9 +32,11 @@ error: ...`` on stderr with status 1, found before any fit starts where it can b
 
 import argparse
 import inspect
+import json
 import math
 import os
 import re
+import struct
 import sys
 import tempfile
 import time
@@ -55,6 +57,10 @@ LAYER_FILE_ARRAYS = (
     "n_tokens",
     "head_rank",
 )
+# The layer files save_layer writes and load_layer reads.
+LAYER_FILE_SUFFIXES = (".npz", ".safetensors")
+# What a .safetensors layer file's metadata says it is.
+SAFETENSORS_FORMAT = "skattn attention layer: AttentionLayer(**tensors, n_tokens=...)"
 # Options of ``skattn fit`` passed to MultiHeadAttentionRegressor: option -> parameter.
 FIT_OPTIONS = {
     "n_tokens": "n_tokens",
@@ -67,7 +73,8 @@ FIT_OPTIONS = {
     "certify_tol_final": "certify_tol_final",
     "polish_tol": "polish_tol",
     "polish_max_iter": "polish_max_iter",
-    "seed": "random_state",
+    "random_state": "random_state",
+    "cache": "memory",
 }
 # Failed cells of a sweep listed one by one; beyond, a count and the results file.
 _MAX_FAILED_SHOWN = 20
@@ -239,11 +246,11 @@ def _n_heads(text):
     return _number(int, text, lambda v: v >= 1, "a positive integer or 'auto'")
 
 
-def _npz_path(text):
-    if Path(text).suffix.lower() != ".npz":
+def _layer_path(text):
+    if Path(text).suffix.lower() not in LAYER_FILE_SUFFIXES:
         raise argparse.ArgumentTypeError(
-            f"expected a file name ending in .npz (the layer is saved as a NumPy "
-            f".npz archive, under exactly this name), got {text!r}"
+            f"expected a file name ending in .npz (a NumPy archive) or .safetensors, "
+            f"got {text!r}"
         )
     return text
 
@@ -254,6 +261,28 @@ def _regressor_defaults():
 
     signature = inspect.signature(MultiHeadAttentionRegressor)
     return {name: p.default for name, p in signature.parameters.items()}
+
+
+def _progress_options(parser):
+    """``--quiet`` and ``--verbose``, alike in ``skattn fit`` and ``skattn layer``:
+    progress bars by default (``verbose`` 1), none with ``--quiet`` (0), one line
+    per polish iteration too with ``--verbose`` (2)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--quiet",
+        dest="verbose",
+        action="store_const",
+        const=0,
+        default=1,
+        help="no progress bars (by default each stage of the fit shows one)",
+    )
+    group.add_argument(
+        "--verbose",
+        dest="verbose",
+        action="store_const",
+        const=2,
+        help="also one line per polish iteration",
+    )
 
 
 def _parser():
@@ -300,7 +329,14 @@ def _parser():
     demo.add_argument(
         "--noise", type=_non_negative_float, default=0.0, help="label noise std"
     )
-    demo.add_argument("--seed", type=_non_negative_int, default=0, help="random seed")
+    demo.add_argument(
+        "--random-state",
+        "--seed",
+        dest="random_state",
+        type=_non_negative_int,
+        default=0,
+        help="random seed (--seed: the same)",
+    )
     demo.add_argument(
         "--no-gradient", action="store_true", help="skip the gradient baseline"
     )
@@ -384,18 +420,30 @@ def _parser():
         help="iterations of the polish",
     )
     fit.add_argument(
+        "--random-state",
         "--seed",
+        dest="random_state",
         type=_non_negative_int,
         default=0,
-        help="random_state of the learner",
+        help="the learner's seed (--seed: the same)",
+    )
+    fit.add_argument(
+        "--cache",
+        metavar="DIR",
+        default=None,
+        help="where the fit keeps each finished stage, so that a run interrupted "
+        "(killed, Ctrl-C) and started again with the same arguments resumes after "
+        "the last (default: nothing is kept)",
     )
     fit.add_argument(
         "--out",
-        type=_npz_path,
+        type=_layer_path,
         default="layer.npz",
-        help="output file, written under exactly this name; must end in .npz",
+        help="output file, written under exactly this name (its folder created if "
+        "missing): .npz, a NumPy archive, or .safetensors, the format of skattn "
+        "layer; skattn.cli.load_layer reads both",
     )
-    fit.add_argument("--quiet", action="store_true", help="no progress bars")
+    _progress_options(fit)
 
     sweep = sub.add_parser(
         "sweep",
@@ -484,9 +532,12 @@ def _parser():
     )
     layer.add_argument(
         "--random-state",
+        "--seed",
+        dest="random_state",
         type=_non_negative_int,
         default=0,
-        help="which windows are used and held out, and the learner's seed",
+        help="which windows are used and held out, and the learner's seed (--seed: "
+        "the same)",
     )
     layer.add_argument(
         "--cache",
@@ -506,13 +557,7 @@ def _parser():
         "API: the random-start path runs there (needs torch; sets SCIPY_ARRAY_API=1 "
         "for you). Default: numpy on the host",
     )
-    layer.add_argument(
-        "--verbose",
-        action="count",
-        default=0,
-        help="print each step and the learner's progress bar; twice: one line per "
-        "polish iteration too",
-    )
+    _progress_options(layer)
     return parser
 
 
@@ -531,13 +576,13 @@ def _demo(args):
     if args.plot is not None:
         _check_output(args.plot, "--plot", ".png")
     n_outputs = args.outputs or 2 * args.features
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(args.random_state)
     layer = make_attention_layer(
         args.heads,
         args.features,
         n_outputs=n_outputs,
         attention_scale=args.scale,
-        random_state=args.seed,
+        random_state=args.random_state,
     )
     X = sample_inputs(
         args.distribution, args.samples, args.tokens, args.features, random_state=rng
@@ -562,7 +607,7 @@ def _demo(args):
             n_heads=args.heads,
             n_tokens=args.tokens,
             input_distribution=args.distribution,
-            random_state=args.seed,
+            random_state=args.random_state,
             verbose=verbose,
         )
     }
@@ -570,7 +615,7 @@ def _demo(args):
         learners["gradient (L-BFGS)"] = GradientAttentionRegressor(
             n_heads=args.heads,
             n_tokens=args.tokens,
-            random_state=args.seed,
+            random_state=args.random_state,
             verbose=verbose,
         )
 
@@ -614,6 +659,7 @@ def _demo(args):
         display = AttentionPatternDisplay.from_layers(
             layer, learners["phased (Chen-Li)"], X_test
         )
+        _make_folder(args.plot)
         display.figure_.savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"\nSaved true vs learned attention patterns to {args.plot}")
 
@@ -692,19 +738,22 @@ def _load_xy(path_x, path_y):
 
 
 def _check_output(path, option="--out", suffix=".npz"):
-    """Refuse an output path that cannot be written, before anything is fitted."""
+    """Refuse an output path that cannot be written, before anything is fitted.
+
+    A missing folder is checked in its nearest existing parent folder and
+    created only when the file is written (:func:`_make_folder`), as ``skattn
+    layer`` does with its ``--out``."""
     out = Path(path)
     if out.is_dir():
         raise _error(
             f"{option} {path!r} is a folder; give a file name ending in {suffix}."
         )
     folder = out.parent
-    if not folder.is_dir():
-        raise _error(
-            f"{option} {path!r}: the folder {str(folder)!r} does not exist; create "
-            f"it first."
-        )
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
     try:
+        if not folder.is_dir():
+            raise NotADirectoryError(20, f"{str(folder)!r} is a file")
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".skattn-probe-"):
             pass
     except OSError as exc:
@@ -714,24 +763,157 @@ def _check_output(path, option="--out", suffix=".npz"):
         ) from exc
 
 
-def save_layer(layer, path):
-    """Save a layer, or a fitted estimator's layer, to an ``.npz`` file.
+def _make_folder(path):
+    """Create the folder of the output file ``path`` if it is missing."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
 
-    The file is a NumPy ``.npz`` archive (no pickles) holding the arguments of
-    :class:`~skattn.AttentionLayer`: ``attention`` (n_heads, d, d), ``projection``
-    (n_heads, d, d_out), ``key_bias`` (n_heads, d; zeros without biases),
-    ``intercept`` (d_out,; zeros without), and ``n_tokens`` and ``head_rank`` (0-d
-    integer arrays) when known.  :func:`load_layer` reads it back.  It is
-    written under exactly the given name, atomically (a temporary file renamed
-    over it).  ``skattn fit`` writes its layer with this function.
+
+def _atomic_write(path, write):
+    """``write(file)`` into a temporary file of ``path``'s folder, renamed over
+    ``path``: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            write(file)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Write float64 tensors to a ``.safetensors`` file, the same bytes for the
+    same content.
+
+    The header is JSON with sorted keys and no spaces, the tensors laid out in
+    name order, the metadata strings sorted; the library ``safetensors`` orders
+    its metadata by a hash seeded anew at each run, so that checksums of two
+    identical layers differ.  Any ``safetensors`` reader reads the file.  It is
+    written atomically (a temporary file renamed over it).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file to write (its folder must exist).
+    tensors : dict of str to array-like
+        The tensors, stored as little-endian float64 (``"F64"``).
+    metadata : dict of str to str, default=None
+        The header's ``__metadata__``.
+
+    Returns
+    -------
+    path : pathlib.Path
+        The file written.
+
+    Examples
+    --------
+    >>> import hashlib, os, tempfile
+    >>> import numpy as np
+    >>> from skattn.cli import write_safetensors
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     files = [write_safetensors(os.path.join(tmp, f"{i}.safetensors"),
+    ...              {"b": np.ones(2), "a": np.zeros((1, 2))}, {"y": "1", "x": "2"})
+    ...              for i in range(2)]
+    ...     digests = {hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    >>> len(digests)
+    1
+    """
+    path = Path(path)
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        data = np.ascontiguousarray(tensors[name], dtype="<f8").tobytes()
+        header[name] = {
+            "data_offsets": [offset, offset + len(data)],
+            "dtype": "F64",
+            "shape": list(np.shape(tensors[name])),
+        }
+        blobs.append(data)
+        offset += len(data)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data 8-byte aligned, as the format asks
+
+    def write(file):
+        file.write(struct.pack("<Q", len(text)))
+        file.write(text)
+        for data in blobs:
+            file.write(data)
+
+    _atomic_write(path, write)
+    return path
+
+
+# safetensors dtypes that a layer file may hold (read as float64).
+_SAFETENSORS_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": None,  # no numpy dtype: refused by name
+}
+# A header larger than this is not a layer's (the format caps it at 100 MB).
+_MAX_HEADER_BYTES = 100_000_000
+
+
+def _read_safetensors(path):
+    """The tensors (float64 numpy arrays) and metadata of a ``.safetensors`` file,
+    read without the ``safetensors`` library; ``ValueError`` on any malformed
+    byte."""
+    raw = path.read_bytes()
+    if len(raw) < 8:
+        raise ValueError(f"{len(raw)} bytes, shorter than the 8-byte header length")
+    (size,) = struct.unpack("<Q", raw[:8])
+    if size > min(len(raw) - 8, _MAX_HEADER_BYTES):
+        raise ValueError(f"a header length of {size} bytes in a file of {len(raw)}")
+    header = json.loads(raw[8 : 8 + size].decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise ValueError("__metadata__ is not a JSON object")
+    body = memoryview(raw)[8 + size :]
+    tensors = {}
+    for name, entry in header.items():
+        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype"))
+        if dtype is None:
+            raise ValueError(
+                f"tensor {name!r} has dtype {entry.get('dtype')!r}; a layer's are "
+                f"F64, F32 or F16"
+            )
+        shape = [int(n) for n in entry["shape"]]
+        begin, end = (int(n) for n in entry["data_offsets"])
+        count = math.prod(shape)
+        if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(body):
+            raise ValueError(f"tensor {name!r} lies outside the file")
+        if end - begin != count * np.dtype(dtype).itemsize:
+            raise ValueError(f"tensor {name!r}: {end - begin} bytes for {shape}")
+        tensors[name] = np.frombuffer(body[begin:end], dtype).astype(np.float64)
+        tensors[name] = tensors[name].reshape(shape)
+    return tensors, metadata
+
+
+def save_layer(layer, path):
+    """Save a layer, or a fitted estimator's layer, to an ``.npz`` or a
+    ``.safetensors`` file.
+
+    An ``.npz`` file is a NumPy archive (no pickles) holding the arguments of
+    :class:`~skattn.AttentionLayer`: ``attention`` (n_heads, d, d),
+    ``projection`` (n_heads, d, d_out), ``key_bias`` (n_heads, d; zeros without
+    biases), ``intercept`` (d_out,; zeros without), and ``n_tokens`` and
+    ``head_rank`` (0-d integer arrays) when known.  A ``.safetensors`` file,
+    the format ``skattn layer`` writes, holds the same four tensors (float64)
+    and ``n_tokens`` and ``head_rank`` in its metadata, the same bytes for the
+    same layer (:func:`write_safetensors`).  :func:`load_layer` reads both.  The
+    file is written under exactly the given name, atomically (a temporary file
+    renamed over it).  ``skattn fit`` writes its layer with this function.
 
     Parameters
     ----------
     layer : AttentionLayer or fitted estimator
         What to save (see :func:`skattn.layer.as_layer`).
     path : str or path-like
-        The file to write; its name must end in ``.npz``.  Overwritten if it
-        exists.
+        The file to write; its name must end in ``.npz`` or ``.safetensors``.
+        Overwritten if it exists.
 
     Returns
     -------
@@ -741,7 +923,7 @@ def save_layer(layer, path):
     Raises
     ------
     ValueError
-        If ``path`` does not end in ``.npz``, or its folder does not exist.
+        If ``path`` ends otherwise, or its folder does not exist.
 
     See Also
     --------
@@ -759,16 +941,20 @@ def save_layer(layer, path):
     ...     with np.load(path) as data:
     ...         print(sorted(data.files))
     ...     print(load_layer(path).n_tokens)
+    ...     path = save_layer(layer, os.path.join(tmp, "layer.safetensors"))
+    ...     print(load_layer(path).n_tokens)
     ['attention', 'intercept', 'key_bias', 'n_tokens', 'projection']
+    4
     4
     """
     from .layer import as_layer
 
     path = Path(path)
-    if path.suffix.lower() != ".npz":
+    suffix = path.suffix.lower()
+    if suffix not in LAYER_FILE_SUFFIXES:
         raise ValueError(
-            f"path={str(path)!r} must end in .npz: the layer is saved as a NumPy "
-            f".npz archive, under exactly the given name."
+            f"path={str(path)!r} must end in .npz (a NumPy archive) or .safetensors; "
+            f"the layer is saved under exactly the given name."
         )
     if not path.parent.is_dir():
         raise ValueError(
@@ -786,43 +972,99 @@ def save_layer(layer, path):
     head_rank = learned.head_rank
     if head_rank is None:
         head_rank = getattr(layer, "head_rank", None)
-    for name, value in (("n_tokens", n_tokens), ("head_rank", head_rank)):
-        if isinstance(value, Integral) and not isinstance(value, bool):
-            arrays[name] = np.asarray(int(value))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            np.savez(file, **arrays)  # a file object: no .npz appended to the name
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    integers = {
+        name: int(value)
+        for name, value in (("n_tokens", n_tokens), ("head_rank", head_rank))
+        if isinstance(value, Integral) and not isinstance(value, bool)
+    }
+    if suffix == ".safetensors":
+        metadata = {"format": SAFETENSORS_FORMAT, **integers}
+        return write_safetensors(path, arrays, metadata)
+    arrays.update({name: np.asarray(value) for name, value in integers.items()})
+    # a file object: np.savez appends no .npz to the name
+    _atomic_write(path, lambda file: np.savez(file, **arrays))
     return path
 
 
-def _file_int(data, name, path):
-    """A 0-d integer array of a layer file as an int (``None`` when absent)."""
-    if name not in data.files:
+def _file_int(value, name, path):
+    """A layer file's ``n_tokens`` or ``head_rank`` (a 0-d integer array of an
+    ``.npz``, a metadata string of a ``.safetensors``) as an int; None: absent."""
+    if value is None:
         return None
-    value = data[name]
-    if value.shape != () or value.dtype.kind not in "iu" or int(value) < 1:
+    if isinstance(value, str):
+        number = int(value) if value.strip().isdigit() else 0
+    elif value.shape == () and value.dtype.kind in "iu":
+        number = int(value)
+    else:
+        number = 0
+    if number < 1:
         raise ValueError(
-            f"{str(path)!r}: {name} must be a positive integer (a 0-d integer "
-            f"array), got {value!r}."
+            f"{str(path)!r}: {name} must be a positive integer, got {value!r}."
         )
-    return int(value)
+    return number
+
+
+def _read_layer_file(path, expected):
+    """``(arrays, n_tokens, head_rank)`` of a layer file, by its suffix; the
+    errors name the file and ``expected``."""
+    if path.suffix.lower() == ".safetensors":
+        try:
+            tensors, metadata = _read_safetensors(path)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # untrusted bytes: any reader error is bad input
+            raise ValueError(
+                f"{str(path)!r} cannot be read as a .safetensors layer file "
+                f"({type(exc).__name__}: {exc}); {expected}."
+            ) from exc
+        files = {"arrays": sorted(tensors), "metadata": metadata}
+        get = metadata.get
+    else:
+        try:
+            data = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # untrusted bytes: any reader error is bad input
+            raise ValueError(
+                f"{str(path)!r} cannot be read as a layer file ({type(exc).__name__}: "
+                f"{exc}); {expected}."
+            ) from exc
+        if isinstance(data, np.ndarray):
+            raise ValueError(f"{str(path)!r} holds a single array; {expected}.")
+        with data:
+            try:
+                tensors = {n: data[n] for n in data.files if n in LAYER_FILE_ARRAYS}
+            except Exception as exc:
+                raise ValueError(
+                    f"{str(path)!r} cannot be read as a layer file "
+                    f"({type(exc).__name__}: {exc}); {expected}."
+                ) from exc
+            files = {"arrays": sorted(data.files)}
+        get = tensors.get
+    missing = [name for name in ("attention", "projection") if name not in tensors]
+    if missing:
+        raise ValueError(
+            f"{str(path)!r} lacks the array(s) {missing} (it holds "
+            f"{files['arrays']}); {expected}."
+        )
+    n_tokens = _file_int(get("n_tokens"), "n_tokens", path)
+    head_rank = _file_int(get("head_rank"), "head_rank", path)
+    return tensors, n_tokens, head_rank
 
 
 def load_layer(path):
-    """Read a layer saved by ``skattn fit`` or :func:`save_layer`.
+    """Read a layer saved by ``skattn fit``, ``skattn layer`` or :func:`save_layer`.
 
     Parameters
     ----------
     path : str or path-like
-        The ``.npz`` file: arrays ``attention`` and ``projection``, and optionally
-        ``key_bias``, ``intercept``, ``n_tokens`` and ``head_rank`` (see
-        :func:`save_layer`).  Loaded with ``allow_pickle=False``: nothing in the
-        file can run code.
+        An ``.npz`` file: arrays ``attention`` and ``projection``, and optionally
+        ``key_bias``, ``intercept``, ``n_tokens`` and ``head_rank`` (loaded with
+        ``allow_pickle=False``: nothing in the file can run code); or a
+        ``.safetensors`` file (``skattn layer``'s ``layer.safetensors``): the
+        same tensors, ``n_tokens`` and ``head_rank`` in its metadata (read by
+        skattn itself: the ``safetensors`` extra is not needed).  See
+        :func:`save_layer`.
 
     Returns
     -------
@@ -835,9 +1077,10 @@ def load_layer(path):
     FileNotFoundError
         If the file does not exist.
     ValueError
-        If it is a folder, not an ``.npz`` archive (random bytes, a pickle, a
-        single ``.npy`` array), lacks ``attention`` or ``projection``, or holds
-        arrays of shapes that do not make a layer; the message names the file.
+        If it is a folder, neither an ``.npz`` archive nor a ``.safetensors``
+        file (random bytes, a pickle, a single ``.npy`` array), lacks
+        ``attention`` or ``projection``, or holds arrays of shapes that do not
+        make a layer; the message names the file.
 
     See Also
     --------
@@ -860,40 +1103,16 @@ def load_layer(path):
 
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{str(path)!r} is a folder, not a layer file (.npz).")
+        raise ValueError(
+            f"{str(path)!r} is a folder, not a layer file (.npz or .safetensors)."
+        )
     expected = (
         "expected the .npz archive that skattn fit or skattn.cli.save_layer writes "
-        "(arrays attention, projection, key_bias, intercept, n_tokens)"
+        "(arrays attention, projection, key_bias, intercept, n_tokens), or the "
+        ".safetensors file of skattn layer (tensors attention, projection, "
+        "key_bias, intercept)"
     )
-    try:
-        data = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # untrusted bytes: any reader error is bad input
-        raise ValueError(
-            f"{str(path)!r} cannot be read as a layer file ({type(exc).__name__}: "
-            f"{exc}); {expected}."
-        ) from exc
-    if isinstance(data, np.ndarray):
-        raise ValueError(f"{str(path)!r} holds a single array; {expected}.")
-    with data:
-        missing = [name for name in ("attention", "projection") if name not in data]
-        if missing:
-            raise ValueError(
-                f"{str(path)!r} lacks the array(s) {missing} (it holds "
-                f"{sorted(data.files)}); {expected}."
-            )
-        try:
-            arrays = {n: data[n] for n in LAYER_FILE_ARRAYS[:4] if n in data.files}
-            n_tokens = _file_int(data, "n_tokens", path)
-            head_rank = _file_int(data, "head_rank", path)
-        except ValueError:
-            raise
-        except Exception as exc:
-            raise ValueError(
-                f"{str(path)!r} cannot be read as a layer file "
-                f"({type(exc).__name__}: {exc}); {expected}."
-            ) from exc
+    arrays, n_tokens, head_rank = _read_layer_file(path, expected)
     layer = AttentionLayer(
         arrays["attention"],
         arrays["projection"],
@@ -913,19 +1132,20 @@ def _fit(args):
     from .estimators import MultiHeadAttentionRegressor
 
     params = {FIT_OPTIONS[name]: getattr(args, name) for name in FIT_OPTIONS}
-    learner = MultiHeadAttentionRegressor(**params, verbose=0 if args.quiet else 1)
+    learner = MultiHeadAttentionRegressor(**params, verbose=args.verbose)
     learner._validate_params()  # a ValueError naming the parameter, before any I/O
     if args.n_heads == "auto" and args.head_rank is not None:
         raise _error(
             "--head-rank needs an integer --n-heads (--n-heads auto searches "
             "full-rank heads)."
         )
-    _check_output(args.out)
+    _check_output(args.out, suffix=" or ".join(LAYER_FILE_SUFFIXES))
     X, y = _load_xy(args.X, args.y)
     try:
         seconds = _timed_fit(learner, X, y)
     except (ValueError, TypeError) as exc:
         raise _error(f"the fit failed: {exc}") from exc
+    _make_folder(args.out)
     path = save_layer(learner, args.out)
     print(
         f"Learned {learner.attention_.shape[0]} head(s) in {seconds:.1f} s; training "

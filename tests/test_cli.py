@@ -149,10 +149,10 @@ def _exit(argv, capsys):
             "argument --out: expected a file name ending in .npz",
         ),
         (
-            ["data.npz", "--out", "missing/layer.npz"],
+            ["data.npz", "--out", "X.npy/layer.npz"],
             1,
-            "skattn: error: --out 'missing/layer.npz': the folder 'missing' does not "
-            "exist",
+            "skattn: error: --out 'X.npy/layer.npz' cannot be written in 'X.npy' "
+            "('X.npy' is a file)",
         ),
         (["data.npz", "--out", "folder.npz"], 1, "'folder.npz' is a folder"),
     ],
@@ -189,9 +189,9 @@ def test_fit_failure_is_one_line(data, capsys, monkeypatch):
     [
         (["fit", "nope.npy", "y.npy", "--n-tokens", "2"], 1, "does not exist"),
         (
-            ["fit", "data.npz", "--n-tokens", "4", "--out", "missing/layer.npz"],
+            ["fit", "data.npz", "--n-tokens", "4", "--out", "X.npy/layer.npz"],
             1,
-            "the folder 'missing' does not exist",
+            "cannot be written in 'X.npy'",
         ),
         (["fit", "data.npz", "--n-tokens", "4", "--n-heads", "two"], 2, "'two'"),
         (["demo", "--heads", "0"], 2, "argument --heads: expected a positive"),
@@ -388,7 +388,7 @@ def test_fit_help_defaults_are_the_estimators():
     fit = _parser()._subparsers._group_actions[0].choices["fit"]
     for action in fit._actions:
         parameter = FIT_OPTIONS.get(action.dest)
-        if parameter and action.dest not in ("n_tokens", "seed"):
+        if parameter and action.dest not in ("n_tokens", "random_state"):
             assert action.default == estimator[parameter], action.dest
 
 
@@ -396,12 +396,12 @@ def test_demo_checks_the_plot_path_before_fitting(tmp_path, capsys, monkeypatch)
     from skattn import MultiHeadAttentionRegressor
 
     monkeypatch.setattr(MultiHeadAttentionRegressor, "fit", _no_fit)
-    plot = str(tmp_path / "missing" / "p.png")
+    (tmp_path / "file").write_text("")
+    plot = str(tmp_path / "file" / "p.png")
     code, err = _exit(["demo", "--quiet", "--plot", plot], capsys)
     assert code == 1
-    assert err == f"skattn: error: --plot {plot!r}: the folder " + (
-        f"{str(tmp_path / 'missing')!r} does not exist; create it first.\n"
-    )
+    assert err.startswith(f"skattn: error: --plot {plot!r} cannot be written in ")
+    assert err.count("\n") == 1
 
 
 # -- skattn layer: a layer of a BERT-style model learned from text files ----------
@@ -767,3 +767,106 @@ def test_layer_held_out_error_names_the_flag(tmp_path, capsys, monkeypatch, chec
     assert code == 1
     assert "--held-out 0.1 of 2 windows leaves none to hold out" in err
     assert "another --held-out." in err and "held_out" not in err
+
+
+# -- the two commands as one family (issue 52, point 4) ----------------------------
+
+
+def test_fit_writes_safetensors_into_a_new_folder_and_load_layer_reads_it(
+    data, capsys, monkeypatch
+):
+    from skattn.cli import load_layer
+
+    monkeypatch.chdir(data)
+    argv = ["fit", "data.npz", "--n-tokens", "4", "--quiet"]
+    assert main(argv + ["--seed", "3", "--out", "new/sub/layer.safetensors"]) == 0
+    assert main(argv + ["--random-state", "3", "--out", "again.safetensors"]) == 0
+    assert main(argv + ["--random-state", "3", "--out", "layer.npz"]) == 0
+    first = (data / "new" / "sub" / "layer.safetensors").read_bytes()
+    assert first == (data / "again.safetensors").read_bytes()  # --seed: the same
+    from_safetensors = load_layer("new/sub/layer.safetensors")
+    from_npz = load_layer("layer.npz")
+    assert from_safetensors.n_tokens == from_npz.n_tokens == 4
+    X = np.load("X.npy")
+    np.testing.assert_array_equal(from_safetensors.transform(X), from_npz.transform(X))
+
+
+def test_load_layer_reads_the_layer_of_skattn_layer(tmp_path):
+    # learn_layer's writer, with its metadata (layer, checkpoint), and any
+    # safetensors reader reads the file skattn writes
+    from skattn import AttentionLayer
+    from skattn.cli import load_layer
+    from skattn.experiments._layer import _write_layer
+
+    rng = np.random.default_rng(0)
+    layer = AttentionLayer(
+        rng.normal(size=(2, 3, 3)),
+        rng.normal(size=(2, 3, 4)),
+        key_bias=rng.normal(size=(2, 3)),
+        intercept=rng.normal(size=4),
+        n_tokens=5,
+        head_rank=3,
+    )
+    path = tmp_path / "layer.safetensors"
+    _write_layer(layer, path, 5, 2, "model")
+    loaded = load_layer(path)
+    assert (loaded.n_tokens, loaded.head_rank) == (5, 3)
+    X = rng.normal(size=(6, 15))
+    np.testing.assert_array_equal(loaded.transform(X), layer.transform(X))
+    safetensors = pytest.importorskip("safetensors.numpy")
+    tensors = safetensors.load_file(str(path))
+    np.testing.assert_array_equal(tensors["attention"], layer.attention)
+    np.testing.assert_array_equal(tensors["intercept"], layer.intercept)
+
+
+# a header whose tensor lies past the end of the file
+_HEADER = b'{"attention":{"dtype":"F64","shape":[9],"data_offsets":[0,72]}}'
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"random", "cannot be read as a .safetensors layer file"),
+        (b"\xff" * 8 + b"{}", "a header length of"),
+        (b"\x02\x00\x00\x00\x00\x00\x00\x00{}", "lacks the array"),
+        (
+            len(_HEADER).to_bytes(8, "little") + _HEADER,
+            "tensor 'attention' lies outside the file",
+        ),
+    ],
+)
+def test_load_layer_names_what_is_wrong_with_a_safetensors_file(
+    tmp_path, content, match
+):
+    from skattn.cli import load_layer
+
+    path = tmp_path / "layer.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=match) as info:
+        load_layer(path)
+    assert str(path) in str(info.value)
+    assert "pickle" not in str(info.value)
+
+
+def test_fit_and_layer_share_their_option_names_and_defaults():
+    from skattn.cli import _parser
+
+    commands = _parser()._subparsers._group_actions[0].choices
+    for name in ("demo", "fit", "layer"):
+        for seed in ("--seed", "--random-state"):
+            args = _command_args(commands, name, [seed, "7"])
+            assert args.random_state == 7, (name, seed)
+    for name in ("fit", "layer"):  # progress bars by default in both
+        assert _command_args(commands, name, []).verbose == 1
+        assert _command_args(commands, name, ["--quiet"]).verbose == 0
+        assert _command_args(commands, name, ["--verbose"]).verbose == 2
+        assert _command_args(commands, name, ["--cache", "c"]).cache == "c"
+
+
+def _command_args(commands, name, extra):
+    required = {
+        "demo": [],
+        "fit": ["X.npy", "--n-tokens", "2"],
+        "layer": ["--layer", "0", "--text", "t.txt"],
+    }
+    return commands[name].parse_args(required[name] + extra)

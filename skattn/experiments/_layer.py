@@ -760,23 +760,19 @@ def _measure(teacher, learned, X_fit, X_held):
 
 
 def _write_layer(learned, path, n_tokens, layer, folder):
-    save_file = require(
-        "safetensors.numpy", extra="pretrained", feature="Writing the layer"
-    ).save_file
+    """``layer.safetensors``: the same bytes for the same layer (sorted header)."""
+    from ..cli import SAFETENSORS_FORMAT, write_safetensors
+
     arrays = learned._arrays()[:4]
-    tensors = {
-        name: np.ascontiguousarray(value, dtype=np.float64)
-        for name, value in zip(_LAYER_TENSORS, arrays, strict=True)
-    }
     metadata = {
-        "format": "skattn attention layer: AttentionLayer(**tensors, n_tokens=...)",
+        "format": SAFETENSORS_FORMAT,
         "n_tokens": str(n_tokens),
         "layer": str(layer),
         "checkpoint": str(folder),
     }
     if learned.head_rank is not None:
         metadata["head_rank"] = str(learned.head_rank)
-    save_file(tensors, str(path), metadata=metadata)
+    write_safetensors(path, dict(zip(_LAYER_TENSORS, arrays, strict=True)), metadata)
 
 
 def _plot(teacher, learned, X_held, path, layer):
