@@ -36,6 +36,7 @@ import json
 import math
 import os
 import re
+import shlex
 import struct
 import sys
 import tempfile
@@ -1147,6 +1148,9 @@ def _fit(args):
         raise _error(f"the fit failed: {exc}") from exc
     _make_folder(args.out)
     path = save_layer(learner, args.out)
+    kept = _memory_record(learner)
+    if kept and kept.get("reused"):
+        print(_resumed_line(len(kept["reused"]), len(kept.get("computed", []))))
     print(
         f"Learned {learner.attention_.shape[0]} head(s) in {seconds:.1f} s; training "
         f"R2 {learner.score(X, y):.6f}; saved the layer (attention, projection, "
@@ -1154,6 +1158,12 @@ def _fit(args):
         f"skattn.cli.load_layer({str(path)!r})."
     )
     return 0
+
+
+def _memory_record(learner):
+    from .experiments._layer import _memory_record
+
+    return _memory_record(learner)
 
 
 def _cell_text(row):
@@ -1208,13 +1218,43 @@ def _sweep(args):
     return 1
 
 
+def _cache_of(args):
+    """The folder where the command keeps the fit's stages (None: none)."""
+    if args.command == "fit":
+        return args.cache
+    if args.command == "layer" and not args.no_cache:
+        if args.cache is not None:
+            return args.cache
+        out = args.out if args.out is not None else f"skattn-layer-{args.layer}"
+        return str(Path(out) / "cache")
+    return None
+
+
+def _folder_bytes(folder):
+    """The bytes of the files under ``folder`` (0 when it does not exist)."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += (Path(root) / name).stat().st_size
+            except OSError:  # removed meanwhile
+                pass
+    return total
+
+
+def _resumed_line(reused, computed, seconds_all=None):
+    """The line a run that read kept stages back prints."""
+    line = f"resumed: {reused} stages reused ({computed} computed now)"
+    if seconds_all is not None:
+        line += f"; fit time over all pieces {seconds_all:.1f} s"
+    return line
+
+
 def _layer(args):
     from .experiments import learn_layer
 
     out = args.out if args.out is not None else f"skattn-layer-{args.layer}"
-    cache = None
-    if not args.no_cache:
-        cache = args.cache if args.cache is not None else str(Path(out) / "cache")
+    cache = _cache_of(args)
     result = learn_layer(
         args.checkpoint,
         layer=args.layer,
@@ -1245,7 +1285,38 @@ def _layer(args):
     )
     for role, path in result.files.items():
         print(f"  {role}: {path}")
+    resume = report.get("resume") or {}
+    if resume.get("stages_reused"):
+        recorded = resume.get("earlier_pieces_seconds")
+        print(
+            _resumed_line(
+                resume["stages_reused"],
+                resume["stages_computed"],
+                resume["fit_seconds_all_pieces"] if recorded else None,
+            )
+        )
+    if cache is not None and Path(cache).is_dir():
+        size = _folder_bytes(cache) / 1e6
+        print(
+            f"cache: {cache} ({size:.1f} MB), kept so that a rerun reuses the fit; "
+            f"remove it with: rm -r {shlex.quote(str(cache))}"
+        )
     return 0
+
+
+def _interrupted(args):
+    """The ``SystemExit`` of Ctrl-C: one line on stderr, status 130 (128 +
+    SIGINT), and where the finished stages are when a cache is in use."""
+    sys.stdout.flush()
+    cache = _cache_of(args)
+    if cache is not None and Path(cache).is_dir():
+        print(
+            f"skattn: interrupted; run the same command again to resume from {cache}",
+            file=sys.stderr,
+        )
+    else:
+        print("skattn: interrupted", file=sys.stderr)
+    return SystemExit(130)
 
 
 def _with_array_api(argv):
@@ -1280,7 +1351,9 @@ def main(argv=None):
     SystemExit
         On bad input: status 2 with argparse's usage for a malformed option,
         else the one-line message ``skattn: error: ...`` (status 1 when it
-        reaches the interpreter).
+        reaches the interpreter).  On Ctrl-C: status 130, after the one line
+        ``skattn: interrupted`` (with where to resume from when the fit keeps
+        its stages, ``--cache``).
 
     Examples
     --------
@@ -1306,6 +1379,8 @@ def main(argv=None):
         warnings.showwarning = _show_warning
         try:
             return command(args)
+        except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status 130
+            raise _interrupted(args) from None
         except ValueError as exc:  # bad input that the library named
             raise _error(exc) from exc
         except (OSError, ImportError) as exc:  # a file, a folder, a missing extra

@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -475,6 +476,7 @@ def test_layer_learns_and_writes_the_layer_the_report_and_the_plot(
         "heads",
         "certificate",
         "fit_seconds",
+        "resume",
         "total_seconds",
         "peak_memory_mb",
         "n_windows_fit",
@@ -870,3 +872,81 @@ def _command_args(commands, name, extra):
         "layer": ["--layer", "0", "--text", "t.txt"],
     }
     return commands[name].parse_args(required[name] + extra)
+
+
+# -- Ctrl-C and resuming (issue 52, point 2) ---------------------------------------
+
+
+def _interrupt(self, X, y):
+    """A fit that Ctrl-C stops once it has made its memory folder."""
+    if self.memory is not None:
+        Path(self.memory).mkdir(parents=True, exist_ok=True)
+    raise KeyboardInterrupt("a long message with Python advice")
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        ([], "skattn: interrupted\n"),
+        (
+            ["--cache", "kept"],
+            "skattn: interrupted; run the same command again to resume from kept\n",
+        ),
+    ],
+)
+def test_fit_interrupted_is_one_line_and_status_130(
+    data, capsys, monkeypatch, extra, line
+):
+    from skattn import MultiHeadAttentionRegressor
+
+    monkeypatch.chdir(data)
+    monkeypatch.setattr(MultiHeadAttentionRegressor, "fit", _interrupt)
+    code, err = _exit(["fit", "data.npz", "--n-tokens", "4", "--quiet", *extra], capsys)
+    assert (code, err) == (130, line)
+    assert not (data / "layer.npz").exists()
+
+
+def test_layer_interrupted_then_resumed_says_so_and_records_it(
+    tmp_path, capsys, monkeypatch, checkpoint
+):
+    import json
+
+    import skattn.experiments._layer as layer_module
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["layer", "model", "--layer", "1", "--text", "text.txt", "--out", "o"]
+    argv += ["--n-tokens", "4", "--n-windows", "60", "--n-heads", "1", "--quiet"]
+    real_fit_on = layer_module._fit_on
+
+    def interrupted(learner, X, y, device):
+        _interrupt(learner, X, y)
+
+    monkeypatch.setattr(layer_module, "_fit_on", interrupted)
+    code, err = _exit(argv, capsys)
+    assert code == 130
+    assert err == (
+        "skattn: interrupted; run the same command again to resume from o/cache\n"
+    )
+    monkeypatch.setattr(layer_module, "_fit_on", real_fit_on)
+    assert main(argv) == 0  # the interrupted piece computed nothing to reuse
+    printed = capsys.readouterr().out
+    assert "resumed:" not in printed
+    resume = json.loads(Path("o/report.json").read_text())["resume"]
+    assert resume["stages_reused"] == 0 and resume["stages_computed"] > 0
+    (piece,) = resume["earlier_pieces_seconds"]
+    assert resume["fit_seconds_all_pieces"] > piece
+    # the cache folder, its size, and how to remove it
+    (line,) = [x for x in printed.splitlines() if x.startswith("cache: ")]
+    assert line.startswith("cache: o/cache (") and " MB), kept so that" in line
+    assert line.endswith("remove it with: rm -r o/cache")
+    # run again: every stage read back, said and recorded
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(Path("o/report.json").read_text())
+    resume = report["resume"]
+    assert resume["stages_reused"] > 0 and resume["stages_computed"] == 0
+    assert resume["earlier_pieces_seconds"] == []
+    assert "time is not recorded" in resume["note"]
+    assert f"resumed: {resume['stages_reused']} stages reused (0 computed now)" in (
+        printed
+    )

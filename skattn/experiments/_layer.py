@@ -12,6 +12,7 @@ for real layers, and measures and writes what it learned.  Every argument, file
 and folder is checked before the model is loaded, so bad input fails at once.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -497,7 +498,11 @@ def learn_layer(
             :func:`skattn.metrics.sharpness_profile`), ``certificate`` (the
             summary of the learner's ``certificate_``, else ``None``),
             ``device`` (the torch device fitted on, else ``None``),
-            ``fit_seconds``, ``total_seconds``, ``peak_memory_mb``,
+            ``fit_seconds`` (this run's fit), ``resume`` (with ``memory``:
+            ``stages_reused`` and ``stages_computed`` by this run, the ``cache``
+            folder, ``earlier_pieces_seconds`` of the runs interrupted by
+            Ctrl-C before it and ``fit_seconds_all_pieces``, their sum with
+            this run's; else ``None``), ``total_seconds``, ``peak_memory_mb``,
             ``n_windows_fit``, ``n_windows_held_out``, ``text``, ``checkpoint``,
             ``estimator``, ``warnings``, ``files`` and ``arguments``.
             Non-finite numbers are ``None``.
@@ -627,10 +632,16 @@ def learn_layer(
     else:
         learner = clone(estimator)
         X_fit = X3[fit]
+    pieces = None if memory is None else _Pieces(memory, arguments)
     fit_start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _fit_on(learner, X_fit, y[fit], device)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _fit_on(learner, X_fit, y[fit], device)
+    except KeyboardInterrupt:  # this piece's time, for the run that resumes it
+        if pieces is not None:
+            pieces.record(time.perf_counter() - fit_start)
+        raise
     fit_seconds = time.perf_counter() - fit_start
     for w in caught:  # shown after all, and recorded in the report
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -650,6 +661,7 @@ def learn_layer(
     report.update(
         {
             "fit_seconds": fit_seconds,
+            "resume": _resume_record(learner, pieces, fit_seconds),
             "peak_memory_mb": _peak_memory_mb(),
             "n_windows_fit": len(fit),
             "n_windows_held_out": len(held),
@@ -694,6 +706,84 @@ def learn_layer(
         y_held_out=y_held,
         files=files,
     )
+
+
+class _Pieces:
+    """The fit seconds of the runs of one ``learn_layer`` call interrupted by
+    Ctrl-C, kept in the memory folder (``skattn-layer-pieces.json``), so that
+    the run that resumes them reports the time of all the pieces.  A killed run
+    records nothing."""
+
+    FILE = "skattn-layer-pieces.json"
+
+    def __init__(self, memory, arguments):
+        self.path = Path(str(memory)) / self.FILE
+        same = {k: v for k, v in arguments.items() if k not in ("out", "plot")}
+        text = json.dumps(same, sort_keys=True, default=str)
+        self.key = hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _read(self):
+        try:
+            ledger = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # none yet, or unreadable: start afresh
+            return {}
+        return ledger if isinstance(ledger, dict) else {}
+
+    def _write(self, ledger):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+
+    def record(self, seconds):
+        """Add an interrupted piece of ``seconds``."""
+        try:
+            ledger = self._read()
+            ledger.setdefault(self.key, []).append(round(float(seconds), 3))
+            self._write(ledger)
+        except OSError:  # an interruption must not fail on its bookkeeping
+            pass
+
+    def take(self):
+        """The interrupted pieces before this run, forgotten once taken."""
+        ledger = self._read()
+        earlier = ledger.pop(self.key, [])
+        if earlier:
+            try:
+                self._write(ledger)
+            except OSError:
+                pass
+        return [float(x) for x in earlier if isinstance(x, int | float)]
+
+
+def _memory_record(learner):
+    """The learner's ``info["memory"]`` (stages reused and computed), or None."""
+    for phase in reversed(getattr(learner, "phase_report_", None) or []):
+        kept = getattr(phase, "info", {}).get("memory")
+        if kept:
+            return kept
+    return None
+
+
+def _resume_record(learner, pieces, fit_seconds):
+    """``report["resume"]``: what this run reused and the time of all pieces."""
+    kept = _memory_record(learner)
+    if pieces is None and kept is None:
+        return None
+    earlier = [] if pieces is None else pieces.take()
+    record = {
+        "cache": None if kept is None else kept.get("folder"),
+        "stages_reused": 0 if kept is None else len(kept.get("reused", [])),
+        "stages_computed": 0 if kept is None else len(kept.get("computed", [])),
+        "earlier_pieces_seconds": earlier,
+        "fit_seconds_all_pieces": sum(earlier) + fit_seconds,
+    }
+    if record["stages_reused"] and not earlier:
+        record["note"] = (
+            "stages were reused from a run whose time is not recorded (killed, or "
+            "finished before): fit_seconds_all_pieces counts this run only"
+        )
+    return record
 
 
 def _teacher(model, layer, n_heads, n_tokens):
