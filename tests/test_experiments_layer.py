@@ -242,3 +242,30 @@ def test_a_safetensors_file_names_its_folder():
     folder, found, config = layer_module._checkpoint(model)
     assert folder == model.parent and found == model
     assert config["model_type"] == "bert"
+
+
+def test_layer_file_is_the_same_bytes_for_the_same_layer(tmp_path):
+    # a fixed header order: identical layers, identical checksums (issue 52, point 6)
+    import hashlib
+
+    from skattn import AttentionLayer
+    from skattn.experiments._layer import _write_layer
+
+    rng = np.random.default_rng(0)
+    layer = AttentionLayer(
+        rng.normal(size=(2, 3, 3)),
+        rng.normal(size=(2, 3, 3)),
+        key_bias=rng.normal(size=(2, 3)),
+        intercept=rng.normal(size=3),
+        head_rank=3,
+    )
+    digests = set()
+    for name in ("a.safetensors", "b.safetensors"):
+        _write_layer(layer, tmp_path / name, 16, 3, "model")
+        digests.add(hashlib.sha256((tmp_path / name).read_bytes()).hexdigest())
+    assert len(digests) == 1
+    header = (tmp_path / "a.safetensors").read_bytes()
+    size = int.from_bytes(header[:8], "little")
+    text = header[8 : 8 + size].decode().rstrip()
+    keys = [key for key in json.loads(text)]
+    assert keys == sorted(keys)

@@ -275,3 +275,13 @@ def test_a_failed_refit_keeps_the_fitted_widths():
         layer.fit(np.ones((2, 8)))  # validated the width (8) before failing
     assert (layer.n_features_in_, layer.n_tokens_) == (6, 2)
     assert layer.transform(np.ones((2, 6))).shape == (2, 8)
+
+
+def test_a_layer_is_callable_and_predicts_what_it_transforms():
+    # a layer read back from a file stands in for the estimator (issue 52, point 6)
+    layer = random_layer(seed=3, n_tokens=4)
+    X = np.random.default_rng(0).standard_normal((5, 12))
+    expected = layer.transform(X)
+    np.testing.assert_array_equal(layer(X), expected)
+    np.testing.assert_array_equal(layer.predict(X), expected)
+    np.testing.assert_array_equal(layer(X.reshape(5, 4, 3)), expected)
