@@ -269,3 +269,13 @@ def test_layer_file_is_the_same_bytes_for_the_same_layer(tmp_path):
     text = header[8 : 8 + size].decode().rstrip()
     keys = [key for key in json.loads(text)]
     assert keys == sorted(keys)
+
+
+def test_device_refuses_scipy_array_api_set_after_import_scipy(monkeypatch):
+    # set in os.environ after scipy was imported, the switch does nothing: said
+    # (issue 52, point 8)
+    pytest.importorskip("torch")
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
+    monkeypatch.setattr(layer_module, "scipy_array_api_ignored", lambda: True)
+    with pytest.raises(ValueError, match="but scipy was imported before"):
+        layer_module._check_device("cpu", None)

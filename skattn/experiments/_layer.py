@@ -38,6 +38,7 @@ from ..metrics import (
     prediction_error,
     sharpness_profile,
 )
+from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
 
 __all__ = ["learn_layer"]
@@ -118,6 +119,14 @@ def _check_device(device, estimator):
     elif where.type not in ("cpu", "cuda", "mps"):
         raise ValueError(
             f"device={device!r}: only 'cpu', 'cuda' and 'mps' devices are supported."
+        )
+    if scipy_array_api_ignored():
+        raise ValueError(
+            f"device={device!r} fits through scikit-learn's array API, which needs "
+            f"SCIPY_ARRAY_API=1 set before scipy is imported; it is set, but scipy "
+            f"was imported before (scipy reads it once, when imported). Set it "
+            f"before Python starts: run 'SCIPY_ARRAY_API=1 python ...' (the skattn "
+            f"command sets it itself)."
         )
     if os.environ.get("SCIPY_ARRAY_API") != "1":
         raise ValueError(

@@ -28,7 +28,14 @@ from ..metrics._sharpness import sharp_head_pinning
 from ..solvers._driver import fit_from_random_starts
 from ..solvers.kernels._loss import REALISABLE_RESIDUAL
 from ..solvers.stages._polish import staged_polish, warmup_size
-from ..utils._array_api import device, lstsq, namespace, to_namespace, to_numpy
+from ..utils._array_api import (
+    device,
+    lstsq,
+    namespace,
+    namespace_name,
+    to_namespace,
+    to_numpy,
+)
 from ..utils._batches import TokenBatches
 from ..utils._progress import shown
 from ..utils._validation import is_foreign_array
@@ -353,11 +360,11 @@ class _PhasedRun:
         ``"host_copies"`` entry of the run's first report."""
         if self.on_host:
             return
+        name = namespace_name(self.xp)
         message = (
-            f"X and y are {self.xp.__name__} arrays on {self.device!r}: {what} ran "
-            f"on numpy copies of them on the host (the phases are numpy-only); "
-            f"{polish} in {self.xp.__name__} on the device. init='random' keeps "
-            f"the whole fit on the device."
+            f"X and y are {name} arrays on {self.device!r}: {what} ran on numpy "
+            f"copies of them on the host (the phases are numpy-only); {polish} in "
+            f"{name} on the device. init='random' keeps the whole fit on the device."
         )
         self._defer(message, UserWarning)
         self.reports[0].info["host_copies"] = message
