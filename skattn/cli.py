@@ -32,12 +32,10 @@ error: ...`` on stderr with status 1, found before any fit starts where it can b
 
 import argparse
 import inspect
-import json
 import math
 import os
 import re
 import shlex
-import struct
 import sys
 import tempfile
 import time
@@ -46,6 +44,8 @@ from numbers import Integral
 from pathlib import Path
 
 import numpy as np
+
+from .layer._files import SAFETENSORS_FORMAT, read_safetensors, write_safetensors
 
 # Recovery threshold of ``skattn demo`` (head-matched relative parameter error).
 RECOVERY_TOLERANCE = 1e-6
@@ -60,8 +60,6 @@ LAYER_FILE_ARRAYS = (
 )
 # The layer files save_layer writes and load_layer reads.
 LAYER_FILE_SUFFIXES = (".npz", ".safetensors")
-# What a .safetensors layer file's metadata says it is.
-SAFETENSORS_FORMAT = "skattn attention layer: AttentionLayer(**tensors, n_tokens=...)"
 # Options of ``skattn fit`` passed to MultiHeadAttentionRegressor: option -> parameter.
 FIT_OPTIONS = {
     "n_tokens": "n_tokens",
@@ -782,117 +780,6 @@ def _atomic_write(path, write):
         raise
 
 
-def write_safetensors(path, tensors, metadata=None):
-    """Write float64 tensors to a ``.safetensors`` file, the same bytes for the
-    same content.
-
-    The header is JSON with sorted keys and no spaces, the tensors laid out in
-    name order, the metadata strings sorted; the library ``safetensors`` orders
-    its metadata by a hash seeded anew at each run, so that checksums of two
-    identical layers differ.  Any ``safetensors`` reader reads the file.  It is
-    written atomically (a temporary file renamed over it).
-
-    Parameters
-    ----------
-    path : str or path-like
-        The file to write (its folder must exist).
-    tensors : dict of str to array-like
-        The tensors, stored as little-endian float64 (``"F64"``).
-    metadata : dict of str to str, default=None
-        The header's ``__metadata__``.
-
-    Returns
-    -------
-    path : pathlib.Path
-        The file written.
-
-    Examples
-    --------
-    >>> import hashlib, os, tempfile
-    >>> import numpy as np
-    >>> from skattn.cli import write_safetensors
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     files = [write_safetensors(os.path.join(tmp, f"{i}.safetensors"),
-    ...              {"b": np.ones(2), "a": np.zeros((1, 2))}, {"y": "1", "x": "2"})
-    ...              for i in range(2)]
-    ...     digests = {hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
-    >>> len(digests)
-    1
-    """
-    path = Path(path)
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        data = np.ascontiguousarray(tensors[name], dtype="<f8").tobytes()
-        header[name] = {
-            "data_offsets": [offset, offset + len(data)],
-            "dtype": "F64",
-            "shape": list(np.shape(tensors[name])),
-        }
-        blobs.append(data)
-        offset += len(data)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data 8-byte aligned, as the format asks
-
-    def write(file):
-        file.write(struct.pack("<Q", len(text)))
-        file.write(text)
-        for data in blobs:
-            file.write(data)
-
-    _atomic_write(path, write)
-    return path
-
-
-# safetensors dtypes that a layer file may hold (read as float64).
-_SAFETENSORS_DTYPES = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": None,  # no numpy dtype: refused by name
-}
-# A header larger than this is not a layer's (the format caps it at 100 MB).
-_MAX_HEADER_BYTES = 100_000_000
-
-
-def _read_safetensors(path):
-    """The tensors (float64 numpy arrays) and metadata of a ``.safetensors`` file,
-    read without the ``safetensors`` library; ``ValueError`` on any malformed
-    byte."""
-    raw = path.read_bytes()
-    if len(raw) < 8:
-        raise ValueError(f"{len(raw)} bytes, shorter than the 8-byte header length")
-    (size,) = struct.unpack("<Q", raw[:8])
-    if size > min(len(raw) - 8, _MAX_HEADER_BYTES):
-        raise ValueError(f"a header length of {size} bytes in a file of {len(raw)}")
-    header = json.loads(raw[8 : 8 + size].decode("utf-8"))
-    if not isinstance(header, dict):
-        raise ValueError("the header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise ValueError("__metadata__ is not a JSON object")
-    body = memoryview(raw)[8 + size :]
-    tensors = {}
-    for name, entry in header.items():
-        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype"))
-        if dtype is None:
-            raise ValueError(
-                f"tensor {name!r} has dtype {entry.get('dtype')!r}; a layer's are "
-                f"F64, F32 or F16"
-            )
-        shape = [int(n) for n in entry["shape"]]
-        begin, end = (int(n) for n in entry["data_offsets"])
-        count = math.prod(shape)
-        if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(body):
-            raise ValueError(f"tensor {name!r} lies outside the file")
-        if end - begin != count * np.dtype(dtype).itemsize:
-            raise ValueError(f"tensor {name!r}: {end - begin} bytes for {shape}")
-        tensors[name] = np.frombuffer(body[begin:end], dtype).astype(np.float64)
-        tensors[name] = tensors[name].reshape(shape)
-    return tensors, metadata
-
-
 def save_layer(layer, path):
     """Save a layer, or a fitted estimator's layer, to an ``.npz`` or a
     ``.safetensors`` file.
@@ -1010,7 +897,7 @@ def _read_layer_file(path, expected):
     errors name the file and ``expected``."""
     if path.suffix.lower() == ".safetensors":
         try:
-            tensors, metadata = _read_safetensors(path)
+            tensors, metadata = read_safetensors(path)
         except FileNotFoundError:
             raise
         except Exception as exc:  # untrusted bytes: any reader error is bad input

@@ -31,6 +31,7 @@ from ..datasets import BertEncoder, load_bert_attention, minilm_checkpoint_path
 from ..datasets._encoder import _load_tokenizer, _text_windows
 from ..estimators import MultiHeadAttentionRegressor
 from ..layer import AttentionLayer, as_layer
+from ..layer._files import SAFETENSORS_FORMAT, write_safetensors
 from ..metrics import (
     AttentionPatternDisplay,
     attention_pattern_error,
@@ -860,8 +861,6 @@ def _measure(teacher, learned, X_fit, X_held):
 
 def _write_layer(learned, path, n_tokens, layer, folder):
     """``layer.safetensors``: the same bytes for the same layer (sorted header)."""
-    from ..cli import SAFETENSORS_FORMAT, write_safetensors
-
     arrays = learned._arrays()[:4]
     metadata = {
         "format": SAFETENSORS_FORMAT,
