@@ -13,6 +13,7 @@ result as fitted attributes (as scikit-learn's ``_BaseRidge.fit`` calls
 ``_ridge_regression``).
 """
 
+import contextlib
 import math
 import re
 import time
@@ -37,7 +38,7 @@ from ..utils._array_api import (
     to_numpy,
 )
 from ..utils._batches import TokenBatches
-from ..utils._progress import shown
+from ..utils._progress import make_bar, shown
 from ..utils._validation import is_foreign_array
 from ..utils._warnings import warn_at_caller
 from ._affine_hull import sculpt_hull
@@ -486,7 +487,9 @@ class _PhasedRun:
         start = time.perf_counter()
         X3, Y3, polish_rows = self._polish_data(X3, Y3)
         n_starts = self.options.starts.n_starts
-        with _progress(self.options.verbose, n_starts, "random starts", "start") as bar:
+        with _progress(
+            self.options.verbose, None, "random starts", "start", at_most=n_starts
+        ) as bar:
             with shown(self.options.verbose):  # a bar per stage
                 attention, projection, info = fit_from_random_starts(
                     X3,
@@ -499,9 +502,6 @@ class _PhasedRun:
                     progress=None if bar is None else partial(_advance_start, bar),
                     memory=self.memory,
                 )
-            if bar is not None:  # an exact start ends the loop early
-                bar.total = bar.n
-                bar.refresh()
         info = {key: value for key, value in info.items() if key != "stages"}
         if not self.on_host:  # the record is a host object (see _host_record)
             info = _host_record(info)
@@ -1090,12 +1090,11 @@ class _NoBar:
         return False
 
 
-def _progress(verbose, total, desc="phased learner", unit="phase"):
+def _progress(verbose, total, desc="phased learner", unit="phase", at_most=None):
     if not verbose:
         return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit)
+    bar = make_bar(total, desc, unit, at_most=at_most)
+    return bar if hasattr(bar, "__enter__") else contextlib.closing(bar)
 
 
 def _advance_start(bar, message, done):
