@@ -935,6 +935,7 @@ def test_layer_interrupted_then_resumed_says_so_and_records_it(
     assert resume["stages_reused"] == 0 and resume["stages_computed"] > 0
     (piece,) = resume["earlier_pieces_seconds"]
     assert resume["fit_seconds_all_pieces"] > piece
+    first_total = resume["fit_seconds_all_pieces"]
     # the cache folder, its size, and how to remove it
     (line,) = [x for x in printed.splitlines() if x.startswith("cache: ")]
     assert line.startswith("cache: o/cache (") and " MB), kept so that" in line
@@ -946,7 +947,9 @@ def test_layer_interrupted_then_resumed_says_so_and_records_it(
     resume = report["resume"]
     assert resume["stages_reused"] > 0 and resume["stages_computed"] == 0
     assert resume["earlier_pieces_seconds"] == []
-    assert "time is not recorded" in resume["note"]
+    assert "computed by an earlier run of the same arguments" in resume["note"]
+    assert resume["fit_seconds_all_pieces"] > round(first_total, 3)
+    assert resume["fit_seconds_all_pieces"] > report["fit_seconds"]
     assert f"resumed: {resume['stages_reused']} stages reused (0 computed now)" in (
         printed
     )

@@ -279,3 +279,30 @@ def test_device_refuses_scipy_array_api_set_after_import_scipy(monkeypatch):
     monkeypatch.setattr(layer_module, "scipy_array_api_ignored", lambda: True)
     with pytest.raises(ValueError, match="but scipy was imported before"):
         layer_module._check_device("cpu", None)
+
+
+def test_resume_record_says_what_it_counts(tmp_path):
+    # stages reused from a killed run (no time recorded), then from a finished
+    # one (its total counted) (issue 52, point 2)
+    from types import SimpleNamespace
+
+    def learner(reused, computed):
+        memory = {"folder": "f", "reused": reused, "computed": computed}
+        return SimpleNamespace(phase_report_=[SimpleNamespace(info={"memory": memory})])
+
+    pieces = layer_module._Pieces(tmp_path, {"layer": 1, "out": "o"})
+    record = layer_module._resume_record(learner(["search-1"], ["polish-1"]), pieces, 5)
+    assert record["stages_reused"] == 1 and record["stages_computed"] == 1
+    assert record["fit_seconds_all_pieces"] == 5
+    assert "whose time is not recorded" in record["note"]
+    # the same arguments but another out: the same fit
+    pieces = layer_module._Pieces(tmp_path, {"layer": 1, "out": "elsewhere"})
+    record = layer_module._resume_record(
+        learner(["search-1", "polish-1"], []), pieces, 1
+    )
+    assert record["fit_seconds_all_pieces"] == 6
+    assert "took 5.0 s in all" in record["note"]
+    pieces.record(2.5)  # then an interrupted piece, and a run that resumes it
+    record = layer_module._resume_record(learner(["search-1"], ["polish-1"]), pieces, 3)
+    assert record["earlier_pieces_seconds"] == [2.5]
+    assert record["fit_seconds_all_pieces"] == 5.5 and "note" not in record

@@ -512,7 +512,9 @@ def learn_layer(
             ``stages_reused`` and ``stages_computed`` by this run, the ``cache``
             folder, ``earlier_pieces_seconds`` of the runs interrupted by
             Ctrl-C before it and ``fit_seconds_all_pieces``, their sum with
-            this run's; else ``None``), ``total_seconds``, ``peak_memory_mb``,
+            this run's, or for a finished fit run again the earlier run's
+            total with this run's, and a ``note`` saying which; else
+            ``None``), ``total_seconds``, ``peak_memory_mb``,
             ``n_windows_fit``, ``n_windows_held_out``, ``text``, ``checkpoint``,
             ``estimator``, ``warnings``, ``files`` and ``arguments``.
             Non-finite numbers are ``None``.
@@ -719,10 +721,11 @@ def learn_layer(
 
 
 class _Pieces:
-    """The fit seconds of the runs of one ``learn_layer`` call interrupted by
-    Ctrl-C, kept in the memory folder (``skattn-layer-pieces.json``), so that
-    the run that resumes them reports the time of all the pieces.  A killed run
-    records nothing."""
+    """The fit seconds of the runs of one ``learn_layer`` call, kept in the
+    memory folder (``skattn-layer-pieces.json``): those interrupted by Ctrl-C,
+    so that the run that resumes them reports the time of all the pieces, and
+    the total of the last run that finished, for a later run that reuses its
+    stages.  A killed run records nothing."""
 
     FILE = "skattn-layer-pieces.json"
 
@@ -739,31 +742,50 @@ class _Pieces:
             return {}
         return ledger if isinstance(ledger, dict) else {}
 
-    def _write(self, ledger):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+    def _entry(self, ledger):
+        entry = ledger.get(self.key)
+        if not isinstance(entry, dict):
+            entry = {}
+        interrupted = entry.get("interrupted")
+        finished = entry.get("finished")
+        return {
+            "interrupted": [
+                float(x) for x in interrupted or [] if isinstance(x, int | float)
+            ],
+            "finished": float(finished) if isinstance(finished, int | float) else None,
+        }
+
+    def _update(self, change):
+        """Apply ``change`` to this call's entry and write the ledger back (an
+        interruption or a finished fit must not fail on its bookkeeping)."""
+        try:
+            ledger = self._read()
+            entry = self._entry(ledger)
+            change(entry)
+            ledger[self.key] = entry
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
 
     def record(self, seconds):
         """Add an interrupted piece of ``seconds``."""
-        try:
-            ledger = self._read()
-            ledger.setdefault(self.key, []).append(round(float(seconds), 3))
-            self._write(ledger)
-        except OSError:  # an interruption must not fail on its bookkeeping
-            pass
+        self._update(lambda entry: entry["interrupted"].append(round(seconds, 3)))
 
-    def take(self):
-        """The interrupted pieces before this run, forgotten once taken."""
-        ledger = self._read()
-        earlier = ledger.pop(self.key, [])
-        if earlier:
-            try:
-                self._write(ledger)
-            except OSError:
-                pass
-        return [float(x) for x in earlier if isinstance(x, int | float)]
+    def earlier(self):
+        """``(interrupted pieces before this run, last finished total or None)``."""
+        entry = self._entry(self._read())
+        return entry["interrupted"], entry["finished"]
+
+    def finish(self, total):
+        """This run finished: forget the pieces, keep ``total``."""
+
+        def change(entry):
+            entry["interrupted"], entry["finished"] = [], round(total, 3)
+
+        self._update(change)
 
 
 def _memory_record(learner):
@@ -780,19 +802,31 @@ def _resume_record(learner, pieces, fit_seconds):
     kept = _memory_record(learner)
     if pieces is None and kept is None:
         return None
-    earlier = [] if pieces is None else pieces.take()
+    earlier, finished = ([], None) if pieces is None else pieces.earlier()
+    reused = 0 if kept is None else len(kept.get("reused", []))
+    computed = 0 if kept is None else len(kept.get("computed", []))
     record = {
         "cache": None if kept is None else kept.get("folder"),
-        "stages_reused": 0 if kept is None else len(kept.get("reused", [])),
-        "stages_computed": 0 if kept is None else len(kept.get("computed", [])),
+        "stages_reused": reused,
+        "stages_computed": computed,
         "earlier_pieces_seconds": earlier,
         "fit_seconds_all_pieces": sum(earlier) + fit_seconds,
     }
-    if record["stages_reused"] and not earlier:
-        record["note"] = (
-            "stages were reused from a run whose time is not recorded (killed, or "
-            "finished before): fit_seconds_all_pieces counts this run only"
-        )
+    if reused and not earlier:
+        if finished is not None:  # a finished fit run again: its stages read back
+            record["fit_seconds_all_pieces"] = finished + fit_seconds
+            record["note"] = (
+                f"the stages reused were computed by an earlier run of the same "
+                f"arguments that took {finished:.1f} s in all, counted here"
+            )
+        else:
+            record["note"] = (
+                "stages were reused from a run whose time is not recorded (killed "
+                "before it finished): fit_seconds_all_pieces counts this run only"
+            )
+    if pieces is not None:
+        total = record["fit_seconds_all_pieces"]
+        pieces.finish(total if computed or finished is None else finished)
     return record
 
 
