@@ -121,7 +121,7 @@ def _command_words(command):
     commands whose messages name parameters on purpose (sweep: config keys)."""
     if command == "fit":
         flags = {p: "--" + o.replace("_", "-") for o, p in FIT_OPTIONS.items()}
-        return flags, _UNSET_HINTS["fit"]
+        return {**flags, "device": "--device"}, _UNSET_HINTS["fit"]
     if command == "layer":
         return _LAYER_FLAGS, _UNSET_HINTS["layer"]
     return None
@@ -442,6 +442,13 @@ def _parser():
         "missing): .npz, a NumPy archive, or .safetensors, the format of skattn "
         "layer; skattn.cli.load_layer reads both",
     )
+    fit.add_argument(
+        "--device",
+        default=None,
+        help="fit on this torch device (cuda, cuda:1, mps, cpu) through the array "
+        "API, as skattn layer --device does (needs torch; sets SCIPY_ARRAY_API=1 "
+        "for you). Default: numpy on the host",
+    )
     _progress_options(fit)
 
     sweep = sub.add_parser(
@@ -560,10 +567,26 @@ def _parser():
     return parser
 
 
-def _timed_fit(estimator, X, y):
+def _timed_fit(estimator, X, y, device=None):
+    from .experiments._layer import _fit_on
+
     start = time.perf_counter()
-    estimator.fit(X, y)
+    _fit_on(estimator, X, y, device)
     return time.perf_counter() - start
+
+
+def _training_r2(estimator, X, y, device=None):
+    """The estimator's R2 on its training data, computed where it was fitted."""
+    if device is None:
+        return estimator.score(X, y)
+    import torch
+    from sklearn import config_context
+
+    with config_context(array_api_dispatch=True):
+        score = estimator.score(
+            torch.asarray(X, device=device), torch.asarray(y, device=device)
+        )
+    return float(score)
 
 
 def _demo(args):
@@ -849,13 +872,15 @@ def save_layer(layer, path):
             f"path={str(path)!r}: the folder {str(path.parent)!r} does not exist; "
             f"create it first."
         )
+    from .utils._array_api import to_numpy
+
     learned = as_layer(layer)
     attention, projection, key_bias, intercept, n_tokens = learned._arrays()
-    arrays = {
-        "attention": attention,
-        "projection": projection,
-        "key_bias": key_bias,
-        "intercept": intercept,
+    arrays = {  # host copies of a layer fitted on a device
+        "attention": to_numpy(attention),
+        "projection": to_numpy(projection),
+        "key_bias": to_numpy(key_bias),
+        "intercept": to_numpy(intercept),
     }
     head_rank = learned.head_rank
     if head_rank is None:
@@ -1027,10 +1052,15 @@ def _fit(args):
             "--head-rank needs an integer --n-heads (--n-heads auto searches "
             "full-rank heads)."
         )
+    device = None
+    if args.device is not None:
+        from .experiments._layer import _check_device
+
+        device = _check_device(args.device, learner)
     _check_output(args.out, suffix=" or ".join(LAYER_FILE_SUFFIXES))
     X, y = _load_xy(args.X, args.y)
     try:
-        seconds = _timed_fit(learner, X, y)
+        seconds = _timed_fit(learner, X, y, device)
     except (ValueError, TypeError) as exc:
         raise _error(f"the fit failed: {exc}") from exc
     _make_folder(args.out)
@@ -1040,7 +1070,9 @@ def _fit(args):
         print(_resumed_line(len(kept["reused"]), len(kept.get("computed", []))))
     print(
         f"Learned {learner.attention_.shape[0]} head(s) in {seconds:.1f} s; training "
-        f"R2 {learner.score(X, y):.6f}; saved the layer (attention, projection, "
+        f"R2 {_training_r2(learner, X, y, device):.6f}"
+        + ("" if device is None else f" (fitted on {device})")
+        + f"; saved the layer (attention, projection, "
         f"key_bias, intercept, n_tokens) to {path}; load it with "
         f"skattn.cli.load_layer({str(path)!r})."
     )

@@ -1,5 +1,6 @@
 """The command line: skattn demo and skattn fit (sweep: test_experiments_config)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -953,3 +954,25 @@ def test_layer_interrupted_then_resumed_says_so_and_records_it(
     assert f"resumed: {resume['stages_reused']} stages reused (0 computed now)" in (
         printed
     )
+
+
+def test_fit_fits_on_the_device_asked(data, capsys, monkeypatch):
+    # skattn fit --device, as skattn layer --device (issue 52, point 4)
+    pytest.importorskip("torch")
+    from skattn.cli import load_layer
+
+    if os.environ.get("SCIPY_ARRAY_API") != "1":
+        pytest.skip("array_api_dispatch needs SCIPY_ARRAY_API=1 before scipy")
+    monkeypatch.chdir(data)
+    argv = ["fit", "data.npz", "--n-tokens", "4", "--quiet", "--init", "random"]
+    assert main([*argv, "--device", "cpu", "--out", "d.safetensors"]) == 0
+    printed = capsys.readouterr().out
+    assert " (fitted on cpu); saved the layer" in printed
+    assert main([*argv, "--out", "h.safetensors"]) == 0
+    X = np.load("X.npy")
+    on_device, on_host = load_layer("d.safetensors"), load_layer("h.safetensors")
+    np.testing.assert_allclose(
+        on_device.transform(X), on_host.transform(X), rtol=0, atol=1e-10
+    )
+    code, err = _exit([*argv, "--device", "gpu"], capsys)
+    assert code == 1 and "--device gpu is not a torch device" in err
