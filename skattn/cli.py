@@ -34,6 +34,8 @@ import argparse
 import inspect
 import math
 import os
+import re
+import shlex
 import sys
 import tempfile
 import time
@@ -42,6 +44,8 @@ from numbers import Integral
 from pathlib import Path
 
 import numpy as np
+
+from .layer._files import SAFETENSORS_FORMAT, read_safetensors, write_safetensors
 
 # Recovery threshold of ``skattn demo`` (head-matched relative parameter error).
 RECOVERY_TOLERANCE = 1e-6
@@ -54,6 +58,8 @@ LAYER_FILE_ARRAYS = (
     "n_tokens",
     "head_rank",
 )
+# The layer files save_layer writes and load_layer reads.
+LAYER_FILE_SUFFIXES = (".npz", ".safetensors")
 # Options of ``skattn fit`` passed to MultiHeadAttentionRegressor: option -> parameter.
 FIT_OPTIONS = {
     "n_tokens": "n_tokens",
@@ -66,7 +72,8 @@ FIT_OPTIONS = {
     "certify_tol_final": "certify_tol_final",
     "polish_tol": "polish_tol",
     "polish_max_iter": "polish_max_iter",
-    "seed": "random_state",
+    "random_state": "random_state",
+    "cache": "memory",
 }
 # Failed cells of a sweep listed one by one; beyond, a count and the results file.
 _MAX_FAILED_SHOWN = 20
@@ -82,16 +89,120 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+# The flags of ``skattn layer`` for learn_layer's parameters; those of ``skattn
+# fit`` are FIT_OPTIONS'.  Library messages (errors, warnings) name parameters; a
+# command's user sets flags: main rewrites them (_in_flags).
+_LAYER_FLAGS = {
+    "layer": "--layer",
+    "texts": "--text",
+    "n_tokens": "--n-tokens",
+    "n_windows": "--n-windows",
+    "held_out": "--held-out",
+    "n_heads": "--n-heads",
+    "random_state": "--random-state",
+    "memory": "--cache",
+    "device": "--device",
+    "out": "--out",
+    "plot": "--plot",
+}
+# Where a learner parameter without a flag can be set, per command.
+_UNSET_HINTS = {
+    "fit": "fit MultiHeadAttentionRegressor in Python to set it",
+    "layer": "pass a MultiHeadAttentionRegressor to skattn.experiments.learn_layer "
+    "as estimator= to set it",
+}
+# (flags, hint) of the command running (main sets it); None: messages as they are.
+_WORDS = None
+_VALUE = r"""'[^']*'|"[^"]*"|[\w.+-]*\w"""
+
+
+def _command_words(command):
+    """The (flags, hint) of ``command`` for :func:`_in_flags`; None for the
+    commands whose messages name parameters on purpose (sweep: config keys)."""
+    if command == "fit":
+        flags = {p: "--" + o.replace("_", "-") for o, p in FIT_OPTIONS.items()}
+        return {**flags, "device": "--device"}, _UNSET_HINTS["fit"]
+    if command == "layer":
+        return _LAYER_FLAGS, _UNSET_HINTS["layer"]
+    return None
+
+
+def _learner_parameters():
+    from .estimators import MultiHeadAttentionRegressor
+
+    return set(inspect.signature(MultiHeadAttentionRegressor).parameters)
+
+
+def _in_flags(message, flags, hint=None):
+    """A library message in the words of a command.
+
+    ``name=value`` becomes ``--flag value`` and a bare ``name_with_underscores``
+    becomes ``--flag`` for the parameters the command has a flag for (``flags``:
+    parameter -> flag); the learner parameters it has none for are named as
+    such, with ``hint``: where to set them.
+
+    Examples
+    --------
+    >>> _in_flags('use input_distribution="gaussian".',
+    ...           {"input_distribution": "--distribution"})
+    'use --distribution gaussian.'
+    >>> _in_flags("held_out=0.2 of 9 windows", {"held_out": "--held-out"})
+    '--held-out 0.2 of 9 windows'
+    >>> _in_flags("raise polish_max_iter.", {}, "set it in Python")
+    'raise polish_max_iter. (polish_max_iter: a learner parameter that this command does not have; set it in Python)'
+    """  # noqa: E501
+    message = str(message)
+
+    def assigned(match):
+        value = match.group(2)
+        if len(value) > 1 and value[0] in "'\"" and value[-1] == value[0]:
+            value = value[1:-1]
+        return f"{flags[match.group(1)]} {value}"
+
+    if flags:
+        names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+        message = re.sub(rf"(?<![\w-])({names})=({_VALUE})", assigned, message)
+        bare = sorted((n for n in flags if "_" in n), key=len, reverse=True)
+        if bare:
+            pattern = "|".join(map(re.escape, bare))
+            message = re.sub(
+                rf"(?<![\w-])({pattern})\b", lambda m: flags[m.group(1)], message
+            )
+    if hint is None:
+        return message
+    unset = sorted(
+        name
+        for name in _learner_parameters() - set(flags)
+        if re.search(
+            rf"(?<![\w-]){re.escape(name)}" + ("\\b" if "_" in name else "="), message
+        )
+    )
+    if unset:
+        what = (
+            "a learner parameter that this command does not have"
+            if len(unset) == 1
+            else "learner parameters that this command does not have"
+        )
+        message += f" ({', '.join(unset)}: {what}; {hint})"
+    return message
+
+
 def _error(message):
-    """The ``SystemExit`` of bad input: one line ``skattn: error: ...``, status 1."""
+    """The ``SystemExit`` of bad input: one line ``skattn: error: ...``, status 1,
+    in the words of the running command (its flags, :func:`_in_flags`)."""
+    if _WORDS is not None:
+        message = _in_flags(message, *_WORDS)
     return SystemExit("skattn: error: " + " ".join(str(message).split()))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Warnings as one line each, without the source line that looks like a
-    traceback."""
+    traceback, in the words of the running command (:func:`_in_flags`)."""
     stream = sys.stderr if file is None else file
-    print(f"skattn: warning: {category.__name__}: {message}", file=stream)
+    if _WORDS is not None:
+        message = _in_flags(message, *_WORDS)
+    text = " ".join(str(message).split())
+    print(f"skattn: warning: {category.__name__}: {text}", file=stream)
 
 
 def _number(kind, text, check, expected):
@@ -134,11 +245,11 @@ def _n_heads(text):
     return _number(int, text, lambda v: v >= 1, "a positive integer or 'auto'")
 
 
-def _npz_path(text):
-    if Path(text).suffix.lower() != ".npz":
+def _layer_path(text):
+    if Path(text).suffix.lower() not in LAYER_FILE_SUFFIXES:
         raise argparse.ArgumentTypeError(
-            f"expected a file name ending in .npz (the layer is saved as a NumPy "
-            f".npz archive, under exactly this name), got {text!r}"
+            f"expected a file name ending in .npz (a NumPy archive) or .safetensors, "
+            f"got {text!r}"
         )
     return text
 
@@ -149,6 +260,28 @@ def _regressor_defaults():
 
     signature = inspect.signature(MultiHeadAttentionRegressor)
     return {name: p.default for name, p in signature.parameters.items()}
+
+
+def _progress_options(parser):
+    """``--quiet`` and ``--verbose``, alike in ``skattn fit`` and ``skattn layer``:
+    progress bars by default (``verbose`` 1), none with ``--quiet`` (0), one line
+    per polish iteration too with ``--verbose`` (2)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--quiet",
+        dest="verbose",
+        action="store_const",
+        const=0,
+        default=1,
+        help="no progress bars (by default each stage of the fit shows one)",
+    )
+    group.add_argument(
+        "--verbose",
+        dest="verbose",
+        action="store_const",
+        const=2,
+        help="also one line per polish iteration",
+    )
 
 
 def _parser():
@@ -195,7 +328,14 @@ def _parser():
     demo.add_argument(
         "--noise", type=_non_negative_float, default=0.0, help="label noise std"
     )
-    demo.add_argument("--seed", type=_non_negative_int, default=0, help="random seed")
+    demo.add_argument(
+        "--random-state",
+        "--seed",
+        dest="random_state",
+        type=_non_negative_int,
+        default=0,
+        help="random seed (--seed: the same)",
+    )
     demo.add_argument(
         "--no-gradient", action="store_true", help="skip the gradient baseline"
     )
@@ -279,18 +419,37 @@ def _parser():
         help="iterations of the polish",
     )
     fit.add_argument(
+        "--random-state",
         "--seed",
+        dest="random_state",
         type=_non_negative_int,
         default=0,
-        help="random_state of the learner",
+        help="the learner's seed (--seed: the same)",
+    )
+    fit.add_argument(
+        "--cache",
+        metavar="DIR",
+        default=None,
+        help="where the fit keeps each finished stage, so that a run interrupted "
+        "(killed, Ctrl-C) and started again with the same arguments resumes after "
+        "the last (default: nothing is kept)",
     )
     fit.add_argument(
         "--out",
-        type=_npz_path,
+        type=_layer_path,
         default="layer.npz",
-        help="output file, written under exactly this name; must end in .npz",
+        help="output file, written under exactly this name (its folder created if "
+        "missing): .npz, a NumPy archive, or .safetensors, the format of skattn "
+        "layer; skattn.cli.load_layer reads both",
     )
-    fit.add_argument("--quiet", action="store_true", help="no progress bars")
+    fit.add_argument(
+        "--device",
+        default=None,
+        help="fit on this torch device (cuda, cuda:1, mps, cpu) through the array "
+        "API, as skattn layer --device does (needs torch; sets SCIPY_ARRAY_API=1 "
+        "for you). Default: numpy on the host",
+    )
+    _progress_options(fit)
 
     sweep = sub.add_parser(
         "sweep",
@@ -379,9 +538,12 @@ def _parser():
     )
     layer.add_argument(
         "--random-state",
+        "--seed",
+        dest="random_state",
         type=_non_negative_int,
         default=0,
-        help="which windows are used and held out, and the learner's seed",
+        help="which windows are used and held out, and the learner's seed (--seed: "
+        "the same)",
     )
     layer.add_argument(
         "--cache",
@@ -401,20 +563,30 @@ def _parser():
         "API: the random-start path runs there (needs torch; sets SCIPY_ARRAY_API=1 "
         "for you). Default: numpy on the host",
     )
-    layer.add_argument(
-        "--verbose",
-        action="count",
-        default=0,
-        help="print each step and the learner's progress bar; twice: one line per "
-        "polish iteration too",
-    )
+    _progress_options(layer)
     return parser
 
 
-def _timed_fit(estimator, X, y):
+def _timed_fit(estimator, X, y, device=None):
+    from .experiments._layer import _fit_on
+
     start = time.perf_counter()
-    estimator.fit(X, y)
+    _fit_on(estimator, X, y, device)
     return time.perf_counter() - start
+
+
+def _training_r2(estimator, X, y, device=None):
+    """The estimator's R2 on its training data, computed where it was fitted."""
+    if device is None:
+        return estimator.score(X, y)
+    import torch
+    from sklearn import config_context
+
+    with config_context(array_api_dispatch=True):
+        score = estimator.score(
+            torch.asarray(X, device=device), torch.asarray(y, device=device)
+        )
+    return float(score)
 
 
 def _demo(args):
@@ -426,13 +598,13 @@ def _demo(args):
     if args.plot is not None:
         _check_output(args.plot, "--plot", ".png")
     n_outputs = args.outputs or 2 * args.features
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(args.random_state)
     layer = make_attention_layer(
         args.heads,
         args.features,
         n_outputs=n_outputs,
         attention_scale=args.scale,
-        random_state=args.seed,
+        random_state=args.random_state,
     )
     X = sample_inputs(
         args.distribution, args.samples, args.tokens, args.features, random_state=rng
@@ -457,7 +629,7 @@ def _demo(args):
             n_heads=args.heads,
             n_tokens=args.tokens,
             input_distribution=args.distribution,
-            random_state=args.seed,
+            random_state=args.random_state,
             verbose=verbose,
         )
     }
@@ -465,7 +637,7 @@ def _demo(args):
         learners["gradient (L-BFGS)"] = GradientAttentionRegressor(
             n_heads=args.heads,
             n_tokens=args.tokens,
-            random_state=args.seed,
+            random_state=args.random_state,
             verbose=verbose,
         )
 
@@ -509,6 +681,7 @@ def _demo(args):
         display = AttentionPatternDisplay.from_layers(
             layer, learners["phased (Chen-Li)"], X_test
         )
+        _make_folder(args.plot)
         display.figure_.savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"\nSaved true vs learned attention patterns to {args.plot}")
 
@@ -587,19 +760,22 @@ def _load_xy(path_x, path_y):
 
 
 def _check_output(path, option="--out", suffix=".npz"):
-    """Refuse an output path that cannot be written, before anything is fitted."""
+    """Refuse an output path that cannot be written, before anything is fitted.
+
+    A missing folder is checked in its nearest existing parent folder and
+    created only when the file is written (:func:`_make_folder`), as ``skattn
+    layer`` does with its ``--out``."""
     out = Path(path)
     if out.is_dir():
         raise _error(
             f"{option} {path!r} is a folder; give a file name ending in {suffix}."
         )
     folder = out.parent
-    if not folder.is_dir():
-        raise _error(
-            f"{option} {path!r}: the folder {str(folder)!r} does not exist; create "
-            f"it first."
-        )
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
     try:
+        if not folder.is_dir():
+            raise NotADirectoryError(20, f"{str(folder)!r} is a file")
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".skattn-probe-"):
             pass
     except OSError as exc:
@@ -609,24 +785,46 @@ def _check_output(path, option="--out", suffix=".npz"):
         ) from exc
 
 
-def save_layer(layer, path):
-    """Save a layer, or a fitted estimator's layer, to an ``.npz`` file.
+def _make_folder(path):
+    """Create the folder of the output file ``path`` if it is missing."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
 
-    The file is a NumPy ``.npz`` archive (no pickles) holding the arguments of
-    :class:`~skattn.AttentionLayer`: ``attention`` (n_heads, d, d), ``projection``
-    (n_heads, d, d_out), ``key_bias`` (n_heads, d; zeros without biases),
-    ``intercept`` (d_out,; zeros without), and ``n_tokens`` and ``head_rank`` (0-d
-    integer arrays) when known.  :func:`load_layer` reads it back.  It is
-    written under exactly the given name, atomically (a temporary file renamed
-    over it).  ``skattn fit`` writes its layer with this function.
+
+def _atomic_write(path, write):
+    """``write(file)`` into a temporary file of ``path``'s folder, renamed over
+    ``path``: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            write(file)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_layer(layer, path):
+    """Save a layer, or a fitted estimator's layer, to an ``.npz`` or a
+    ``.safetensors`` file.
+
+    An ``.npz`` file is a NumPy archive (no pickles) holding the arguments of
+    :class:`~skattn.AttentionLayer`: ``attention`` (n_heads, d, d),
+    ``projection`` (n_heads, d, d_out), ``key_bias`` (n_heads, d; zeros without
+    biases), ``intercept`` (d_out,; zeros without), and ``n_tokens`` and
+    ``head_rank`` (0-d integer arrays) when known.  A ``.safetensors`` file,
+    the format ``skattn layer`` writes, holds the same four tensors (float64)
+    and ``n_tokens`` and ``head_rank`` in its metadata, the same bytes for the
+    same layer (:func:`write_safetensors`).  :func:`load_layer` reads both.  The
+    file is written under exactly the given name, atomically (a temporary file
+    renamed over it).  ``skattn fit`` writes its layer with this function.
 
     Parameters
     ----------
     layer : AttentionLayer or fitted estimator
         What to save (see :func:`skattn.layer.as_layer`).
     path : str or path-like
-        The file to write; its name must end in ``.npz``.  Overwritten if it
-        exists.
+        The file to write; its name must end in ``.npz`` or ``.safetensors``.
+        Overwritten if it exists.
 
     Returns
     -------
@@ -636,7 +834,7 @@ def save_layer(layer, path):
     Raises
     ------
     ValueError
-        If ``path`` does not end in ``.npz``, or its folder does not exist.
+        If ``path`` ends otherwise, or its folder does not exist.
 
     See Also
     --------
@@ -654,70 +852,132 @@ def save_layer(layer, path):
     ...     with np.load(path) as data:
     ...         print(sorted(data.files))
     ...     print(load_layer(path).n_tokens)
+    ...     path = save_layer(layer, os.path.join(tmp, "layer.safetensors"))
+    ...     print(load_layer(path).n_tokens)
     ['attention', 'intercept', 'key_bias', 'n_tokens', 'projection']
+    4
     4
     """
     from .layer import as_layer
 
     path = Path(path)
-    if path.suffix.lower() != ".npz":
+    suffix = path.suffix.lower()
+    if suffix not in LAYER_FILE_SUFFIXES:
         raise ValueError(
-            f"path={str(path)!r} must end in .npz: the layer is saved as a NumPy "
-            f".npz archive, under exactly the given name."
+            f"path={str(path)!r} must end in .npz (a NumPy archive) or .safetensors; "
+            f"the layer is saved under exactly the given name."
         )
     if not path.parent.is_dir():
         raise ValueError(
             f"path={str(path)!r}: the folder {str(path.parent)!r} does not exist; "
             f"create it first."
         )
+    from .utils._array_api import to_numpy
+
     learned = as_layer(layer)
     attention, projection, key_bias, intercept, n_tokens = learned._arrays()
-    arrays = {
-        "attention": attention,
-        "projection": projection,
-        "key_bias": key_bias,
-        "intercept": intercept,
+    arrays = {  # host copies of a layer fitted on a device
+        "attention": to_numpy(attention),
+        "projection": to_numpy(projection),
+        "key_bias": to_numpy(key_bias),
+        "intercept": to_numpy(intercept),
     }
     head_rank = learned.head_rank
     if head_rank is None:
         head_rank = getattr(layer, "head_rank", None)
-    for name, value in (("n_tokens", n_tokens), ("head_rank", head_rank)):
-        if isinstance(value, Integral) and not isinstance(value, bool):
-            arrays[name] = np.asarray(int(value))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            np.savez(file, **arrays)  # a file object: no .npz appended to the name
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    integers = {
+        name: int(value)
+        for name, value in (("n_tokens", n_tokens), ("head_rank", head_rank))
+        if isinstance(value, Integral) and not isinstance(value, bool)
+    }
+    if suffix == ".safetensors":
+        metadata = {"format": SAFETENSORS_FORMAT, **integers}
+        return write_safetensors(path, arrays, metadata)
+    arrays.update({name: np.asarray(value) for name, value in integers.items()})
+    # a file object: np.savez appends no .npz to the name
+    _atomic_write(path, lambda file: np.savez(file, **arrays))
     return path
 
 
-def _file_int(data, name, path):
-    """A 0-d integer array of a layer file as an int (``None`` when absent)."""
-    if name not in data.files:
+def _file_int(value, name, path):
+    """A layer file's ``n_tokens`` or ``head_rank`` (a 0-d integer array of an
+    ``.npz``, a metadata string of a ``.safetensors``) as an int; None: absent."""
+    if value is None:
         return None
-    value = data[name]
-    if value.shape != () or value.dtype.kind not in "iu" or int(value) < 1:
+    if isinstance(value, str):
+        number = int(value) if value.strip().isdigit() else 0
+    elif value.shape == () and value.dtype.kind in "iu":
+        number = int(value)
+    else:
+        number = 0
+    if number < 1:
         raise ValueError(
-            f"{str(path)!r}: {name} must be a positive integer (a 0-d integer "
-            f"array), got {value!r}."
+            f"{str(path)!r}: {name} must be a positive integer, got {value!r}."
         )
-    return int(value)
+    return number
+
+
+def _read_layer_file(path, expected):
+    """``(arrays, n_tokens, head_rank)`` of a layer file, by its suffix; the
+    errors name the file and ``expected``."""
+    if path.suffix.lower() == ".safetensors":
+        try:
+            tensors, metadata = read_safetensors(path)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # untrusted bytes: any reader error is bad input
+            raise ValueError(
+                f"{str(path)!r} cannot be read as a .safetensors layer file "
+                f"({type(exc).__name__}: {exc}); {expected}."
+            ) from exc
+        files = {"arrays": sorted(tensors), "metadata": metadata}
+        get = metadata.get
+    else:
+        try:
+            data = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # untrusted bytes: any reader error is bad input
+            raise ValueError(
+                f"{str(path)!r} cannot be read as a layer file ({type(exc).__name__}: "
+                f"{exc}); {expected}."
+            ) from exc
+        if isinstance(data, np.ndarray):
+            raise ValueError(f"{str(path)!r} holds a single array; {expected}.")
+        with data:
+            try:
+                tensors = {n: data[n] for n in data.files if n in LAYER_FILE_ARRAYS}
+            except Exception as exc:
+                raise ValueError(
+                    f"{str(path)!r} cannot be read as a layer file "
+                    f"({type(exc).__name__}: {exc}); {expected}."
+                ) from exc
+            files = {"arrays": sorted(data.files)}
+        get = tensors.get
+    missing = [name for name in ("attention", "projection") if name not in tensors]
+    if missing:
+        raise ValueError(
+            f"{str(path)!r} lacks the array(s) {missing} (it holds "
+            f"{files['arrays']}); {expected}."
+        )
+    n_tokens = _file_int(get("n_tokens"), "n_tokens", path)
+    head_rank = _file_int(get("head_rank"), "head_rank", path)
+    return tensors, n_tokens, head_rank
 
 
 def load_layer(path):
-    """Read a layer saved by ``skattn fit`` or :func:`save_layer`.
+    """Read a layer saved by ``skattn fit``, ``skattn layer`` or :func:`save_layer`.
 
     Parameters
     ----------
     path : str or path-like
-        The ``.npz`` file: arrays ``attention`` and ``projection``, and optionally
-        ``key_bias``, ``intercept``, ``n_tokens`` and ``head_rank`` (see
-        :func:`save_layer`).  Loaded with ``allow_pickle=False``: nothing in the
-        file can run code.
+        An ``.npz`` file: arrays ``attention`` and ``projection``, and optionally
+        ``key_bias``, ``intercept``, ``n_tokens`` and ``head_rank`` (loaded with
+        ``allow_pickle=False``: nothing in the file can run code); or a
+        ``.safetensors`` file (``skattn layer``'s ``layer.safetensors``): the
+        same tensors, ``n_tokens`` and ``head_rank`` in its metadata (read by
+        skattn itself: the ``safetensors`` extra is not needed).  See
+        :func:`save_layer`.
 
     Returns
     -------
@@ -730,9 +990,10 @@ def load_layer(path):
     FileNotFoundError
         If the file does not exist.
     ValueError
-        If it is a folder, not an ``.npz`` archive (random bytes, a pickle, a
-        single ``.npy`` array), lacks ``attention`` or ``projection``, or holds
-        arrays of shapes that do not make a layer; the message names the file.
+        If it is a folder, neither an ``.npz`` archive nor a ``.safetensors``
+        file (random bytes, a pickle, a single ``.npy`` array), lacks
+        ``attention`` or ``projection``, or holds arrays of shapes that do not
+        make a layer; the message names the file.
 
     See Also
     --------
@@ -755,40 +1016,16 @@ def load_layer(path):
 
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{str(path)!r} is a folder, not a layer file (.npz).")
+        raise ValueError(
+            f"{str(path)!r} is a folder, not a layer file (.npz or .safetensors)."
+        )
     expected = (
         "expected the .npz archive that skattn fit or skattn.cli.save_layer writes "
-        "(arrays attention, projection, key_bias, intercept, n_tokens)"
+        "(arrays attention, projection, key_bias, intercept, n_tokens), or the "
+        ".safetensors file of skattn layer (tensors attention, projection, "
+        "key_bias, intercept)"
     )
-    try:
-        data = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # untrusted bytes: any reader error is bad input
-        raise ValueError(
-            f"{str(path)!r} cannot be read as a layer file ({type(exc).__name__}: "
-            f"{exc}); {expected}."
-        ) from exc
-    if isinstance(data, np.ndarray):
-        raise ValueError(f"{str(path)!r} holds a single array; {expected}.")
-    with data:
-        missing = [name for name in ("attention", "projection") if name not in data]
-        if missing:
-            raise ValueError(
-                f"{str(path)!r} lacks the array(s) {missing} (it holds "
-                f"{sorted(data.files)}); {expected}."
-            )
-        try:
-            arrays = {n: data[n] for n in LAYER_FILE_ARRAYS[:4] if n in data.files}
-            n_tokens = _file_int(data, "n_tokens", path)
-            head_rank = _file_int(data, "head_rank", path)
-        except ValueError:
-            raise
-        except Exception as exc:
-            raise ValueError(
-                f"{str(path)!r} cannot be read as a layer file "
-                f"({type(exc).__name__}: {exc}); {expected}."
-            ) from exc
+    arrays, n_tokens, head_rank = _read_layer_file(path, expected)
     layer = AttentionLayer(
         arrays["attention"],
         arrays["projection"],
@@ -808,27 +1045,44 @@ def _fit(args):
     from .estimators import MultiHeadAttentionRegressor
 
     params = {FIT_OPTIONS[name]: getattr(args, name) for name in FIT_OPTIONS}
-    learner = MultiHeadAttentionRegressor(**params, verbose=0 if args.quiet else 1)
+    learner = MultiHeadAttentionRegressor(**params, verbose=args.verbose)
     learner._validate_params()  # a ValueError naming the parameter, before any I/O
     if args.n_heads == "auto" and args.head_rank is not None:
         raise _error(
             "--head-rank needs an integer --n-heads (--n-heads auto searches "
             "full-rank heads)."
         )
-    _check_output(args.out)
+    device = None
+    if args.device is not None:
+        from .experiments._layer import _check_device
+
+        device = _check_device(args.device, learner)
+    _check_output(args.out, suffix=" or ".join(LAYER_FILE_SUFFIXES))
     X, y = _load_xy(args.X, args.y)
     try:
-        seconds = _timed_fit(learner, X, y)
+        seconds = _timed_fit(learner, X, y, device)
     except (ValueError, TypeError) as exc:
         raise _error(f"the fit failed: {exc}") from exc
+    _make_folder(args.out)
     path = save_layer(learner, args.out)
+    kept = _memory_record(learner)
+    if kept and kept.get("reused"):
+        print(_resumed_line(len(kept["reused"]), len(kept.get("computed", []))))
     print(
         f"Learned {learner.attention_.shape[0]} head(s) in {seconds:.1f} s; training "
-        f"R2 {learner.score(X, y):.6f}; saved the layer (attention, projection, "
+        f"R2 {_training_r2(learner, X, y, device):.6f}"
+        + ("" if device is None else f" (fitted on {device})")
+        + f"; saved the layer (attention, projection, "
         f"key_bias, intercept, n_tokens) to {path}; load it with "
         f"skattn.cli.load_layer({str(path)!r})."
     )
     return 0
+
+
+def _memory_record(learner):
+    from .experiments._layer import _memory_record
+
+    return _memory_record(learner)
 
 
 def _cell_text(row):
@@ -883,13 +1137,43 @@ def _sweep(args):
     return 1
 
 
+def _cache_of(args):
+    """The folder where the command keeps the fit's stages (None: none)."""
+    if args.command == "fit":
+        return args.cache
+    if args.command == "layer" and not args.no_cache:
+        if args.cache is not None:
+            return args.cache
+        out = args.out if args.out is not None else f"skattn-layer-{args.layer}"
+        return str(Path(out) / "cache")
+    return None
+
+
+def _folder_bytes(folder):
+    """The bytes of the files under ``folder`` (0 when it does not exist)."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += (Path(root) / name).stat().st_size
+            except OSError:  # removed meanwhile
+                pass
+    return total
+
+
+def _resumed_line(reused, computed, seconds_all=None):
+    """The line a run that read kept stages back prints."""
+    line = f"resumed: {reused} stages reused ({computed} computed now)"
+    if seconds_all is not None:
+        line += f"; fit time over all pieces {seconds_all:.1f} s"
+    return line
+
+
 def _layer(args):
     from .experiments import learn_layer
 
     out = args.out if args.out is not None else f"skattn-layer-{args.layer}"
-    cache = None
-    if not args.no_cache:
-        cache = args.cache if args.cache is not None else str(Path(out) / "cache")
+    cache = _cache_of(args)
     result = learn_layer(
         args.checkpoint,
         layer=args.layer,
@@ -920,7 +1204,38 @@ def _layer(args):
     )
     for role, path in result.files.items():
         print(f"  {role}: {path}")
+    resume = report.get("resume") or {}
+    if resume.get("stages_reused"):
+        recorded = resume.get("earlier_pieces_seconds")
+        print(
+            _resumed_line(
+                resume["stages_reused"],
+                resume["stages_computed"],
+                resume["fit_seconds_all_pieces"] if recorded else None,
+            )
+        )
+    if cache is not None and Path(cache).is_dir():
+        size = _folder_bytes(cache) / 1e6
+        print(
+            f"cache: {cache} ({size:.1f} MB), kept so that a rerun reuses the fit; "
+            f"remove it with: rm -r {shlex.quote(str(cache))}"
+        )
     return 0
+
+
+def _interrupted(args):
+    """The ``SystemExit`` of Ctrl-C: one line on stderr, status 130 (128 +
+    SIGINT), and where the finished stages are when a cache is in use."""
+    sys.stdout.flush()
+    cache = _cache_of(args)
+    if cache is not None and Path(cache).is_dir():
+        print(
+            f"skattn: interrupted; run the same command again to resume from {cache}",
+            file=sys.stderr,
+        )
+    else:
+        print("skattn: interrupted", file=sys.stderr)
+    return SystemExit(130)
 
 
 def _with_array_api(argv):
@@ -955,7 +1270,9 @@ def main(argv=None):
     SystemExit
         On bad input: status 2 with argparse's usage for a malformed option,
         else the one-line message ``skattn: error: ...`` (status 1 when it
-        reaches the interpreter).
+        reaches the interpreter).  On Ctrl-C: status 130, after the one line
+        ``skattn: interrupted`` (with where to resume from when the fit keeps
+        its stages, ``--cache``).
 
     Examples
     --------
@@ -973,13 +1290,19 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     if getattr(args, "device", None) is not None:
         _with_array_api(sys.argv[1:] if argv is None else list(argv))
+    global _WORDS
     command = {"demo": _demo, "fit": _fit, "sweep": _sweep, "layer": _layer}
     command = command[args.command]
+    words, _WORDS = _WORDS, _command_words(args.command)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
             return command(args)
+        except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status 130
+            raise _interrupted(args) from None
         except ValueError as exc:  # bad input that the library named
             raise _error(exc) from exc
         except (OSError, ImportError) as exc:  # a file, a folder, a missing extra
             raise _error(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            _WORDS = words

@@ -1,8 +1,10 @@
 """The command line: skattn demo and skattn fit (sweep: test_experiments_config)."""
 
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,10 +151,10 @@ def _exit(argv, capsys):
             "argument --out: expected a file name ending in .npz",
         ),
         (
-            ["data.npz", "--out", "missing/layer.npz"],
+            ["data.npz", "--out", "X.npy/layer.npz"],
             1,
-            "skattn: error: --out 'missing/layer.npz': the folder 'missing' does not "
-            "exist",
+            "skattn: error: --out 'X.npy/layer.npz' cannot be written in 'X.npy' "
+            "('X.npy' is a file)",
         ),
         (["data.npz", "--out", "folder.npz"], 1, "'folder.npz' is a folder"),
     ],
@@ -189,9 +191,9 @@ def test_fit_failure_is_one_line(data, capsys, monkeypatch):
     [
         (["fit", "nope.npy", "y.npy", "--n-tokens", "2"], 1, "does not exist"),
         (
-            ["fit", "data.npz", "--n-tokens", "4", "--out", "missing/layer.npz"],
+            ["fit", "data.npz", "--n-tokens", "4", "--out", "X.npy/layer.npz"],
             1,
-            "the folder 'missing' does not exist",
+            "cannot be written in 'X.npy'",
         ),
         (["fit", "data.npz", "--n-tokens", "4", "--n-heads", "two"], 2, "'two'"),
         (["demo", "--heads", "0"], 2, "argument --heads: expected a positive"),
@@ -388,7 +390,7 @@ def test_fit_help_defaults_are_the_estimators():
     fit = _parser()._subparsers._group_actions[0].choices["fit"]
     for action in fit._actions:
         parameter = FIT_OPTIONS.get(action.dest)
-        if parameter and action.dest not in ("n_tokens", "seed"):
+        if parameter and action.dest not in ("n_tokens", "random_state"):
             assert action.default == estimator[parameter], action.dest
 
 
@@ -396,12 +398,12 @@ def test_demo_checks_the_plot_path_before_fitting(tmp_path, capsys, monkeypatch)
     from skattn import MultiHeadAttentionRegressor
 
     monkeypatch.setattr(MultiHeadAttentionRegressor, "fit", _no_fit)
-    plot = str(tmp_path / "missing" / "p.png")
+    (tmp_path / "file").write_text("")
+    plot = str(tmp_path / "file" / "p.png")
     code, err = _exit(["demo", "--quiet", "--plot", plot], capsys)
     assert code == 1
-    assert err == f"skattn: error: --plot {plot!r}: the folder " + (
-        f"{str(tmp_path / 'missing')!r} does not exist; create it first.\n"
-    )
+    assert err.startswith(f"skattn: error: --plot {plot!r} cannot be written in ")
+    assert err.count("\n") == 1
 
 
 # -- skattn layer: a layer of a BERT-style model learned from text files ----------
@@ -475,6 +477,7 @@ def test_layer_learns_and_writes_the_layer_the_report_and_the_plot(
         "heads",
         "certificate",
         "fit_seconds",
+        "resume",
         "total_seconds",
         "peak_memory_mb",
         "n_windows_fit",
@@ -608,7 +611,7 @@ LAYER_BAD_INPUT = [
         ["--n-windows", "100000"],
         "the text is too short: 1 file(s) of ",
     ),
-    (None, ["--layer", "6"], "layer=6: the checkpoint"),  # 3. a layer it lacks
+    (None, ["--layer", "6"], "--layer 6: the checkpoint"),  # 3. a layer it lacks
     (None, ["--out", "text.txt"], "out 'text.txt' is a file"),  # 4. unwritable out
     (None, ["--out", "text.txt/sub"], "is not a folder skattn can write in"),
     (None, ["--text", "nope.txt"], "text file 'nope.txt' does not exist"),  # 5.
@@ -625,13 +628,13 @@ LAYER_BAD_INPUT = [
         "unsupported architecture: ",
     ),
     (lambda f: (f / "config.json").write_text("{"), [], "cannot be read as JSON"),
-    (None, ["--n-heads", "13"], "n_heads=13: layer 0 of the checkpoint has 12 heads"),
+    (None, ["--n-heads", "13"], "--n-heads 13: layer 0 of the checkpoint has 12 heads"),
     (None, ["--n-tokens", "600"], "exceeds the checkpoint's position table"),
-    (None, ["--n-tokens", "2"], "n_tokens=2 leaves no room for text"),
+    (None, ["--n-tokens", "2"], "--n-tokens 2 leaves no room for text"),
     (None, ["--n-windows", "2", "--held-out", "0.1"], "leaves none to hold out"),
     (None, ["--text", "."], "is a folder, not a text file"),
     (None, ["--text", "binary.txt"], "is not UTF-8 text"),
-    (None, ["--device", "gpu"], "device='gpu' is not a torch device"),
+    (None, ["--device", "gpu"], "--device gpu is not a torch device"),
     (None, ["--device", "cuda:5"], "CUDA device(s) here"),
 ]
 
@@ -708,3 +711,268 @@ def test_layer_malformed_options_are_argparse_errors(capsys, args, message):
     argv = ["layer", "--layer", "0", "--text", "t.txt"]
     code, err = _exit(argv + args, capsys)
     assert code == 2 and message in err
+
+
+# -- messages in the words of the command (issue 52, point 3) ----------------------
+
+
+def test_fit_messages_name_the_flags_not_the_parameters(data, capsys, monkeypatch):
+    monkeypatch.chdir(data)
+    X, y = np.load("X.npy"), np.load("y.npy")
+    np.savez("real.npz", X=0.5 * X, y=y)
+    argv = ["fit", "real.npz", "--n-tokens", "4", "--distribution", "boolean"]
+    code, err = _exit(argv + ["--quiet"], capsys)
+    assert code == 1
+    assert err.endswith("For real-valued tokens use --distribution gaussian.\n")
+    assert "input_distribution" not in err
+    # a polish capped short: the warning names the flag that raises the cap
+    argv = ["fit", "data.npz", "--n-tokens", "4", "--n-heads", "2", "--quiet"]
+    assert main(argv + ["--init", "random", "--polish-max-iter", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "skattn: warning: ConvergenceWarning: The polish did not converge" in err
+    assert "--polish-max-iter 2" in err
+    assert err.endswith("with --polish-tol 1e-10; raise --polish-max-iter.\n")
+    assert "polish_" not in err
+
+
+def test_layer_messages_name_the_flags_or_where_to_set_the_rest():
+    from skattn.cli import _command_words, _in_flags
+
+    words = _command_words("layer")
+    assert _in_flags(
+        "held_out=0.1 of 2 windows leaves none to hold out; use more windows or "
+        "another held_out.",
+        *words,
+    ) == (
+        "--held-out 0.1 of 2 windows leaves none to hold out; use more windows or "
+        "another --held-out."
+    )
+    # learner parameters that skattn layer has no flag for: said so, and where
+    text = _in_flags("... Pass init='random' to silence this warning.", *words)
+    assert text.startswith("... Pass init='random' to silence this warning. (init: ")
+    assert "a learner parameter that this command does not have; pass a " in text
+    assert "to skattn.experiments.learn_layer as estimator= to set it)" in text
+    # skattn fit has --init
+    assert _in_flags("Pass init='random' now.", *_command_words("fit")) == (
+        "Pass --init random now."
+    )
+    # skattn sweep's config keys are the parameters: its messages stay as they are
+    assert _command_words("sweep") is None
+
+
+def test_layer_held_out_error_names_the_flag(tmp_path, capsys, monkeypatch, checkpoint):
+    import skattn.experiments._layer as layer_module
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(layer_module.BertEncoder, "from_safetensors", _no_model)
+    argv = ["layer", "model", "--layer", "0", "--text", "text.txt", "--out", "o"]
+    code, err = _exit(argv + ["--n-windows", "2", "--held-out", "0.1"], capsys)
+    assert code == 1
+    assert "--held-out 0.1 of 2 windows leaves none to hold out" in err
+    assert "another --held-out." in err and "held_out" not in err
+
+
+# -- the two commands as one family (issue 52, point 4) ----------------------------
+
+
+def test_fit_writes_safetensors_into_a_new_folder_and_load_layer_reads_it(
+    data, capsys, monkeypatch
+):
+    from skattn.cli import load_layer
+
+    monkeypatch.chdir(data)
+    argv = ["fit", "data.npz", "--n-tokens", "4", "--quiet"]
+    assert main(argv + ["--seed", "3", "--out", "new/sub/layer.safetensors"]) == 0
+    assert main(argv + ["--random-state", "3", "--out", "again.safetensors"]) == 0
+    assert main(argv + ["--random-state", "3", "--out", "layer.npz"]) == 0
+    first = (data / "new" / "sub" / "layer.safetensors").read_bytes()
+    assert first == (data / "again.safetensors").read_bytes()  # --seed: the same
+    from_safetensors = load_layer("new/sub/layer.safetensors")
+    from_npz = load_layer("layer.npz")
+    assert from_safetensors.n_tokens == from_npz.n_tokens == 4
+    X = np.load("X.npy")
+    np.testing.assert_array_equal(from_safetensors.transform(X), from_npz.transform(X))
+
+
+def test_load_layer_reads_the_layer_of_skattn_layer(tmp_path):
+    # learn_layer's writer, with its metadata (layer, checkpoint), and any
+    # safetensors reader reads the file skattn writes
+    from skattn import AttentionLayer
+    from skattn.cli import load_layer
+    from skattn.experiments._layer import _write_layer
+
+    rng = np.random.default_rng(0)
+    layer = AttentionLayer(
+        rng.normal(size=(2, 3, 3)),
+        rng.normal(size=(2, 3, 4)),
+        key_bias=rng.normal(size=(2, 3)),
+        intercept=rng.normal(size=4),
+        n_tokens=5,
+        head_rank=3,
+    )
+    path = tmp_path / "layer.safetensors"
+    _write_layer(layer, path, 5, 2, "model")
+    loaded = load_layer(path)
+    assert (loaded.n_tokens, loaded.head_rank) == (5, 3)
+    X = rng.normal(size=(6, 15))
+    np.testing.assert_array_equal(loaded.transform(X), layer.transform(X))
+    safetensors = pytest.importorskip("safetensors.numpy")
+    tensors = safetensors.load_file(str(path))
+    np.testing.assert_array_equal(tensors["attention"], layer.attention)
+    np.testing.assert_array_equal(tensors["intercept"], layer.intercept)
+
+
+# a header whose tensor lies past the end of the file
+_HEADER = b'{"attention":{"dtype":"F64","shape":[9],"data_offsets":[0,72]}}'
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"random", "cannot be read as a .safetensors layer file"),
+        (b"\xff" * 8 + b"{}", "a header length of"),
+        (b"\x02\x00\x00\x00\x00\x00\x00\x00{}", "lacks the array"),
+        (
+            len(_HEADER).to_bytes(8, "little") + _HEADER,
+            "tensor 'attention' lies outside the file",
+        ),
+    ],
+)
+def test_load_layer_names_what_is_wrong_with_a_safetensors_file(
+    tmp_path, content, match
+):
+    from skattn.cli import load_layer
+
+    path = tmp_path / "layer.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=match) as info:
+        load_layer(path)
+    assert str(path) in str(info.value)
+    assert "pickle" not in str(info.value)
+
+
+def test_fit_and_layer_share_their_option_names_and_defaults():
+    from skattn.cli import _parser
+
+    commands = _parser()._subparsers._group_actions[0].choices
+    for name in ("demo", "fit", "layer"):
+        for seed in ("--seed", "--random-state"):
+            args = _command_args(commands, name, [seed, "7"])
+            assert args.random_state == 7, (name, seed)
+    for name in ("fit", "layer"):  # progress bars by default in both
+        assert _command_args(commands, name, []).verbose == 1
+        assert _command_args(commands, name, ["--quiet"]).verbose == 0
+        assert _command_args(commands, name, ["--verbose"]).verbose == 2
+        assert _command_args(commands, name, ["--cache", "c"]).cache == "c"
+
+
+def _command_args(commands, name, extra):
+    required = {
+        "demo": [],
+        "fit": ["X.npy", "--n-tokens", "2"],
+        "layer": ["--layer", "0", "--text", "t.txt"],
+    }
+    return commands[name].parse_args(required[name] + extra)
+
+
+# -- Ctrl-C and resuming (issue 52, point 2) ---------------------------------------
+
+
+def _interrupt(self, X, y):
+    """A fit that Ctrl-C stops once it has made its memory folder."""
+    if self.memory is not None:
+        Path(self.memory).mkdir(parents=True, exist_ok=True)
+    raise KeyboardInterrupt("a long message with Python advice")
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        ([], "skattn: interrupted\n"),
+        (
+            ["--cache", "kept"],
+            "skattn: interrupted; run the same command again to resume from kept\n",
+        ),
+    ],
+)
+def test_fit_interrupted_is_one_line_and_status_130(
+    data, capsys, monkeypatch, extra, line
+):
+    from skattn import MultiHeadAttentionRegressor
+
+    monkeypatch.chdir(data)
+    monkeypatch.setattr(MultiHeadAttentionRegressor, "fit", _interrupt)
+    code, err = _exit(["fit", "data.npz", "--n-tokens", "4", "--quiet", *extra], capsys)
+    assert (code, err) == (130, line)
+    assert not (data / "layer.npz").exists()
+
+
+def test_layer_interrupted_then_resumed_says_so_and_records_it(
+    tmp_path, capsys, monkeypatch, checkpoint
+):
+    import json
+
+    import skattn.experiments._layer as layer_module
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["layer", "model", "--layer", "1", "--text", "text.txt", "--out", "o"]
+    argv += ["--n-tokens", "4", "--n-windows", "60", "--n-heads", "1", "--quiet"]
+    real_fit_on = layer_module._fit_on
+
+    def interrupted(learner, X, y, device):
+        _interrupt(learner, X, y)
+
+    monkeypatch.setattr(layer_module, "_fit_on", interrupted)
+    code, err = _exit(argv, capsys)
+    assert code == 130
+    assert err == (
+        "skattn: interrupted; run the same command again to resume from o/cache\n"
+    )
+    monkeypatch.setattr(layer_module, "_fit_on", real_fit_on)
+    assert main(argv) == 0  # the interrupted piece computed nothing to reuse
+    printed = capsys.readouterr().out
+    assert "resumed:" not in printed
+    resume = json.loads(Path("o/report.json").read_text())["resume"]
+    assert resume["stages_reused"] == 0 and resume["stages_computed"] > 0
+    (piece,) = resume["earlier_pieces_seconds"]
+    assert resume["fit_seconds_all_pieces"] > piece
+    first_total = resume["fit_seconds_all_pieces"]
+    # the cache folder, its size, and how to remove it
+    (line,) = [x for x in printed.splitlines() if x.startswith("cache: ")]
+    assert line.startswith("cache: o/cache (") and " MB), kept so that" in line
+    assert line.endswith("remove it with: rm -r o/cache")
+    # run again: every stage read back, said and recorded
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(Path("o/report.json").read_text())
+    resume = report["resume"]
+    assert resume["stages_reused"] > 0 and resume["stages_computed"] == 0
+    assert resume["earlier_pieces_seconds"] == []
+    assert "computed by an earlier run of the same arguments" in resume["note"]
+    assert resume["fit_seconds_all_pieces"] > round(first_total, 3)
+    assert resume["fit_seconds_all_pieces"] > report["fit_seconds"]
+    assert f"resumed: {resume['stages_reused']} stages reused (0 computed now)" in (
+        printed
+    )
+
+
+def test_fit_fits_on_the_device_asked(data, capsys, monkeypatch):
+    # skattn fit --device, as skattn layer --device (issue 52, point 4)
+    pytest.importorskip("torch")
+    from skattn.cli import load_layer
+
+    if os.environ.get("SCIPY_ARRAY_API") != "1":
+        pytest.skip("array_api_dispatch needs SCIPY_ARRAY_API=1 before scipy")
+    monkeypatch.chdir(data)
+    argv = ["fit", "data.npz", "--n-tokens", "4", "--quiet", "--init", "random"]
+    assert main([*argv, "--device", "cpu", "--out", "d.safetensors"]) == 0
+    printed = capsys.readouterr().out
+    assert " (fitted on cpu); saved the layer" in printed
+    assert main([*argv, "--out", "h.safetensors"]) == 0
+    X = np.load("X.npy")
+    on_device, on_host = load_layer("d.safetensors"), load_layer("h.safetensors")
+    np.testing.assert_allclose(
+        on_device.transform(X), on_host.transform(X), rtol=0, atol=1e-10
+    )
+    code, err = _exit([*argv, "--device", "gpu"], capsys)
+    assert code == 1 and "--device gpu is not a torch device" in err

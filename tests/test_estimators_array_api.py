@@ -229,8 +229,11 @@ def test_predict_wants_the_fits_namespace(to_array):
     est = MultiHeadAttentionRegressor(n_heads=2, n_tokens=3, init="random")
     with config_context(array_api_dispatch=True):
         est.set_params(random_state=0).fit(to_array(X), to_array(Y))
-        with pytest.raises(ValueError, match=r"predict\(\) must use the same"):
+        with pytest.raises(ValueError, match=r"predict\(\) must use the same") as info:
             est.predict(X)
+    # the namespaces by the names users know: torch, numpy (issue 52, point 8)
+    assert "array_api_compat" not in str(info.value)
+    assert "got numpy on 'cpu'" in str(info.value)
     with pytest.raises(ValueError, match="array_api_dispatch is off"):
         est.predict(to_array(X))
     # moved to numpy, it predicts numpy without the dispatch

@@ -242,3 +242,67 @@ def test_a_safetensors_file_names_its_folder():
     folder, found, config = layer_module._checkpoint(model)
     assert folder == model.parent and found == model
     assert config["model_type"] == "bert"
+
+
+def test_layer_file_is_the_same_bytes_for_the_same_layer(tmp_path):
+    # a fixed header order: identical layers, identical checksums (issue 52, point 6)
+    import hashlib
+
+    from skattn import AttentionLayer
+    from skattn.experiments._layer import _write_layer
+
+    rng = np.random.default_rng(0)
+    layer = AttentionLayer(
+        rng.normal(size=(2, 3, 3)),
+        rng.normal(size=(2, 3, 3)),
+        key_bias=rng.normal(size=(2, 3)),
+        intercept=rng.normal(size=3),
+        head_rank=3,
+    )
+    digests = set()
+    for name in ("a.safetensors", "b.safetensors"):
+        _write_layer(layer, tmp_path / name, 16, 3, "model")
+        digests.add(hashlib.sha256((tmp_path / name).read_bytes()).hexdigest())
+    assert len(digests) == 1
+    header = (tmp_path / "a.safetensors").read_bytes()
+    size = int.from_bytes(header[:8], "little")
+    text = header[8 : 8 + size].decode().rstrip()
+    keys = [key for key in json.loads(text)]
+    assert keys == sorted(keys)
+
+
+def test_device_refuses_scipy_array_api_set_after_import_scipy(monkeypatch):
+    # set in os.environ after scipy was imported, the switch does nothing: said
+    # (issue 52, point 8)
+    pytest.importorskip("torch")
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
+    monkeypatch.setattr(layer_module, "scipy_array_api_ignored", lambda: True)
+    with pytest.raises(ValueError, match="but scipy was imported before"):
+        layer_module._check_device("cpu", None)
+
+
+def test_resume_record_says_what_it_counts(tmp_path):
+    # stages reused from a killed run (no time recorded), then from a finished
+    # one (its total counted) (issue 52, point 2)
+    from types import SimpleNamespace
+
+    def learner(reused, computed):
+        memory = {"folder": "f", "reused": reused, "computed": computed}
+        return SimpleNamespace(phase_report_=[SimpleNamespace(info={"memory": memory})])
+
+    pieces = layer_module._Pieces(tmp_path, {"layer": 1, "out": "o"})
+    record = layer_module._resume_record(learner(["search-1"], ["polish-1"]), pieces, 5)
+    assert record["stages_reused"] == 1 and record["stages_computed"] == 1
+    assert record["fit_seconds_all_pieces"] == 5
+    assert "whose time is not recorded" in record["note"]
+    # the same arguments but another out: the same fit
+    pieces = layer_module._Pieces(tmp_path, {"layer": 1, "out": "elsewhere"})
+    record = layer_module._resume_record(
+        learner(["search-1", "polish-1"], []), pieces, 1
+    )
+    assert record["fit_seconds_all_pieces"] == 6
+    assert "took 5.0 s in all" in record["note"]
+    pieces.record(2.5)  # then an interrupted piece, and a run that resumes it
+    record = layer_module._resume_record(learner(["search-1"], ["polish-1"]), pieces, 3)
+    assert record["earlier_pieces_seconds"] == [2.5]
+    assert record["fit_seconds_all_pieces"] == 5.5 and "note" not in record

@@ -293,3 +293,13 @@ DECODER_LAYER = AttentionLayer(
 @parametrize_with_checks([DECODER_LAYER])
 def test_decoder_layer_passes_the_estimator_checks(estimator, check):
     check(estimator)
+
+
+def test_a_layer_is_callable_and_predicts_what_it_transforms():
+    # a layer read back from a file stands in for the estimator (issue 52, point 6)
+    layer = random_layer(seed=3, n_tokens=4)
+    X = np.random.default_rng(0).standard_normal((5, 12))
+    expected = layer.transform(X)
+    np.testing.assert_array_equal(layer(X), expected)
+    np.testing.assert_array_equal(layer.predict(X), expected)
+    np.testing.assert_array_equal(layer(X.reshape(5, 4, 3)), expected)

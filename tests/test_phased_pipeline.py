@@ -202,5 +202,37 @@ def test_unconverged_heads_message_per_verdict():
     assert "The polish used 10 of them (polish_samples)" in message
     # without the data, the old warning
     bare = pipeline._unconverged_heads_message([1], 0.5)
-    assert bare.endswith("pin their logits weakly (benchmarks/README.md).")
+    # a page that pip installs (the user guide), not a file of the repository
+    assert bare.endswith(
+        "pin their logits weakly (the user guide, 'Learn a layer of your own "
+        "model', 'How long, how good')."
+    )
+    assert "benchmarks/" not in bare
     assert "Head 1:" not in bare
+
+
+def test_polish_warning_counts_iterations_per_stage(monkeypatch):
+    # polish_max_iter bounds the warm-up and the polish each: 198 iterations in
+    # all is no broken bound of 100, and the warning says so (issue 52, point 3)
+    X3, Y3, layer = _sharp_and_soft()
+
+    def fake(X, Y, m, **kwargs):
+        info = {
+            "converged": False,
+            "stop_reason": "max_iter",
+            "relative_residual": 1e-3,
+            "n_iter": 198,
+            "warmup": {"n_iter": 100},
+            "final_stage": "ran",
+        }
+        return layer.attention, np.zeros((m, X.shape[2], Y.shape[2])), info
+
+    monkeypatch.setattr(pipeline, "fit_from_random_starts", fake)
+    with pytest.warns(ConvergenceWarning, match="The polish did not converge") as rec:
+        phased_fit(X3, Y3, 2, init="random", random_state=0, polish_max_iter=100)
+    (message,) = [str(w.message) for w in rec if "polish did not" in str(w.message)]
+    assert (
+        "after 198 iterations in all (warm-up 100, polish 98; polish_max_iter=100 "
+        "bounds each) with polish_tol=" in message
+    )
+    assert message.endswith("raise polish_max_iter.")

@@ -1,5 +1,7 @@
 """The array-namespace shim of the solvers: each operation equals numpy's."""
 
+import warnings
+
 import numpy as np
 import pytest
 from _helpers import array_namespaces
@@ -90,3 +92,60 @@ def test_out_of_memory_errors_are_recognised():
     assert is_out_of_memory(MemoryError())
     assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate"))
     assert not is_out_of_memory(ValueError("shapes do not match"))
+
+
+# -- the names and the SCIPY_ARRAY_API switch in messages (issue 52, point 8) ------
+
+
+def test_namespace_name_is_the_library_users_know():
+    from skattn.utils._array_api import namespace, namespace_name
+
+    assert namespace_name(namespace(np.ones(2))) == "numpy"
+    assert namespace_name(np) == "numpy"
+    torch = pytest.importorskip("torch")
+    xp = namespace(torch.ones(2))
+    assert xp.__name__ == "sklearn.externals.array_api_compat.torch"
+    assert namespace_name(xp) == "torch"
+
+
+def _scipy_read(monkeypatch, value):
+    """Pretend scipy read SCIPY_ARRAY_API as ``value`` when it was imported."""
+    import scipy  # noqa: F401
+
+    for name in ("scipy._lib._array_api_override", "scipy._lib._array_api"):
+        module = pytest.importorskip(name)
+        if hasattr(module, "SCIPY_ARRAY_API"):
+            monkeypatch.setattr(module, "SCIPY_ARRAY_API", value)
+            return
+    pytest.skip("this scipy keeps SCIPY_ARRAY_API elsewhere")
+
+
+def test_scipy_array_api_set_after_import_scipy_is_detected(monkeypatch):
+    from skattn.utils import _array_api
+
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
+    _scipy_read(monkeypatch, "1")
+    assert not _array_api.scipy_array_api_ignored()  # set in time
+    _scipy_read(monkeypatch, False)
+    assert _array_api.scipy_array_api_ignored()  # set after import scipy
+    monkeypatch.delenv("SCIPY_ARRAY_API")
+    assert not _array_api.scipy_array_api_ignored()  # not asked for at all
+
+
+def test_a_fit_under_the_dispatch_warns_when_scipy_ignored_the_switch(monkeypatch):
+    from sklearn import config_context
+
+    from skattn import MultiHeadAttentionRegressor, make_attention_regression
+    from skattn.utils import _array_api
+
+    X, y = make_attention_regression(300, 2, 3, 1, random_state=0)
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
+    _scipy_read(monkeypatch, False)
+    monkeypatch.setitem(_array_api._WARNED, "scipy_array_api", False)
+    est = MultiHeadAttentionRegressor(n_tokens=2, random_state=0)
+    with config_context(array_api_dispatch=True):
+        with pytest.warns(UserWarning, match="scipy was imported before it was set"):
+            est.fit(X, y)
+        with warnings.catch_warnings():  # once a process, not at every call
+            warnings.simplefilter("error")
+            est.predict(X)

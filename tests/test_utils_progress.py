@@ -1,9 +1,13 @@
 """Progress bars: one per stage of a verbose fit, nothing when quiet."""
 
+import io
+import re
+
 import pytest
 from _helpers import refine_planted
 
 from skattn import MultiHeadAttentionRegressor
+from skattn.utils import _progress as progress
 from skattn.utils._progress import current_bar, iteration_bar, shown, stage_bar
 
 
@@ -29,8 +33,11 @@ def test_quiet_fit_prints_nothing(capfd):
 @pytest.mark.parametrize(
     "params, bars",
     [
-        ({"start_search": "minibatch"}, ["search:", "refine:", "polish:"]),
-        ({"start_search": "none"}, ["polish:"]),
+        (
+            {"start_search": "minibatch"},
+            ["random starts (at most 3):", "search:", "refine (3 heads", "polish ("],
+        ),
+        ({"start_search": "none"}, ["random starts (at most 3):", "polish ("]),
     ],
 )
 def test_verbose_fit_shows_a_bar_per_stage_with_its_count(capfd, params, bars):
@@ -38,10 +45,54 @@ def test_verbose_fit_shows_a_bar_per_stage_with_its_count(capfd, params, bars):
     err = capfd.readouterr().err
     for bar in bars:
         assert bar in err
-    if "refine:" in bars:  # heads refined of 3, each with its residual
-        assert "3/3" in err and "head 2:" in err
+    if "search:" in bars:  # heads refined of 3, each with its residual
+        assert "refine (3 heads, some solved again): 3 head" in err
+        assert "head 2:" in err
     if params["start_search"] == "none":  # polish iterations, with the loss
-        assert "iter" in err and "loss" in err
+        assert "polish (at most 200): " in err and "iter" in err and "loss" in err
+
+
+def test_a_log_file_gets_plain_lines_and_no_total_that_changes(capfd):
+    # stderr is no terminal here: a line when a stage starts and ends, no
+    # control codes; a stage that may stop early has an open-ended count
+    # (issue 52, point 5)
+    _fit(1, start_search="minibatch")
+    err = capfd.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    lines = err.splitlines()
+    assert len(lines) <= 20  # 4 bars, a few lines each
+    assert all(":" in line and "[" in line for line in lines)
+    assert not [line for line in lines if re.search(r": \d+/\d+ ", line)]
+    assert sum(line.endswith("(done)") for line in lines) == sum(
+        not line.endswith("(done)") and line.split(": ")[1].startswith("0 ")
+        for line in lines
+    )
+
+
+def test_on_a_terminal_the_bars_are_tqdms(capfd, monkeypatch):
+    monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
+    with shown(1), stage_bar("polish", None, "iter", at_most=5) as bar:
+        bar.update(2)
+    err = capfd.readouterr().err
+    assert "\r" in err and "polish (at most 5): " in err and "2iter" in err
+
+
+def test_plain_bar_prints_at_most_every_interval():
+    out, now = io.StringIO(), [0.0]
+    bar = progress.PlainBar("search", 10, "step", file=out, clock=lambda: now[0])
+    for _ in range(3):
+        now[0] += 4
+        bar.update(1)  # at 4, 8 and 12 s: within the interval, no line
+    now[0] = 31
+    bar.update(1)
+    bar.set_postfix_str("residual 0.1")
+    bar.close()
+    bar.close()  # once
+    assert out.getvalue().splitlines() == [
+        "search: 0/10 step [0:00]",
+        "search: 4/10 step [0:31]",
+        "search: 4/10 step [0:31], residual 0.1 (done)",
+    ]
 
 
 def test_bars_outside_a_shown_fit_are_silent():

@@ -19,7 +19,15 @@ from sklearn.utils.validation import (
 
 from ..layer import AttentionLayer
 from ..layer._math import forward
-from ..utils._array_api import device, is_numpy, namespace, to_namespace, to_numpy
+from ..utils._array_api import (
+    device,
+    is_numpy,
+    namespace,
+    namespace_name,
+    to_namespace,
+    to_numpy,
+    warn_if_scipy_array_api_ignored,
+)
 from ..utils._batches import TokenBatches, is_out_of_core, validate_batches
 from ..utils._validation import (
     check_fitted_tokens,
@@ -431,6 +439,7 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         dispatch: inputs are converted by ``np.asarray``)."""
         if not get_config().get("array_api_dispatch", False):
             return None
+        warn_if_scipy_array_api_ignored()
         if not self.__sklearn_tags__().array_api_support:
             return None
         return get_namespace(X)[0]
@@ -499,8 +508,8 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         xp_x, xp_fit = namespace(X), namespace(fitted)
         if xp_x is xp_fit and device(X) == device(fitted):
             return
-        where = f"{xp_fit.__name__} on {device(fitted)!r}"
-        given = f"{xp_x.__name__} on {device(X)!r}"
+        where = f"{namespace_name(xp_fit)} on {device(fitted)!r}"
+        given = f"{namespace_name(xp_x)} on {device(X)!r}"
         if not get_config().get("array_api_dispatch", False):
             given += " (array_api_dispatch is off: X was converted to numpy)"
         raise ValueError(

@@ -12,6 +12,7 @@ for real layers, and measures and writes what it learned.  Every argument, file
 and folder is checked before the model is loaded, so bad input fails at once.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from ..datasets import BertEncoder, load_bert_attention, minilm_checkpoint_path
 from ..datasets._encoder import _load_tokenizer, _text_windows
 from ..estimators import MultiHeadAttentionRegressor
 from ..layer import AttentionLayer, as_layer
+from ..layer._files import SAFETENSORS_FORMAT, write_safetensors
 from ..metrics import (
     AttentionPatternDisplay,
     attention_pattern_error,
@@ -37,6 +39,7 @@ from ..metrics import (
     prediction_error,
     sharpness_profile,
 )
+from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
 
 __all__ = ["learn_layer"]
@@ -117,6 +120,14 @@ def _check_device(device, estimator):
     elif where.type not in ("cpu", "cuda", "mps"):
         raise ValueError(
             f"device={device!r}: only 'cpu', 'cuda' and 'mps' devices are supported."
+        )
+    if scipy_array_api_ignored():
+        raise ValueError(
+            f"device={device!r} fits through scikit-learn's array API, which needs "
+            f"SCIPY_ARRAY_API=1 set before scipy is imported; it is set, but scipy "
+            f"was imported before (scipy reads it once, when imported). Set it "
+            f"before Python starts: run 'SCIPY_ARRAY_API=1 python ...' (the skattn "
+            f"command sets it itself)."
         )
     if os.environ.get("SCIPY_ARRAY_API") != "1":
         raise ValueError(
@@ -497,7 +508,13 @@ def learn_layer(
             :func:`skattn.metrics.sharpness_profile`), ``certificate`` (the
             summary of the learner's ``certificate_``, else ``None``),
             ``device`` (the torch device fitted on, else ``None``),
-            ``fit_seconds``, ``total_seconds``, ``peak_memory_mb``,
+            ``fit_seconds`` (this run's fit), ``resume`` (with ``memory``:
+            ``stages_reused`` and ``stages_computed`` by this run, the ``cache``
+            folder, ``earlier_pieces_seconds`` of the runs interrupted by
+            Ctrl-C before it and ``fit_seconds_all_pieces``, their sum with
+            this run's, or for a finished fit run again the earlier run's
+            total with this run's, and a ``note`` saying which; else
+            ``None``), ``total_seconds``, ``peak_memory_mb``,
             ``n_windows_fit``, ``n_windows_held_out``, ``text``, ``checkpoint``,
             ``estimator``, ``warnings``, ``files`` and ``arguments``.
             Non-finite numbers are ``None``.
@@ -627,10 +644,16 @@ def learn_layer(
     else:
         learner = clone(estimator)
         X_fit = X3[fit]
+    pieces = None if memory is None else _Pieces(memory, arguments)
     fit_start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _fit_on(learner, X_fit, y[fit], device)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _fit_on(learner, X_fit, y[fit], device)
+    except KeyboardInterrupt:  # this piece's time, for the run that resumes it
+        if pieces is not None:
+            pieces.record(time.perf_counter() - fit_start)
+        raise
     fit_seconds = time.perf_counter() - fit_start
     for w in caught:  # shown after all, and recorded in the report
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -650,6 +673,7 @@ def learn_layer(
     report.update(
         {
             "fit_seconds": fit_seconds,
+            "resume": _resume_record(learner, pieces, fit_seconds),
             "peak_memory_mb": _peak_memory_mb(),
             "n_windows_fit": len(fit),
             "n_windows_held_out": len(held),
@@ -694,6 +718,116 @@ def learn_layer(
         y_held_out=y_held,
         files=files,
     )
+
+
+class _Pieces:
+    """The fit seconds of the runs of one ``learn_layer`` call, kept in the
+    memory folder (``skattn-layer-pieces.json``): those interrupted by Ctrl-C,
+    so that the run that resumes them reports the time of all the pieces, and
+    the total of the last run that finished, for a later run that reuses its
+    stages.  A killed run records nothing."""
+
+    FILE = "skattn-layer-pieces.json"
+
+    def __init__(self, memory, arguments):
+        self.path = Path(str(memory)) / self.FILE
+        same = {k: v for k, v in arguments.items() if k not in ("out", "plot")}
+        text = json.dumps(same, sort_keys=True, default=str)
+        self.key = hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _read(self):
+        try:
+            ledger = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # none yet, or unreadable: start afresh
+            return {}
+        return ledger if isinstance(ledger, dict) else {}
+
+    def _entry(self, ledger):
+        entry = ledger.get(self.key)
+        if not isinstance(entry, dict):
+            entry = {}
+        interrupted = entry.get("interrupted")
+        finished = entry.get("finished")
+        return {
+            "interrupted": [
+                float(x) for x in interrupted or [] if isinstance(x, int | float)
+            ],
+            "finished": float(finished) if isinstance(finished, int | float) else None,
+        }
+
+    def _update(self, change):
+        """Apply ``change`` to this call's entry and write the ledger back (an
+        interruption or a finished fit must not fail on its bookkeeping)."""
+        try:
+            ledger = self._read()
+            entry = self._entry(ledger)
+            change(entry)
+            ledger[self.key] = entry
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+    def record(self, seconds):
+        """Add an interrupted piece of ``seconds``."""
+        self._update(lambda entry: entry["interrupted"].append(round(seconds, 3)))
+
+    def earlier(self):
+        """``(interrupted pieces before this run, last finished total or None)``."""
+        entry = self._entry(self._read())
+        return entry["interrupted"], entry["finished"]
+
+    def finish(self, total):
+        """This run finished: forget the pieces, keep ``total``."""
+
+        def change(entry):
+            entry["interrupted"], entry["finished"] = [], round(total, 3)
+
+        self._update(change)
+
+
+def _memory_record(learner):
+    """The learner's ``info["memory"]`` (stages reused and computed), or None."""
+    for phase in reversed(getattr(learner, "phase_report_", None) or []):
+        kept = getattr(phase, "info", {}).get("memory")
+        if kept:
+            return kept
+    return None
+
+
+def _resume_record(learner, pieces, fit_seconds):
+    """``report["resume"]``: what this run reused and the time of all pieces."""
+    kept = _memory_record(learner)
+    if pieces is None and kept is None:
+        return None
+    earlier, finished = ([], None) if pieces is None else pieces.earlier()
+    reused = 0 if kept is None else len(kept.get("reused", []))
+    computed = 0 if kept is None else len(kept.get("computed", []))
+    record = {
+        "cache": None if kept is None else kept.get("folder"),
+        "stages_reused": reused,
+        "stages_computed": computed,
+        "earlier_pieces_seconds": earlier,
+        "fit_seconds_all_pieces": sum(earlier) + fit_seconds,
+    }
+    if reused and not earlier:
+        if finished is not None:  # a finished fit run again: its stages read back
+            record["fit_seconds_all_pieces"] = finished + fit_seconds
+            record["note"] = (
+                f"the stages reused were computed by an earlier run of the same "
+                f"arguments that took {finished:.1f} s in all, counted here"
+            )
+        else:
+            record["note"] = (
+                "stages were reused from a run whose time is not recorded (killed "
+                "before it finished): fit_seconds_all_pieces counts this run only"
+            )
+    if pieces is not None:
+        total = record["fit_seconds_all_pieces"]
+        pieces.finish(total if computed or finished is None else finished)
+    return record
 
 
 def _teacher(model, layer, n_heads, n_tokens):
@@ -760,23 +894,17 @@ def _measure(teacher, learned, X_fit, X_held):
 
 
 def _write_layer(learned, path, n_tokens, layer, folder):
-    save_file = require(
-        "safetensors.numpy", extra="pretrained", feature="Writing the layer"
-    ).save_file
+    """``layer.safetensors``: the same bytes for the same layer (sorted header)."""
     arrays = learned._arrays()[:4]
-    tensors = {
-        name: np.ascontiguousarray(value, dtype=np.float64)
-        for name, value in zip(_LAYER_TENSORS, arrays, strict=True)
-    }
     metadata = {
-        "format": "skattn attention layer: AttentionLayer(**tensors, n_tokens=...)",
+        "format": SAFETENSORS_FORMAT,
         "n_tokens": str(n_tokens),
         "layer": str(layer),
         "checkpoint": str(folder),
     }
     if learned.head_rank is not None:
         metadata["head_rank"] = str(learned.head_rank)
-    save_file(tensors, str(path), metadata=metadata)
+    write_safetensors(path, dict(zip(_LAYER_TENSORS, arrays, strict=True)), metadata)
 
 
 def _plot(teacher, learned, X_held, path, layer):

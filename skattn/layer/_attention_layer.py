@@ -782,6 +782,47 @@ default="auto"
         )
         return Y.reshape(X3.shape[0], -1)
 
+    def predict(self, X):
+        """Apply the layer: the same as :meth:`transform`.
+
+        A layer read back from a file (``skattn.cli.load_layer``) stands in for
+        the fitted estimator, whose ``predict`` this is.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or
+            (n_samples, n_tokens, n_features)
+
+        Returns
+        -------
+        Y : ndarray of shape (n_samples, n_tokens * n_outputs)
+        """
+        return self.transform(X)
+
+    def __call__(self, X):
+        """Apply the layer, as a torch module is called: ``layer(X)`` is
+        :meth:`transform`.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens * n_features) or
+            (n_samples, n_tokens, n_features)
+
+        Returns
+        -------
+        Y : ndarray of shape (n_samples, n_tokens * n_outputs)
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from skattn import AttentionLayer
+        >>> layer = AttentionLayer(np.zeros((1, 2, 2)), np.eye(2)[None])
+        >>> X = np.array([[1.0, -1.0, 1.0, 1.0]])
+        >>> layer(X), layer.predict(X)
+        (array([[1., 0., 1., 0.]]), array([[1., 0., 1., 0.]]))
+        """
+        return self.transform(X)
+
     def attention_patterns(self, X):
         """Per-head attention patterns on X.
 

@@ -13,6 +13,7 @@ result as fitted attributes (as scikit-learn's ``_BaseRidge.fit`` calls
 ``_ridge_regression``).
 """
 
+import contextlib
 import math
 import re
 import time
@@ -28,9 +29,16 @@ from ..metrics._sharpness import sharp_head_pinning
 from ..solvers._driver import fit_from_random_starts
 from ..solvers.kernels._loss import REALISABLE_RESIDUAL
 from ..solvers.stages._polish import staged_polish, warmup_size
-from ..utils._array_api import device, lstsq, namespace, to_namespace, to_numpy
+from ..utils._array_api import (
+    device,
+    lstsq,
+    namespace,
+    namespace_name,
+    to_namespace,
+    to_numpy,
+)
 from ..utils._batches import TokenBatches
-from ..utils._progress import shown
+from ..utils._progress import make_bar, shown
 from ..utils._validation import is_foreign_array
 from ..utils._warnings import warn_at_caller
 from ._affine_hull import sculpt_hull
@@ -353,11 +361,11 @@ class _PhasedRun:
         ``"host_copies"`` entry of the run's first report."""
         if self.on_host:
             return
+        name = namespace_name(self.xp)
         message = (
-            f"X and y are {self.xp.__name__} arrays on {self.device!r}: {what} ran "
-            f"on numpy copies of them on the host (the phases are numpy-only); "
-            f"{polish} in {self.xp.__name__} on the device. init='random' keeps "
-            f"the whole fit on the device."
+            f"X and y are {name} arrays on {self.device!r}: {what} ran on numpy "
+            f"copies of them on the host (the phases are numpy-only); {polish} in "
+            f"{name} on the device. init='random' keeps the whole fit on the device."
         )
         self._defer(message, UserWarning)
         self.reports[0].info["host_copies"] = message
@@ -479,7 +487,9 @@ class _PhasedRun:
         start = time.perf_counter()
         X3, Y3, polish_rows = self._polish_data(X3, Y3)
         n_starts = self.options.starts.n_starts
-        with _progress(self.options.verbose, n_starts, "random starts", "start") as bar:
+        with _progress(
+            self.options.verbose, None, "random starts", "start", at_most=n_starts
+        ) as bar:
             with shown(self.options.verbose):  # a bar per stage
                 attention, projection, info = fit_from_random_starts(
                     X3,
@@ -492,9 +502,6 @@ class _PhasedRun:
                     progress=None if bar is None else partial(_advance_start, bar),
                     memory=self.memory,
                 )
-            if bar is not None:  # an exact start ends the loop early
-                bar.total = bar.n
-                bar.refresh()
         info = {key: value for key, value in info.items() if key != "stages"}
         if not self.on_host:  # the record is a host object (see _host_record)
             info = _host_record(info)
@@ -842,8 +849,8 @@ class _PhasedRun:
         )
         warn_at_caller(
             f"The polish did not converge (stopped: {reason}) after "
-            f"{info.get('n_iter')} iterations with polish_tol="
-            f"{self.options.polish.tol:g}; {fix}.",
+            f"{_iterations_text(info, self.options.polish.max_iter)} with "
+            f"polish_tol={self.options.polish.tol:g}; {fix}.",
             ConvergenceWarning,
         )
 
@@ -966,6 +973,38 @@ def _scaled_pinning(pinning, n_sequences):
     return scaled
 
 
+def _iterations_text(info, max_iter):
+    """The iterations of a polish's ``info``, in words that match ``max_iter``.
+
+    ``polish_max_iter`` bounds each stage of the polish (a warm-up on a
+    subsample, variable projection, the full problem), and ``info["n_iter"]``
+    sums them: "after 198 iterations" against a bound of 100 reads as a broken
+    bound unless the stages are shown.
+
+    >>> _iterations_text({"n_iter": 198, "warmup": {"n_iter": 100},
+    ...                   "final_stage": "ran"}, 100)
+    '198 iterations in all (warm-up 100, polish 98; polish_max_iter=100 bounds each)'
+    >>> _iterations_text({"n_iter": 100}, 100)
+    '100 iterations (polish_max_iter=100)'
+    """
+    total = info.get("n_iter")
+    parts = []
+    warmup = info.get("warmup")
+    rest = total
+    if warmup and info.get("final_stage") == "ran" and total is not None:
+        parts.append(("warm-up", warmup.get("n_iter", 0)))
+        rest = total - warmup.get("n_iter", 0)
+    stages = [s for s in info.get("stages") or () if "n_iter" in s]
+    if len(stages) > 1:
+        parts += [(s.get("stage", "polish"), s["n_iter"]) for s in stages]
+    elif parts:
+        parts.append(("polish", rest))
+    if len(parts) < 2:
+        return f"{total} iterations (polish_max_iter={max_iter})"
+    each = ", ".join(f"{name} {n}" for name, n in parts)
+    return f"{total} iterations in all ({each}; polish_max_iter={max_iter} bounds each)"
+
+
 def _unconverged_heads_message(heads, residual, pinning=None, n_polish_samples=None):
     """The warning of a fit whose heads stopped short on their one-head problems.
 
@@ -998,7 +1037,8 @@ def _unconverged_heads_message(heads, residual, pinning=None, n_polish_samples=N
         "which crawls from such a point, was skipped: the fit is approximate "
         f"(relative residual {residual:.3g} on the polish set). Heads with sharp "
         "attention (a row's largest weight near one) end so: the outputs pin "
-        "their logits weakly (benchmarks/README.md)."
+        "their logits weakly (the user guide, 'Learn a layer of your own model', "
+        "'How long, how good')."
     )
     if pinning is None:
         return text
@@ -1050,12 +1090,11 @@ class _NoBar:
         return False
 
 
-def _progress(verbose, total, desc="phased learner", unit="phase"):
+def _progress(verbose, total, desc="phased learner", unit="phase", at_most=None):
     if not verbose:
         return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit)
+    bar = make_bar(total, desc, unit, at_most=at_most)
+    return bar if hasattr(bar, "__enter__") else contextlib.closing(bar)
 
 
 def _advance_start(bar, message, done):

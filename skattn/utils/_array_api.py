@@ -21,11 +21,23 @@ Random draws stay on the host (numpy ``Generator``) and are moved to the device,
 that a seed gives the same start in every namespace.
 """
 
+import os
+import sys
+import warnings
+
 import numpy as np
 from sklearn.externals import array_api_compat as _compat
 
+# Prefixes of the wrapper namespaces that messages leave out: users know "torch".
+_WRAPPER_PREFIXES = ("sklearn.externals.array_api_compat.", "array_api_compat.")
+# Whether the warning of warn_if_scipy_array_api_ignored was given (once a process).
+_WARNED = {"scipy_array_api": False}
+
 __all__ = [
     "namespace",
+    "namespace_name",
+    "scipy_array_api_ignored",
+    "warn_if_scipy_array_api_ignored",
     "is_numpy",
     "device",
     "to_numpy",
@@ -59,6 +71,60 @@ def namespace(*arrays):
     if not arrays:
         return _compat.array_namespace(np.empty(0))
     return _compat.array_namespace(*arrays)
+
+
+def namespace_name(xp):
+    """The short name of an array namespace for messages: ``torch``, not
+    ``sklearn.externals.array_api_compat.torch``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import namespace, namespace_name
+    >>> namespace(np.ones(2)).__name__
+    'sklearn.externals.array_api_compat.numpy'
+    >>> namespace_name(namespace(np.ones(2)))
+    'numpy'
+    """
+    name = getattr(xp, "__name__", None) or type(xp).__name__
+    for prefix in _WRAPPER_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def scipy_array_api_ignored():
+    """Whether ``SCIPY_ARRAY_API=1`` is set now but scipy was imported before it
+    was: scipy reads the variable once, when imported, so its array API support
+    is off in this process whatever the variable says now."""
+    if os.environ.get("SCIPY_ARRAY_API") != "1" or "scipy" not in sys.modules:
+        return False
+    for name in ("scipy._lib._array_api_override", "scipy._lib._array_api"):
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        if hasattr(module, "SCIPY_ARRAY_API"):
+            return not module.SCIPY_ARRAY_API
+        config = getattr(module, "_GLOBAL_CONFIG", None)  # scipy < 1.15
+        if isinstance(config, dict) and "SCIPY_ARRAY_API" in config:
+            return not config["SCIPY_ARRAY_API"]
+    return False
+
+
+def warn_if_scipy_array_api_ignored():
+    """Warn, once a process, when :func:`scipy_array_api_ignored`: setting the
+    variable after ``import scipy`` would otherwise do nothing, silently."""
+    if _WARNED["scipy_array_api"] or not scipy_array_api_ignored():
+        return
+    _WARNED["scipy_array_api"] = True
+    warnings.warn(
+        "SCIPY_ARRAY_API=1 is set, but scipy was imported before it was set and "
+        "reads it only when imported: scipy's array API support is off in this "
+        "process. Set it before Python starts (SCIPY_ARRAY_API=1 python ...), or "
+        "in os.environ before the first import of scipy, scikit-learn or skattn.",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def is_numpy(xp):

@@ -467,9 +467,9 @@ def staged_polish(
     ('skipped: realisable', True)
     """
     # one bar for the polish's iterations, warm-up and final stage (at most
-    # max_iter each): tqdm's estimate of the time left is an upper bound
-    total = options.get("max_iter", _POLISH.max_iter) * (2 if n_warmup_samples else 1)
-    with stage_bar("polish", total, "iter", iterations=True):
+    # max_iter each, and most stop well before): open-ended, the bound said
+    bound = options.get("max_iter", _POLISH.max_iter) * (2 if n_warmup_samples else 1)
+    with stage_bar("polish", None, "iter", iterations=True, at_most=bound):
         xp = namespace(X, Y)
         rng = check_random_state(random_state)
         # a start fitted already (decoupled heads) is not polished again: on 12 MiniLM

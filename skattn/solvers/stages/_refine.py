@@ -52,7 +52,8 @@ def refine_heads(
     ``converged``, ``taken``, ``seconds``).
     ``memory`` (a StageMemory) keeps each head's solve and each search afresh
     with the generator's state after it."""
-    with stage_bar("refine", par.n_heads, "head"):
+    # open-ended: heads that do not converge are solved again, on more sequences
+    with stage_bar(f"refine ({par.n_heads} heads, some solved again)", None, "head"):
         return _refine_heads(
             X, Y, params, par, direction, sample_weight, rng, verbose, memory
         )

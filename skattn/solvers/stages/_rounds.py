@@ -440,10 +440,7 @@ def _solve_heads(
         call = memory.next_name("heads")
         scopes = {i: memory.child(f"{call}.head{i}") for i in heads}
 
-    bar = current_bar()  # the refinement's: a head solved, its residual
-    if bar.n + len(heads) > (bar.total or 0):  # heads solved again: more to do
-        bar.total = bar.n + len(heads)
-        bar.refresh()
+    bar = current_bar()  # the refinement's (open-ended): a head solved, its residual
 
     if batched:
 

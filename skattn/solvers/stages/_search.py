@@ -554,8 +554,10 @@ def minibatch_search(
             stop_reason = "residual"
         return best, best_residual, step, n_cuts, stop_reason
 
-    # one bar for the search, its replacements' steps included
-    with stage_bar("search", max_steps, "step") as bar:
+    # one bar for the search, its replacements' steps included: open-ended, as
+    # the search stops at its residual or when it stalls, and replacements add
+    # steps
+    with stage_bar("search", None, "step") as bar:
         best, best_residual, n_steps, n_cuts, stop_reason = adam(
             params, best_residual, step_size, max_steps
         )
