@@ -104,6 +104,7 @@ _LAYER_FLAGS = {
     "device": "--device",
     "out": "--out",
     "plot": "--plot",
+    "fit_anyway": "--fit-anyway",
 }
 # Where a learner parameter without a flag can be set, per command.
 _UNSET_HINTS = {
@@ -555,6 +556,12 @@ def _parser():
     )
     layer.add_argument(
         "--no-cache", action="store_true", help="keep no stage: a rerun starts over"
+    )
+    layer.add_argument(
+        "--fit-anyway",
+        action="store_true",
+        help="fit even when the windows cannot pin some head (by default the "
+        "command stops before the fit, naming the heads and the windows needed)",
     )
     layer.add_argument(
         "--device",
@@ -1187,6 +1194,7 @@ def _layer(args):
         random_state=args.random_state,
         memory=cache,
         device=args.device,
+        fit_anyway=args.fit_anyway,
         verbose=args.verbose,
     )
     report = result.report

@@ -447,7 +447,14 @@ def test_layer_learns_and_writes_the_layer_the_report_and_the_plot(
 
     matplotlib.use("Agg")
     out = tmp_path / "out"
-    argv = ["layer", "--layer", "1", "--text", str(tmp_path / "text.txt")]
+    argv = [
+        "layer",
+        "--fit-anyway",
+        "--layer",
+        "1",
+        "--text",
+        str(tmp_path / "text.txt"),
+    ]
     argv += ["--n-tokens", "4", "--n-windows", "60", "--n-heads", "1"]
     argv += ["--out", str(out), "--plot"]
     assert main(argv) == 0
@@ -489,8 +496,12 @@ def test_layer_learns_and_writes_the_layer_the_report_and_the_plot(
         "warnings",
         "files",
         "arguments",
+        "verdict",
     }
     assert report["device"] is None  # numpy on the host
+    # 48 windows of 4 tokens cannot pin a MiniLM head: fitted all the same
+    assert report["verdict"]["summary"] == "1 not pinned by this data"
+    assert report["arguments"]["fit_anyway"]
     assert (report["n_windows_fit"], report["n_windows_held_out"]) == (48, 12)
     assert report["text"]["n_windows_available"] > 60
     assert report["checkpoint"]["head_dim"] == 32
@@ -529,7 +540,15 @@ def test_layer_writes_into_skattn_layer_L_by_default(
         "MultiHeadAttentionRegressor",
         lambda **kw: fast(**kw, init="random", polish_max_iter=1, start_search="none"),
     )
-    argv = ["layer", str(checkpoint), "--layer", "0", "--text", "text.txt"]
+    argv = [
+        "layer",
+        "--fit-anyway",
+        str(checkpoint),
+        "--layer",
+        "0",
+        "--text",
+        "text.txt",
+    ]
     argv += ["--n-tokens", "4", "--n-windows", "20", "--n-heads", "1"]
     assert main(argv) == 0
     assert sorted(p.name for p in (tmp_path / "skattn-layer-0").iterdir()) == [
@@ -558,7 +577,15 @@ def test_layer_fits_on_the_device_asked(tmp_path, capsys, checkpoint, monkeypatc
         "MultiHeadAttentionRegressor",
         lambda **kw: fast(**kw, init="random", polish_max_iter=1, start_search="none"),
     )
-    argv = ["layer", str(checkpoint), "--layer", "0", "--text", "text.txt"]
+    argv = [
+        "layer",
+        "--fit-anyway",
+        str(checkpoint),
+        "--layer",
+        "0",
+        "--text",
+        "text.txt",
+    ]
     argv += ["--n-tokens", "4", "--n-windows", "20", "--n-heads", "1"]
     assert main([*argv, "--device", "cpu", "--out", "o", "--no-cache"]) == 0
     report = json.loads((tmp_path / "o" / "report.json").read_text())
@@ -578,7 +605,16 @@ def test_layer_device_reruns_itself_with_the_array_api_variable(monkeypatch):
 
     monkeypatch.delenv("SCIPY_ARRAY_API", raising=False)
     monkeypatch.setattr(cli.os, "execve", execve)
-    argv = ["layer", "--layer", "1", "--text", "t.txt", "--device", "cuda"]
+    argv = [
+        "layer",
+        "--fit-anyway",
+        "--layer",
+        "1",
+        "--text",
+        "t.txt",
+        "--device",
+        "cuda",
+    ]
     with pytest.raises(SystemExit):
         main(argv)
     assert ran["path"] == sys.executable and ran["env"]["SCIPY_ARRAY_API"] == "1"
@@ -650,7 +686,17 @@ def test_layer_bad_input_is_one_line_before_the_model_loads(
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00text")
     if edit is not None:
         edit(checkpoint)
-    argv = ["layer", "model", "--layer", "0", "--text", "text.txt", "--out", "o"]
+    argv = [
+        "layer",
+        "--fit-anyway",
+        "model",
+        "--layer",
+        "0",
+        "--text",
+        "text.txt",
+        "--out",
+        "o",
+    ]
     code, err = _exit(argv + args, capsys)
     assert code == 1
     assert err.startswith("skattn: error: ") and err.count("\n") == 1
@@ -682,7 +728,17 @@ def test_layer_output_folder_without_write_permission(
     monkeypatch.chdir(tmp_path)
     try:
         code, err = _exit(
-            ["layer", "--layer", "0", "--text", "text.txt", "--out", "locked"], capsys
+            [
+                "layer",
+                "--fit-anyway",
+                "--layer",
+                "0",
+                "--text",
+                "text.txt",
+                "--out",
+                "locked",
+            ],
+            capsys,
         )
     finally:
         locked.chmod(0o700)
@@ -695,7 +751,10 @@ def test_layer_plot_without_matplotlib_names_the_extra(
 ):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
-    code, err = _exit(["layer", "--layer", "0", "--text", "text.txt", "--plot"], capsys)
+    code, err = _exit(
+        ["layer", "--fit-anyway", "--layer", "0", "--text", "text.txt", "--plot"],
+        capsys,
+    )
     assert code == 1 and 'pip install "skattn[plot]"' in err
 
 
@@ -708,7 +767,7 @@ def test_layer_plot_without_matplotlib_names_the_extra(
     ],
 )
 def test_layer_malformed_options_are_argparse_errors(capsys, args, message):
-    argv = ["layer", "--layer", "0", "--text", "t.txt"]
+    argv = ["layer", "--fit-anyway", "--layer", "0", "--text", "t.txt"]
     code, err = _exit(argv + args, capsys)
     assert code == 2 and message in err
 
@@ -765,7 +824,17 @@ def test_layer_held_out_error_names_the_flag(tmp_path, capsys, monkeypatch, chec
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(layer_module.BertEncoder, "from_safetensors", _no_model)
-    argv = ["layer", "model", "--layer", "0", "--text", "text.txt", "--out", "o"]
+    argv = [
+        "layer",
+        "--fit-anyway",
+        "model",
+        "--layer",
+        "0",
+        "--text",
+        "text.txt",
+        "--out",
+        "o",
+    ]
     code, err = _exit(argv + ["--n-windows", "2", "--held-out", "0.1"], capsys)
     assert code == 1
     assert "--held-out 0.1 of 2 windows leaves none to hold out" in err
@@ -915,7 +984,17 @@ def test_layer_interrupted_then_resumed_says_so_and_records_it(
     import skattn.experiments._layer as layer_module
 
     monkeypatch.chdir(tmp_path)
-    argv = ["layer", "model", "--layer", "1", "--text", "text.txt", "--out", "o"]
+    argv = [
+        "layer",
+        "--fit-anyway",
+        "model",
+        "--layer",
+        "1",
+        "--text",
+        "text.txt",
+        "--out",
+        "o",
+    ]
     argv += ["--n-tokens", "4", "--n-windows", "60", "--n-heads", "1", "--quiet"]
     real_fit_on = layer_module._fit_on
 
@@ -976,3 +1055,28 @@ def test_fit_fits_on_the_device_asked(data, capsys, monkeypatch):
     )
     code, err = _exit([*argv, "--device", "gpu"], capsys)
     assert code == 1 and "--device gpu is not a torch device" in err
+
+
+def test_layer_stops_before_the_fit_when_the_windows_cannot_pin_a_head(
+    tmp_path, capsys, monkeypatch
+):
+    # issue 51: exit status 1 and one line naming the windows needed, no fit
+    import skattn.experiments._layer as layer_module
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the fit started")
+
+    monkeypatch.setattr(layer_module, "_fit_on", no_fit)
+    (tmp_path / "text.txt").write_text("The cat sat on the mat. " * 60)
+    argv = ["layer", "--layer", "3", "--text", str(tmp_path / "text.txt")]
+    argv += ["--n-windows", "10", "--n-heads", "1", "--out", str(tmp_path / "o")]
+    code, err = _exit(argv, capsys)
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("skattn: error")]
+    assert len(lines) == 1 and "cannot pin head(s) 0 of layer 3" in lines[0]
+    assert "windows like these would pin them" in lines[0]
+    assert "(or --fit-anyway: fit them all the same)" in lines[0]
+    # the first line says what would be fitted and roughly how long
+    first = err.splitlines()[0]
+    assert "1 head(s) of rank 32 to fit on 8 windows of 16 tokens" in first
+    assert "roughly" in first

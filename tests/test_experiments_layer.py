@@ -56,6 +56,7 @@ def text(tmp_path):
 
 def test_learn_layer_returns_and_writes_the_same_layer_and_report(tmp_path, text):
     result = learn_layer(
+        fit_anyway=True,
         layer=2,
         texts=text,
         n_tokens=6,
@@ -97,8 +98,8 @@ def test_a_fit_on_a_torch_device_is_the_fit_on_the_host(text):
     if layer_module.os.environ.get("SCIPY_ARRAY_API") != "1":
         pytest.skip("the array API needs SCIPY_ARRAY_API=1 (the root conftest)")
     args = dict(layer=1, texts=text, n_tokens=6, n_windows=30, n_heads=1)
-    host = learn_layer(**args, estimator=_fast())
-    torch_fit = learn_layer(**args, estimator=_fast(), device="cpu")
+    host = learn_layer(fit_anyway=True, **args, estimator=_fast())
+    torch_fit = learn_layer(fit_anyway=True, **args, estimator=_fast(), device="cpu")
     assert torch_fit.report["device"] == "cpu" and host.report["device"] is None
     assert torch_fit.report["arguments"]["device"] == "cpu"
     assert type(torch_fit.estimator.attention_).__name__ == "Tensor"
@@ -118,12 +119,13 @@ def test_a_device_needs_the_array_api_variable(text, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.delenv("SCIPY_ARRAY_API", raising=False)
     with pytest.raises(ValueError, match="SCIPY_ARRAY_API=1"):
-        learn_layer(layer=1, texts=text, n_tokens=6, device="cpu")
+        learn_layer(layer=1, texts=text, n_tokens=6, device="cpu", fit_anyway=True)
 
 
 def test_windows_and_split_follow_random_state(text):
     def held(seed):
         return learn_layer(
+            fit_anyway=True,
             layer=0,
             texts=[text],
             n_tokens=5,
@@ -139,7 +141,12 @@ def test_windows_and_split_follow_random_state(text):
 
 def test_all_windows_are_used_by_default(text):
     result = learn_layer(
-        layer=0, texts=[text, text], n_tokens=10, n_heads=1, estimator=_fast()
+        fit_anyway=True,
+        layer=0,
+        texts=[text, text],
+        n_tokens=10,
+        n_heads=1,
+        estimator=_fast(),
     )
     tokens = result.report["text"]["n_windows_available"]
     assert result.report["n_windows_fit"] + result.report["n_windows_held_out"] == (
@@ -150,7 +157,13 @@ def test_all_windows_are_used_by_default(text):
 
 def test_a_learner_with_fewer_heads_is_reported_without_matching(text):
     result = learn_layer(
-        layer=1, texts=text, n_tokens=5, n_windows=20, n_heads=2, estimator=_fast(1)
+        fit_anyway=True,
+        layer=1,
+        texts=text,
+        n_tokens=5,
+        n_windows=20,
+        n_heads=2,
+        estimator=_fast(1),
     )
     assert result.report["parameter_errors"] is None
     assert [set(h) for h in result.report["heads"]] == [
@@ -170,7 +183,13 @@ def test_warnings_of_the_fit_are_shown_and_reported(text):
     learner.set_params(init="auto")  # skips the phases at d=384, with a warning
     with pytest.warns(UserWarning, match="Phases 1-5"):
         result = learn_layer(
-            layer=0, texts=text, n_tokens=5, n_windows=20, n_heads=1, estimator=learner
+            fit_anyway=True,
+            layer=0,
+            texts=text,
+            n_tokens=5,
+            n_windows=20,
+            n_heads=1,
+            estimator=learner,
         )
     assert any("Phases 1-5" in w for w in result.report["warnings"])
 
@@ -233,7 +252,7 @@ def test_bad_arguments(text, monkeypatch, kwargs, error, match):
     monkeypatch.setattr(layer_module.BertEncoder, "from_safetensors", no_model)
     args = {"layer": 0, "texts": [text], "n_tokens": 5, "n_windows": 10} | kwargs
     with pytest.raises(error, match=match):
-        learn_layer(**args)
+        learn_layer(fit_anyway=True, **args)
 
 
 def test_a_safetensors_file_names_its_folder():
@@ -306,3 +325,40 @@ def test_resume_record_says_what_it_counts(tmp_path):
     record = layer_module._resume_record(learner(["search-1"], ["polish-1"]), pieces, 3)
     assert record["earlier_pieces_seconds"] == [2.5]
     assert record["fit_seconds_all_pieces"] == 5.5 and "note" not in record
+
+
+def test_windows_that_cannot_pin_a_head_stop_before_the_fit(text, monkeypatch):
+    # issue 51: 10 windows of 16 tokens give 128 rows to fit; a MiniLM head's
+    # logits need 1596 that split its attention: the verdict comes at once
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the fit started")
+
+    monkeypatch.setattr(layer_module, "_fit_on", no_fit)
+    with pytest.raises(
+        layer_module.UnidentifiableDataError,
+        match=r"^8 windows cannot pin head\(s\) 0 of layer 3 .* asks for 1596 a "
+        r"head\): about \d+ windows like these would pin them",
+    ) as caught:
+        learn_layer(layer=3, texts=text, n_tokens=16, n_windows=10, n_heads=1)
+    assert "\n" not in str(caught.value)
+
+
+def test_fit_anyway_fits_and_reports_each_heads_verdict(text):
+    result = learn_layer(
+        layer=3,
+        texts=text,
+        n_tokens=16,
+        n_windows=10,
+        n_heads=2,
+        estimator=_fast(2),
+        fit_anyway=True,
+    )
+    verdict = result.report["verdict"]
+    assert not verdict["determined"] and "cannot pin" in verdict["message"]
+    assert [head["verdict"] for head in verdict["heads"]] == [
+        "not pinned by this data"
+    ] * 2
+    assert verdict["summary"] == "2 not pinned by this data"
+    for head in verdict["heads"]:
+        assert head["split_rows"] <= 8 * 16 < head["split_rows_needed"] == 1596
+        assert head["windows_needed"] > 10
