@@ -47,7 +47,8 @@ Cases (``--cases``; k = 16 tokens everywhere):
   distinct) and 1000 held-out ones of ``bench_minilm_teacher.py --text
   --n-samples 5000 --n-test 1000``, as hidden states entering layer L; r = 32.
 * ``minilm0``: layer 0, heads 0 and 1, on 20000 sequences of embedded random
-  tokens (2000 held out); r = 32.  The tokens are drawn i.i.d. from the
+  tokens (2000 held out); r = 32.  ``minilm0all``: all 12 heads of layer 0 on
+  the same sequences.  The tokens are drawn i.i.d. from the
   vocabulary of the packed text windows, not from all 30522 ids (see
   ``gpu/pack_minilm.py``).
 
@@ -125,6 +126,7 @@ CASES = {
         for layer in range(1, 6)
     },
     "minilm0": {"kind": "random", "layer": 0, "heads": [0, 1], "r": 32},
+    "minilm0all": {"kind": "random", "layer": 0, "heads": None, "r": 32},
 }
 SIZES = {"planted": (5000, 1000), "text": (5000, 1000), "random": (20000, 2000)}
 SMOKE_SIZES = {"planted": (500, 100), "text": (200, 50), "random": (200, 50)}
@@ -178,7 +180,7 @@ def make_data(name, spec, args):
             what = "all-MiniLM-L6-v2, real text (stdlib docstring windows)"
         else:
             teacher, X, X_test = random_case(
-                args.data, spec["layer"], heads or [0, 1], n, n_test, args.seed
+                args.data, spec["layer"], heads, n, n_test, args.seed
             )
             what = "all-MiniLM-L6-v2, embedded random tokens (packed vocabulary)"
         m, r, k = teacher.n_heads, spec["r"], teacher.n_tokens

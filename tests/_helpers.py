@@ -121,23 +121,41 @@ def refine_planted(n, k, d, m, r, d_out, seed=0, intercept=True, scale=1.0):
     return X, Y, np.concatenate([Q.ravel(), K.ravel(), V.ravel()]), factors
 
 
+def patch_head_solves(monkeypatch, modify):
+    """Pass every one-head solve's result ``(q, k, values, info)`` through
+    ``modify(X, head, result)``, whichever route solved it: one head at a time
+    (``_rounds._solve_head``) or batched (``_rounds._solve_batch``)."""
+    import skattn.solvers.stages._rounds as rounds
+
+    solve, batch = rounds._solve_head, rounds._solve_batch
+
+    def one(X, shares, head, *args, **kwargs):
+        return modify(X, head, solve(X, shares, head, *args, **kwargs))
+
+    def batched(X, shares, heads, *args, **kwargs):
+        results = batch(X, shares, heads, *args, **kwargs)
+        return [
+            modify(X, head, result) for head, result in zip(heads, results, strict=True)
+        ]
+
+    monkeypatch.setattr(rounds, "_solve_head", one)
+    monkeypatch.setattr(rounds, "_solve_batch", batched)
+
+
 def fail_problems(monkeypatch, fails, residual=1.0, end=None):
     """Make the problems of the heads for which ``fails(head)`` is true report a
     relative residual of ``residual`` (not converged; 1: far, 1e-5: near); they
     are solved as usual, and with ``end(q, k, v)`` their ends replaced."""
-    import skattn.solvers.stages._rounds as rounds
 
-    solve = rounds._solve_head
-
-    def solve_or_fail(X, shares, head, *args, **kwargs):
-        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
+    def solve_or_fail(X, head, result):
+        q, kk, values, info = result
         if fails(head):
             info["relative_residual"] = residual
             if end is not None:
                 q, kk, values = end(q, kk, values)
         return q, kk, values, info
 
-    monkeypatch.setattr(rounds, "_solve_head", solve_or_fail)
+    patch_head_solves(monkeypatch, solve_or_fail)
 
 
 def nudged(scale, seed):
@@ -177,13 +195,10 @@ def stall_head_one_below(monkeypatch, times):
     """Head 1's problem ends near (1e-5) and stops improving on fewer than
     ``times`` times the refinement's own sequences (as sharp heads do); returns
     the list that receives that number of sequences."""
-    import skattn.solvers.stages._rounds as rounds
-
-    solve = rounds._solve_head
     small = []
 
-    def stalled(X, shares, head, *args, **kwargs):
-        q, kk, values, info = solve(X, shares, head, *args, **kwargs)
+    def stalled(X, head, result):
+        q, kk, values, info = result
         if not small:  # the first problem is on the refinement's own sequences
             small.append(len(X))
         if head == 1 and len(X) < times * small[0]:
@@ -191,7 +206,7 @@ def stall_head_one_below(monkeypatch, times):
             q = nudged(1e-6, 19)(q, kk, values)[0]
         return q, kk, values, info
 
-    monkeypatch.setattr(rounds, "_solve_head", stalled)
+    patch_head_solves(monkeypatch, stalled)
     return small
 
 

@@ -282,3 +282,95 @@ def test_sharpness_errors():
     # no scale makes the median row hard
     with pytest.raises(ValueError, match="cannot be planted in head 0"):
         make_attention_layer(1, 2, n_tokens=8, sharpness=0.99, random_state=0)
+
+
+# -- planted decoder layers ------------------------------------------------------------
+
+
+def test_causal_alone_keeps_the_draws_and_masks_them():
+    plain = make_attention_layer(3, 8, n_outputs=5, random_state=0)
+    causal = make_attention_layer(3, 8, n_outputs=5, causal=True, random_state=0)
+    np.testing.assert_array_equal(causal.attention, plain.attention)
+    np.testing.assert_array_equal(causal.projection, plain.projection)
+    assert causal.causal and not plain.causal
+    X = np.random.default_rng(1).normal(size=(4, 6, 8))
+    S = causal.attention_patterns(X)
+    assert np.all(np.triu(S, 1) == 0)
+    # the last token sees every token: its output is the position-free layer's
+    np.testing.assert_allclose(
+        causal.transform(X).reshape(4, 6, 5)[:, -1],
+        plain.transform(X).reshape(4, 6, 5)[:, -1],
+        rtol=0,
+        atol=1e-14,
+    )
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_grouped_query_heads_share_keys_and_values(rope):
+    layer = make_attention_layer(
+        8, 16, head_rank=4, rope=rope, n_kv_heads=2, attention_scale=3.0, random_state=0
+    )
+    assert layer.n_kv_heads == 2
+    if rope:
+        assert not np.any(layer.attention)
+        P, K = layer.rotary_query, layer.rotary_key
+        assert P.shape == (8, 16, 4) and K.shape == (2, 16, 4)
+        products = P @ np.swapaxes(K[np.arange(8) // 4], 1, 2)
+    else:
+        assert layer.rotary_query is None
+        products = layer.attention
+    np.testing.assert_allclose(np.linalg.norm(products, axis=(1, 2)), 3.0)
+    for group in (slice(0, 4), slice(4, 8)):
+        # one key map per group: the heads' Theta_i^T span head_rank dimensions,
+        # and one value map: the W_i do too
+        keys = np.concatenate(np.swapaxes(products[group], 1, 2), axis=1)
+        values = np.concatenate(layer.projection[group], axis=1)
+        for stacked in (keys, values):
+            s = np.linalg.svd(stacked, compute_uv=False)
+            assert np.sum(s > 1e-10 * s[0]) == 4
+
+
+def test_regression_of_a_decoder_layer_is_its_transform():
+    X, y, layer = make_attention_regression(
+        50,
+        12,
+        16,
+        4,
+        distribution="gaussian",
+        head_rank=4,
+        causal=True,
+        rope=True,
+        rope_layout="interleaved",
+        rope_theta=100.0,
+        n_kv_heads=1,
+        random_state=0,
+        return_layer=True,
+    )
+    assert layer.causal and layer.rope_layout == "interleaved"
+    assert layer.rope_theta == 100.0
+    np.testing.assert_array_equal(y, layer.transform(X))
+    # positions matter: the same tokens in another order give other outputs
+    X3 = X.reshape(50, 12, 16)
+    swapped = layer.transform(X3[:, ::-1]).reshape(50, 12, -1)[:, ::-1]
+    assert np.abs(swapped[:, 0] - y.reshape(50, 12, -1)[:, 0]).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"rope": True}, "rope=True needs head_rank"),
+        ({"n_kv_heads": 2}, "n_kv_heads=2 needs head_rank"),
+        ({"rope": True, "head_rank": 3}, "must be even"),
+        ({"n_kv_heads": 3, "head_rank": 2}, "does not divide n_heads=4"),
+        ({"rope": True, "head_rank": 2, "structure": "diagonal"}, "structure"),
+        ({"causal": True, "n_tokens": 4, "sharpness": 0.9}, "sharpness"),
+        ({"rope_layout": "gptj"}, "rope_layout"),
+        ({"rope_theta": 0.0}, "rope_theta"),
+        ({"n_kv_heads": 0}, "n_kv_heads"),
+        ({"causal": "yes"}, "causal"),
+    ],
+)
+def test_bad_decoder_options_give_one_line_errors(kw, match):
+    with pytest.raises(ValueError, match=match) as info:
+        make_attention_layer(4, 8, random_state=0, **kw)
+    assert "\n" not in str(info.value)

@@ -12,6 +12,7 @@ from sklearn.preprocessing import FunctionTransformer
 from skattn import AttentionLayer
 from skattn.layer import check_layer_parameters
 from skattn.layer._math import attention_patterns, forward
+from skattn.utils.estimator_checks import parametrize_with_checks
 
 
 def random_layer(seed=0, m=2, d=3, d_out=4, n_tokens=None):
@@ -275,6 +276,23 @@ def test_a_failed_refit_keeps_the_fitted_widths():
         layer.fit(np.ones((2, 8)))  # validated the width (8) before failing
     assert (layer.n_features_in_, layer.n_tokens_) == (6, 2)
     assert layer.transform(np.ones((2, 6))).shape == (2, 8)
+
+
+# scikit-learn's and skattn's checks on a planted decoder layer: causal, rotary,
+# two query heads sharing one key/value head (5 features per token).
+DECODER_LAYER = AttentionLayer(
+    np.zeros((2, 5, 5)),
+    np.random.default_rng(1).normal(size=(2, 5, 5)),
+    causal=True,
+    rotary_query=np.random.default_rng(2).normal(size=(2, 6, 2)),
+    rotary_key=np.random.default_rng(3).normal(size=(1, 6, 2)),
+    rope_theta=100.0,
+)
+
+
+@parametrize_with_checks([DECODER_LAYER])
+def test_decoder_layer_passes_the_estimator_checks(estimator, check):
+    check(estimator)
 
 
 def test_a_layer_is_callable_and_predicts_what_it_transforms():

@@ -69,6 +69,26 @@ def test_parameters_to_projections_is_a_right_inverse():
         np.testing.assert_allclose(got, expected, atol=1e-12)
 
 
+@pytest.mark.parametrize("scale", [None, 0.3, 1.0])
+def test_parameters_to_projections_with_a_given_scale(scale):
+    rng = np.random.default_rng(3)
+    m, d = 2, 4
+    attention = rng.normal(size=(m, d, 1)) @ rng.normal(size=(m, 1, d))
+    projection = rng.normal(size=(m, d, 2)) @ rng.normal(size=(m, 2, d))
+    zeros = (np.zeros((m, d)), np.zeros(d))
+    weights, _ = parameters_to_projections(attention, projection, *zeros, m, scale)
+    again = projections_to_parameters(
+        weights["query"],
+        weights["key"],
+        weights["value"],
+        weights["output"],
+        m,
+        scale=scale,
+    )
+    np.testing.assert_allclose(again[0], attention, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(again[1], projection, rtol=0, atol=1e-12)
+
+
 def test_parameters_that_do_not_fit_standard_heads_say_why():
     rng = np.random.default_rng(2)
     theta, u = rng.normal(size=(2, 4, 4)), np.zeros((2, 4))

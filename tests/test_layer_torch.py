@@ -87,6 +87,56 @@ def test_to_torch_falls_back_to_skattn_module():
     np.testing.assert_allclose(out.reshape(3, -1), layer.transform(X), atol=1e-12)
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"causal": True},
+        {"causal": True, "rope": True, "n_kv_heads": 2, "head_rank": 2},
+        {"rope": True, "rope_layout": "interleaved", "head_rank": 4, "rope_theta": 7.0},
+    ],
+)
+def test_decoder_layer_to_torch_is_skattn_module(kw, batch_first):
+    layer = make_attention_layer(4, 6, random_state=0, **kw)
+    layer.key_bias = np.arange(24.0).reshape(4, 6) / 10
+    layer.intercept = np.ones(6)
+    module = layer.to_torch(batch_first=batch_first)
+    assert not isinstance(module, torch.nn.MultiheadAttention)
+    X = np.random.default_rng(1).normal(size=(3, 5, 6))
+    out = _torch_forward(module, X, batch_first)
+    np.testing.assert_allclose(out.reshape(3, -1), layer.transform(X), atol=1e-12)
+    back = AttentionLayer.from_torch(module)
+    assert back.causal == layer.causal
+    np.testing.assert_array_equal(back.transform(X), layer.transform(X))
+    # the patterns, averaged over the heads, and gradients through the rotation
+    x = torch.as_tensor(X if batch_first else X.transpose(1, 0, 2))
+    out, weights = module(x)
+    np.testing.assert_allclose(
+        weights.detach().numpy(), layer.attention_patterns(X).mean(axis=1), atol=1e-12
+    )
+    out.sum().backward()
+    grads = [p.grad for p in module.parameters()]
+    assert all(g is not None for g in grads)
+    if "rope" in kw:
+        assert torch.any(module.rotary_query.grad != 0)
+
+
+def test_to_torch_into_an_unsupported_module_is_refused():
+    layer = make_attention_layer(2, 4, random_state=0)
+    with pytest.raises(TypeError, match="Linear"):
+        layer.to_torch(module=torch.nn.Linear(4, 4))
+
+
+def test_from_torch_names_unsupported_transformers_modules():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+
+    config = transformers.BertConfig(hidden_size=8, num_attention_heads=2)
+    with pytest.raises(ValueError, match="unsupported transformers module Bert") as e:
+        AttentionLayer.from_torch(BertSelfAttention(config))
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -3,12 +3,13 @@ problem, near heads restarted from their ends (``stages/_rounds.py``)."""
 
 import numpy as np
 import pytest
-from _helpers import fail_problems, head_one_once, nudged
+from _helpers import array_namespaces, fail_problems, head_one_once, nudged
 from _helpers import refine_planted as planted
 
 from skattn.solvers import FactoredHeads, can_decouple, decoupled_refine
 from skattn.solvers.kernels._varpro import _intercept_direction
 from skattn.solvers.stages._rounds import decoupled_size
+from skattn.utils._array_api import to_numpy
 
 
 def identifiable_attention_error(par, params, truth, intercept=True):
@@ -193,3 +194,47 @@ def test_no_round_starts_once_the_layer_fits_to_rounding(monkeypatch):
     _, _, _, info = three_heads()
     assert [h["rounds"] for h in info["heads"]] == [1, 1, 1]
     assert info["residual"] < 1e-10
+
+
+@pytest.mark.parametrize("to", [None] + array_namespaces())
+def test_batched_heads_are_as_exact_as_heads_one_at_a_time(to):
+    # issue 49: the heads solved as one problem with a head axis give every head
+    # the accuracy of the one-at-a-time solve, and the same layer
+    X, Y, truth, _ = planted(400, 6, 6, 3, 2, 7, seed=4)
+    par = FactoredHeads(3, X.shape[2], 2)
+    start = truth + 0.05 * np.random.default_rng(5).normal(size=truth.size)
+    direction = _intercept_direction(X)
+    convert = (lambda a: a) if to is None else to
+    ends = {}
+    for batched in (False, True):
+        refined, info = decoupled_refine(
+            convert(X),
+            convert(Y),
+            convert(start),
+            par,
+            intercept_direction=convert(direction),
+            batched=batched,
+        )
+        assert info["kept"] and info["residual"] < 1e-10
+        assert all(head["relative_residual"] < 1e-10 for head in info["heads"])
+        ends[batched] = np.asarray(to_numpy(refined))
+        assert identifiable_attention_error(par, ends[batched], truth) < 1e-8
+    assert identifiable_attention_error(par, ends[True], ends[False]) < 1e-10
+
+
+def test_batched_heads_stop_each_on_its_own():
+    # one head starts at its truth: it stops at once and leaves the batch, the
+    # others go on; every head ends exact
+    X, Y, truth, _ = planted(400, 6, 6, 3, 2, 7, seed=4)
+    par = FactoredHeads(3, X.shape[2], 2)
+    start = truth + 0.05 * np.random.default_rng(5).normal(size=truth.size)
+    Q, K, V = par.factors(start)
+    Qt, Kt, Vt = par.factors(truth)
+    Q[1], K[1], V[1] = Qt[1], Kt[1], Vt[1]
+    start = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+    _, info = decoupled_refine(
+        X, Y, start, par, intercept_direction=_intercept_direction(X), batched=True
+    )
+    iterations = [head["n_iter"] for head in info["heads"]]
+    assert iterations[1] < min(iterations[0], iterations[2])
+    assert all(head["relative_residual"] < 1e-10 for head in info["heads"])

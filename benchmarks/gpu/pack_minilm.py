@@ -230,13 +230,15 @@ def random_case(folder, layer=0, heads=(0, 1), n_train=20000, n_test=2000, seed=
 
     The distribution of :func:`skattn.datasets.load_bert_attention` on the packed
     checkpoint; returns ``(teacher, X, X_test)`` as :func:`text_case` (training
-    sequences drawn with ``seed``, held-out ones with ``seed + 1``).
+    sequences drawn with ``seed``, held-out ones with ``seed + 1``; ``heads=None``:
+    all).
     """
     path = Path(folder) / MODEL
     k = _windows(folder)["train"].shape[1]
     full, dist = load_bert_attention(path, layer=layer, n_tokens=k)
     X = dist.sample(n_train, random_state=seed)
     X_test = dist.sample(n_test, random_state=seed + 1)
+    heads = range(full.n_heads) if heads is None else heads
     return restrict(full, heads, k), X, X_test
 
 

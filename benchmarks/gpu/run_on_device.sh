@@ -14,37 +14,52 @@
 #
 #     bash benchmarks/gpu/run_on_device.sh
 #
-# Results: $OUT/gpu.json, $OUT/gpu.md (the tables) and $OUT/gpu.log.
+# Results: $OUT/gpu.json and $OUT/gpu_long.json, their .md tables, and $OUT/gpu.log.
 #
-# Time: under 9 minutes in all: the CuPy check first (at most 30 s), then timeout
-# 500 s below (--max-total 470 skips a case that would end past 470 s).  A case
-# takes about 3 budgets (skattn, Adam, L-BFGS) plus its data (seconds on the
-# device) and the held-out evaluations: about 150 s at BUDGET=45, so three cases
-# fit, after about 20 s of imports and warm-up.  The default three: planted768
-# (BERT-base-sized), minilm3 (real text, all 12 heads) and minilm0 (layer 0, two
-# heads, 20000 sequences).  The others (planted64 planted128 planted256 minilm1
-# minilm2 minilm4 minilm5) do
-# not fit in the same call: run them three at a time, e.g.
+# Time: under 9 minutes in all.  The CuPy check first (at most 30 s), then the
+# cases of issue 49, skattn alone (the anchors beside it, torch Adam and L-BFGS,
+# were measured on the same GPU before: benchmarks/README.md; LEARNERS="skattn adam
+# lbfgs" runs them too, at three budgets a case):
+#   1. MiniLM layers 3, 1, 2, 4, 5 (real text, all 12 heads), BUDGET=60 s each
+#      (the issue asks <= 1e-6 within 60 s, layer 3 within 30 s);
+#   2. the BERT-base-sized planted layer and MiniLM layer 0 (all 12 heads, 20000
+#      random-token windows), in the time left (LONG_BUDGET, default 150 s each).
+# Each run is cut by timeout and --max-total (a case that would end past it is
+# skipped and listed as such), so the call ends before 540 s whatever happens.
+# Other cases (planted64 planted128 planted256 minilm0):
 #
-#     CASES="minilm1 minilm2 minilm4" bash benchmarks/gpu/run_on_device.sh
-#
-# or at BUDGET=60, two at a time.
+#     CASES="planted64 minilm0" LONG_CASES="" bash benchmarks/gpu/run_on_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${OUT:-/tmp/bench_gpu}
 DATA=${DATA:-gpu_pack}
-BUDGET=${BUDGET:-45}
-CASES=${CASES:-planted768 minilm3 minilm0}
+BUDGET=${BUDGET:-60}
+LONG_BUDGET=${LONG_BUDGET:-150}
+CASES=${CASES:-minilm3 minilm1 minilm2 minilm4 minilm5}
+LONG_CASES=${LONG_CASES:-planted768 minilm0all}
+LEARNERS=${LEARNERS:-skattn}
 DEVICE=${DEVICE:-cuda}  # cpu: the same plumbing on a machine without a GPU
 mkdir -p "$OUT"
 export SCIPY_ARRAY_API=1 PYTHONUNBUFFERED=1
+START=$SECONDS
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/gpu.log"
 # CuPy through the array API (the user guide's claim; CI has no GPU): seconds
 timeout 30 python3 -m pytest -q -p no:cacheprovider -rs tests/test_estimators_cupy.py \
     2>&1 | tail -n 5 | tee -a "$OUT/gpu.log"
-# shellcheck disable=SC2086  # CASES is a list of words
-timeout 500 python3 benchmarks/bench_gpu.py --device "$DEVICE" --data "$DATA" \
-    --budget "$BUDGET" --cases $CASES --max-total 470 --out "$OUT/gpu.json" \
-    2>&1 | tee -a "$OUT/gpu.log"
+# shellcheck disable=SC2086  # CASES and LEARNERS are lists of words
+if [ -n "$CASES" ]; then
+    left=$((520 - (SECONDS - START)))
+    timeout "$left" python3 benchmarks/bench_gpu.py --device "$DEVICE" --data "$DATA" \
+        --budget "$BUDGET" --cases $CASES --learners $LEARNERS \
+        --max-total $((left - 10)) --out "$OUT/gpu.json" 2>&1 | tee -a "$OUT/gpu.log"
+fi
+# shellcheck disable=SC2086
+if [ -n "$LONG_CASES" ]; then
+    left=$((520 - (SECONDS - START)))
+    timeout "$left" python3 benchmarks/bench_gpu.py --device "$DEVICE" --data "$DATA" \
+        --budget "$LONG_BUDGET" --cases $LONG_CASES --learners $LEARNERS \
+        --max-total $((left - 10)) --out "$OUT/gpu_long.json" 2>&1 | tee -a "$OUT/gpu.log"
+fi
+echo "# done in $((SECONDS - START)) s" | tee -a "$OUT/gpu.log"

@@ -199,6 +199,11 @@ def _draw_layer(
     n_tokens=None,
     sharpness=None,
     distribution="boolean",
+    causal=False,
+    rope=False,
+    rope_theta=10000.0,
+    rope_layout="half",
+    n_kv_heads=None,
 ):
     """The planted layer of :func:`make_attention_layer` (arguments validated).
 
@@ -210,8 +215,28 @@ def _draw_layer(
     that one draw); ``n_tokens`` is set on the layer.  ``sharpness`` targets (see
     :func:`_check_sharpness`) rescale the drawn heads on a sample of
     ``distribution`` of a generator of its own, so the draws from ``random_state``
-    are those of ``sharpness=None``.
+    are those of ``sharpness=None``.  ``causal``, ``rope`` and ``n_kv_heads``
+    plant a decoder layer (:func:`_draw_decoder`); without them the draws are
+    those of before.
     """
+    if causal or rope or n_kv_heads is not None:
+        return _draw_decoder(
+            n_heads,
+            n_features,
+            n_outputs=n_outputs,
+            attention_scale=attention_scale,
+            structure=structure,
+            rank=rank,
+            head_rank=head_rank,
+            random_state=random_state,
+            n_tokens=n_tokens,
+            sharpness=sharpness,
+            causal=causal,
+            rope=rope,
+            rope_theta=rope_theta,
+            rope_layout=rope_layout,
+            n_kv_heads=n_kv_heads,
+        )
     targets = _check_sharpness(sharpness, n_heads, n_tokens)
     if targets is not None and attention_scale == 0:
         raise ValueError(
@@ -270,6 +295,117 @@ def _draw_layer(
     return AttentionLayer(attention, projection, n_tokens=n_tokens, head_rank=head_rank)
 
 
+# The decoder options of a planted layer (make_attention_layer,
+# make_attention_regression).
+_DECODER_PARAMETERS = {
+    "causal": ["boolean"],
+    "rope": ["boolean"],
+    "rope_theta": [Interval(Real, 0, None, closed="neither")],
+    "rope_layout": [StrOptions({"half", "interleaved"})],
+    "n_kv_heads": [Interval(Integral, 1, None, closed="left"), None],
+}
+
+
+def _draw_decoder(
+    n_heads,
+    n_features,
+    *,
+    n_outputs,
+    attention_scale,
+    structure,
+    rank,
+    head_rank,
+    random_state,
+    n_tokens,
+    sharpness,
+    causal,
+    rope,
+    rope_theta,
+    rope_layout,
+    n_kv_heads,
+):
+    """A planted decoder layer: causal, rotary and/or grouped-query heads.
+
+    Query head i and its key/value head ``g = i // (n_heads / n_kv_heads)``:
+    ``Q_i``, ``K_g``, ``V_g`` of shape ``(d, head_rank)`` and ``O_i`` of shape
+    ``(head_rank, d_out)`` with i.i.d. ``N(0, 1)`` entries, ``Q_i`` scaled so
+    that ``||Q_i K_g^T||_F = attention_scale``, and ``W_i = V_g O_i / sqrt(
+    head_rank d)``.  With ``rope`` the logits are rotary, ``Q_i R K_g^T``
+    (``rotary_query``, ``rotary_key``; ``attention`` zero), else ``Theta_i =
+    Q_i K_g^T``.  Only ``causal`` (no ``rope``, no ``n_kv_heads``) keeps the
+    draws of the position-free layer and masks it.
+    """
+    if sharpness is not None:
+        raise ValueError(
+            "sharpness is measured on unmasked, position-free heads; it cannot be "
+            "planted with causal=True, rope=True or n_kv_heads."
+        )
+    if not rope and n_kv_heads is None:  # the position-free draws, masked
+        layer = _draw_layer(
+            n_heads,
+            n_features,
+            n_outputs=n_outputs,
+            attention_scale=attention_scale,
+            structure=structure,
+            rank=rank,
+            head_rank=head_rank,
+            random_state=random_state,
+            n_tokens=n_tokens,
+        )
+        return layer.set_params(causal=True)
+    what = "rope=True" if rope else f"n_kv_heads={n_kv_heads}"
+    if head_rank is None:
+        raise ValueError(
+            f"{what} needs head_rank: the head dimension that the rotation acts on "
+            f"and the groups of query heads share."
+        )
+    if structure != "random" or rank is not None:
+        raise ValueError(
+            f"{what} plants heads Q_i K_g^T of rank head_rank; it cannot be combined "
+            f"with structure={structure!r} or rank={rank}."
+        )
+    m, d, r = n_heads, n_features, head_rank
+    d_out = d if n_outputs is None else n_outputs
+    if r > min(d, d_out):
+        raise ValueError(
+            f"head_rank={r} exceeds min(n_features, n_outputs) = {min(d, d_out)}."
+        )
+    if rope and r % 2:
+        raise ValueError(
+            f"rope=True rotates pairs of dimensions: head_rank={r} must be even."
+        )
+    m_kv = m if n_kv_heads is None else n_kv_heads
+    if m % m_kv:
+        raise ValueError(
+            f"n_kv_heads={m_kv} does not divide n_heads={m}: each group of "
+            f"n_heads / n_kv_heads query heads shares one key/value head."
+        )
+    rng = _as_generator(random_state)
+    group = np.arange(m) // (m // m_kv)
+    query = rng.standard_normal((m, d, r))
+    key = rng.standard_normal((m_kv, d, r))
+    value = rng.standard_normal((m_kv, d, r))
+    output = rng.standard_normal((m, r, d_out))
+    products = query @ np.swapaxes(key[group], 1, 2)
+    norms = np.linalg.norm(products.reshape(m, -1), axis=1)
+    query *= (attention_scale / norms)[:, None, None]
+    projection = value[group] @ output / np.sqrt(r * d)
+    params = {"causal": bool(causal), "n_kv_heads": n_kv_heads}
+    if rope:
+        attention = np.zeros((m, d, d))
+        params.update(
+            rotary_query=query,
+            rotary_key=key,
+            rope_theta=float(rope_theta),
+            rope_layout=rope_layout,
+        )
+    else:
+        attention = query @ np.swapaxes(key[group], 1, 2)
+    return AttentionLayer(
+        attention, projection, n_tokens=n_tokens, head_rank=head_rank, **params
+    )
+
+
 @validate_params(
     {
         "n_heads": [Interval(Integral, 1, None, closed="left")],
@@ -283,6 +419,7 @@ def _draw_layer(
         "distribution": [StrOptions({"boolean", "gaussian"}), TokenDistribution],
         "sharpness": "no_validation",  # checked by _check_sharpness
         "random_state": ["random_state", np.random.Generator],
+        **_DECODER_PARAMETERS,
     },
     prefer_skip_nested_validation=True,
 )
@@ -299,6 +436,11 @@ def make_attention_layer(
     distribution="boolean",
     sharpness=None,
     random_state=None,
+    causal=False,
+    rope=False,
+    rope_theta=10000.0,
+    rope_layout="half",
+    n_kv_heads=None,
 ):
     """Plant a random multi-head attention layer.
 
@@ -358,6 +500,23 @@ default="boolean"
         scale.  ``None``: no rescaling.
     random_state : int, RandomState instance, Generator or None, default=None
         Seed of the parameters.
+    causal : bool, default=False
+        Plant a decoder (causal) layer: token l attends to tokens ``a <= l``.
+        Alone, the heads are drawn as without it.
+    rope : bool, default=False
+        Rotary position embeddings on the heads (``head_rank`` required, even):
+        head i's logit is ``x_l^T Q_i R((a - l) omega) K_g^T x_a`` (see
+        :class:`~skattn.AttentionLayer`'s ``rotary_query``), ``attention`` zero,
+        ``Q_i`` scaled so that ``||Q_i K_g^T||_F = attention_scale`` (the logit
+        scale at relative position 0).
+    rope_theta : float, default=10000.0
+        The RoPE base.
+    rope_layout : {"half", "interleaved"}, default="half"
+        Which dimensions pair up (``rotate_half`` or GPT-J's interleaving).
+    n_kv_heads : int, default=None
+        Grouped-query heads (``head_rank`` required): consecutive groups of
+        ``n_heads / n_kv_heads`` query heads share one key map ``K_g`` and one
+        value map ``V_g`` (``W_i = V_g O_i``).  ``None``: every head its own.
 
     Returns
     -------
@@ -373,7 +532,9 @@ default="boolean"
         a sequence of them has not ``n_heads`` entries, ``n_tokens`` is not given
         with it, ``attention_scale=0``, or a head cannot reach its target (its
         rows' largest logits tie, e.g. repeated Boolean tokens with few
-        features).
+        features); or if ``rope`` or ``n_kv_heads`` come without ``head_rank``,
+        with ``sharpness``, ``structure`` or ``rank``, with an odd ``head_rank``
+        (``rope``) or with ``n_kv_heads`` not dividing ``n_heads``.
 
     See Also
     --------
@@ -422,6 +583,14 @@ default="boolean"
     >>> measured = sharpness_profile(sharp, X).median_largest_weight
     >>> bool(np.all(np.abs(measured - [0.99, 0.5]) < 0.01))
     True
+
+    A causal layer with rotary positions, 8 query heads sharing 2 key/value
+    heads:
+
+    >>> dec = make_attention_layer(8, 64, head_rank=16, causal=True, rope=True,
+    ...                            n_kv_heads=2, random_state=0)
+    >>> dec.rotary_query.shape, dec.rotary_key.shape
+    ((8, 64, 16), (2, 64, 16))
     """
     return _draw_layer(
         n_heads,
@@ -435,6 +604,11 @@ default="boolean"
         n_tokens=n_tokens,
         sharpness=sharpness,
         distribution=distribution,
+        causal=causal,
+        rope=rope,
+        rope_theta=rope_theta,
+        rope_layout=rope_layout,
+        n_kv_heads=n_kv_heads,
     )
 
 
@@ -457,7 +631,11 @@ _REGRESSION_PARAMETERS = {
 
 
 @validate_params(
-    {**_REGRESSION_PARAMETERS, "sharpness": "no_validation"},  # _check_sharpness
+    {
+        **_REGRESSION_PARAMETERS,
+        **_DECODER_PARAMETERS,
+        "sharpness": "no_validation",  # _check_sharpness
+    },
     prefer_skip_nested_validation=True,
 )
 def make_attention_regression(
@@ -475,6 +653,11 @@ def make_attention_regression(
     sharpness=None,
     random_state=None,
     return_layer=False,
+    causal=False,
+    rope=False,
+    rope_theta=10000.0,
+    rope_layout="half",
+    n_kv_heads=None,
 ):
     """Regression examples ``(X, F(X) + noise)`` of a planted attention layer.
 
@@ -527,6 +710,18 @@ def make_attention_regression(
         Seed of the layer, the inputs and the noise.
     return_layer : bool, default=False
         Also return the planted layer.
+    causal : bool, default=False
+        A causal (decoder) layer (see :func:`make_attention_layer`).
+    rope : bool, default=False
+        Rotary positions (``head_rank`` required; see
+        :func:`make_attention_layer`).
+    rope_theta : float, default=10000.0
+        The RoPE base.
+    rope_layout : {"half", "interleaved"}, default="half"
+        Which dimensions pair up.
+    n_kv_heads : int, default=None
+        Grouped-query heads: groups of ``n_heads / n_kv_heads`` query heads
+        share a key and a value map (``head_rank`` required).
 
     Returns
     -------
@@ -573,11 +768,19 @@ def make_attention_regression(
         n_tokens=n_tokens,
         sharpness=sharpness,
         distribution=distribution,
+        causal=causal,
+        rope=rope,
+        rope_theta=rope_theta,
+        rope_layout=rope_layout,
+        n_kv_heads=n_kv_heads,
     )
     dist = resolve_distribution(distribution, n_tokens, n_features)
     X = dist.sample(n_samples, random_state=rng)
     y = forward(
-        X.reshape(n_samples, n_tokens, n_features), layer.attention, layer.projection
+        X.reshape(n_samples, n_tokens, n_features),
+        layer.attention,
+        layer.projection,
+        **layer._decoder(),
     ).reshape(n_samples, -1)
     if noise > 0:
         y = y + noise * rng.standard_normal(y.shape)

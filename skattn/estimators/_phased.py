@@ -14,6 +14,11 @@ from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 
 from ..datasets import BooleanTokens
 from ..diagnostics import certify
+from ..metrics._identifiability import (
+    IdentifiabilityWarning,
+    data_verdict,
+    describe_verdict,
+)
 from ..phased import phased_fit
 from ..phased._model_selection import split_indices
 from ..phased._options import PARAMETERS, PhasedOptions
@@ -21,6 +26,7 @@ from ..solvers import balanced_factors
 from ..utils._array_api import device, namespace, to_namespace, to_numpy
 from ..utils._batches import TokenBatches, check_sources, map_reduce_batches
 from ..utils._validation import all_or_nothing, is_foreign_array
+from ..utils._warnings import warn_at_caller
 from ._base import BaseAttentionRegressor
 
 # Held-out examples that n_heads="auto" needs: its paired test compares the
@@ -296,6 +302,13 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     phase_report_ : list of PhaseReport
         One record per phase (and per round of phases 2-4): what it saw, decided
         and handed on, and its wall time.
+    data_verdict_ : dict
+        :func:`skattn.metrics.data_verdict` of the training data, counted before
+        the fit: ``determined``, equations against unknowns, rows of attention
+        against the rows a head needs to pin its logits, per head ``pinned``,
+        and ``samples_needed``.  When the data cannot determine the layer, the
+        fit warns at once (:class:`~skattn.metrics.IdentifiabilityWarning`), before
+        its long work, and goes on.
     hull_point_ : ndarray of shape (n_features_per_token, n_features_per_token)
         A point of the estimated affine hull of the Theta_i (``None`` when
         ``n_heads="auto"`` and phases 2-4 certified too few rows).
@@ -523,6 +536,18 @@ n_features_per_token)
         tags.array_api_support = True
         return tags
 
+    def _data_verdict(self, X3, Y3, weights):
+        """:func:`~skattn.metrics.data_verdict` of the fit's data: the sequences
+        of positive weight, the model's tokens (``[x, 1]`` with an intercept),
+        ``n_heads`` (1 for ``"auto"``: a lower bound) and ``head_rank``."""
+        n = X3.shape[0]
+        if weights is not None:
+            n = int(np.count_nonzero(to_numpy(weights) > 0))
+        m = 1 if self.n_heads == "auto" else self.n_heads
+        return data_verdict(
+            n, X3.shape[1], X3.shape[2], Y3.shape[2], m, head_rank=self.head_rank
+        )
+
     @_fit_context(prefer_skip_nested_validation=True)
     @all_or_nothing
     def fit(self, X, y, sample_weight=None):
@@ -588,6 +613,14 @@ n_features_per_token)
             )
         if self.n_heads == "auto" and self.n_tokens_ > 1:
             _check_auto_samples(X3.shape[0], self.validation_fraction)
+        verdict = self._data_verdict(X3, Y3, weights)
+        if not verdict["determined"]:  # said at once, before the long work
+            warn_at_caller(
+                describe_verdict(verdict)
+                + " The fit goes on; its heads are recorded as not pinned by this "
+                "data (data_verdict_).",
+                IdentifiabilityWarning,
+            )
         options = PhasedOptions.from_params(
             **{name: getattr(self, name) for name in PARAMETERS}
         )
@@ -605,6 +638,7 @@ n_features_per_token)
             raise KeyboardInterrupt(_interrupted(self.memory, resumable)) from None
         self.phase_report_ = info["reports"]
         self.n_heads_, self.n_iter_ = info["n_heads"], info["n_iter"]
+        self.data_verdict_ = verdict
         self.projection_sum_ = info["projection_sum"]
         self.hull_point_ = info["hull_point"]
         self.hull_directions_ = info["hull_directions"]

@@ -7,9 +7,16 @@ intercept):
   transformer, with its converters to and from query/key/value/output
   projections, torch modules and checkpoints (``from_projections``,
   ``from_torch``, ``to_torch``; torch imported lazily);
+* decoder layers: a causal mask, rotary position embeddings (RoPE, "half" and
+  "interleaved" layouts) and grouped-query heads (``causal``, ``rotary_query``,
+  ``rotary_key``, ``rope_theta``, ``rope_layout``, ``n_kv_heads``), their math
+  in the private module ``skattn.layer._positions``, and transformers'
+  GPT-2, Llama, Mistral and Qwen2 attention modules in and out
+  (``from_torch`` / ``to_torch(module=...)``; the maps, on arrays and
+  ``config.json`` dictionaries, in ``skattn.layer._hf``);
 * :func:`as_layer`, the one coercion of a layer or a fitted estimator;
-* ``check_layer_parameters`` and ``check_layer_biases``, the validation of the
-  parameter arrays;
+* ``check_layer_parameters``, ``check_layer_biases`` and
+  ``check_decoder_parameters``, the validation of the parameter arrays;
 * the math of F as pure functions on arrays (softmax, logits, patterns, per-head
   features, the forward pass, the loss gradient, the balanced low-rank factors
   of each head's matrices and the separation of the heads) in the private module
@@ -18,6 +25,9 @@ intercept):
 
 from ._attention_layer import (
     AttentionLayer,
+)
+from ._attention_layer import (
+    check_decoder_parameters as check_decoder_parameters,
 )
 from ._attention_layer import (
     check_layer_biases as check_layer_biases,

@@ -1,11 +1,11 @@
 """AttentionLayer: a fixed (planted or learned) multi-head attention layer."""
 
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.utils import check_array
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..utils._validation import (
@@ -17,6 +17,7 @@ from ..utils._validation import (
 )
 from ._convert import projections_to_parameters
 from ._math import attention_patterns, balanced_factors, forward
+from ._positions import LAYOUTS, Rotary
 
 
 def check_layer_parameters(attention, projection):
@@ -115,6 +116,93 @@ def check_layer_biases(key_bias, intercept, n_heads, n_features, n_outputs):
     return key_bias, intercept
 
 
+def check_decoder_parameters(
+    rotary_query, rotary_key, n_kv_heads, n_heads, n_features, rope_theta=10000.0
+):
+    """Validate the rotary maps and the key/value heads of a decoder layer.
+
+    ``rotary_query`` ``(n_heads, n_features [+ 1], r)`` and ``rotary_key``
+    ``(n_kv_heads, n_features [+ 1], r)``, both or neither (``None``); ``r`` even;
+    ``n_kv_heads`` (``None``: ``rotary_key``'s heads, else ``n_heads``) dividing
+    ``n_heads``.  Returns ``(rotary_query, rotary_key, n_kv_heads)``, the arrays
+    as float64 with ``n_features + 1`` rows (a zero bias row added).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> P, K, g = check_decoder_parameters(np.ones((4, 3, 2)), np.ones((2, 3, 2)),
+    ...                                    None, 4, 3)
+    >>> P.shape, K.shape, g
+    ((4, 4, 2), (2, 4, 2), 2)
+    """
+    if n_kv_heads is not None and (
+        isinstance(n_kv_heads, bool)
+        or not isinstance(n_kv_heads, Integral)
+        or n_kv_heads < 1
+    ):
+        raise ValueError(f"n_kv_heads must be a positive integer, got {n_kv_heads!r}.")
+    if (rotary_query is None) != (rotary_key is None):
+        given = "rotary_query" if rotary_key is None else "rotary_key"
+        raise ValueError(
+            f"{given} is given without "
+            f"{'rotary_key' if rotary_key is None else 'rotary_query'}: a rotary "
+            f"layer needs both (the query and key maps of its rotated dimensions)."
+        )
+    if rotary_query is not None:
+        rope_theta = float(rope_theta)
+        if not (np.isfinite(rope_theta) and rope_theta > 0):
+            raise ValueError(
+                f"rope_theta must be a positive number, got {rope_theta!r}."
+            )
+        rotary_query = _rotary_map(rotary_query, "rotary_query", n_features)
+        rotary_key = _rotary_map(rotary_key, "rotary_key", n_features)
+        if rotary_query.shape[0] != n_heads:
+            raise ValueError(
+                f"rotary_query has {rotary_query.shape[0]} heads but the layer has "
+                f"n_heads={n_heads}; rotary_query must have shape (n_heads, "
+                f"n_features [+ 1], rotary_dim)."
+            )
+        r = rotary_query.shape[2]
+        if rotary_key.shape[2] != r:
+            raise ValueError(
+                f"rotary_key has rotary dimension {rotary_key.shape[2]} but "
+                f"rotary_query has {r}; both rotate the same dimensions."
+            )
+        if r % 2:
+            raise ValueError(
+                f"the rotary dimension (last axis of rotary_query) is {r}, odd: RoPE "
+                f"rotates pairs of dimensions, so it must be even."
+            )
+        if n_kv_heads is None:
+            n_kv_heads = rotary_key.shape[0]
+        elif rotary_key.shape[0] != n_kv_heads:
+            raise ValueError(
+                f"rotary_key has {rotary_key.shape[0]} heads but n_kv_heads="
+                f"{n_kv_heads}; rotary_key must have shape (n_kv_heads, ...)."
+            )
+    if n_kv_heads is not None and n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}: each group "
+            f"of n_heads / n_kv_heads query heads shares one key/value head."
+        )
+    return rotary_query, rotary_key, n_kv_heads
+
+
+def _rotary_map(value, name, n_features):
+    """A finite float64 ``(heads, n_features + 1, r)`` array (bias row added)."""
+    arr = np.asarray(value, dtype=float)
+    if arr.ndim != 3 or arr.shape[1] not in (n_features, n_features + 1):
+        raise ValueError(
+            f"{name} must have shape (heads, {n_features} or {n_features + 1}, "
+            f"rotary_dim) (the map of the features, and optionally a bias row), "
+            f"got {arr.shape}."
+        )
+    check_finite(arr, name)
+    if arr.shape[1] == n_features:
+        arr = np.concatenate([arr, np.zeros((arr.shape[0], 1, arr.shape[2]))], axis=1)
+    return arr
+
+
 class AttentionLayer(TransformerMixin, BaseEstimator):
     """A multi-head attention layer ``F(X) = sum_i softmax(X Theta_i X^T) X W_i``.
 
@@ -150,6 +238,35 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         (numerically: singular values above ``1e-8`` times the largest of the
         stack) and raise a ValueError naming the ranks otherwise, and
         :meth:`factors` returns factors of that size.  ``None``: full rank.
+    causal : bool, default=False
+        Decoder (causal) attention: token l attends to the tokens ``a <= l``
+        only.
+    rotary_query : array-like of shape (n_heads, n_features [+ 1], rotary_dim), \
+default=None
+        Rotary position embeddings (RoPE): head i's logit between query token l
+        and key token a gains ``q_i(l)^T R((a - l) omega) k_g(a)`` with ``q_i(l)
+        = P_i^T [x_l; 1]`` (``P_i = rotary_query[i]``, the logit scale folded
+        in; a last row, when present, is the query bias), ``k_g(a)`` likewise
+        from ``rotary_key[g]``, and ``R`` the rotation of the pairs of rotated
+        dimensions by the angles ``(a - l) rope_theta^(-2p / rotary_dim)``
+        (:mod:`skattn.layer._positions`).  The position-free ``attention`` and
+        ``key_bias`` still add to the logits (the dimensions a partial rotary
+        layer does not rotate; zeros for Llama).  ``None``: no positions.
+    rotary_key : array-like of shape (n_kv_heads, n_features [+ 1], rotary_dim), \
+default=None
+        The key maps ``K_g`` of the rotated dimensions; query head i uses key
+        head ``g = i // (n_heads / n_kv_heads)``.  Given with ``rotary_query``.
+    rope_theta : float, default=10000.0
+        The RoPE base (transformers' ``rope_theta``).
+    rope_layout : {"half", "interleaved"}, default="half"
+        Which dimensions pair up: ``(p, p + rotary_dim / 2)`` (Llama, Qwen2,
+        Mistral: ``rotate_half``) or ``(2p, 2p + 1)`` (GPT-J).
+    n_kv_heads : int, default=None
+        Key/value heads of grouped-query attention: consecutive groups of
+        ``n_heads / n_kv_heads`` query heads share one key and one value head.
+        ``None``: ``rotary_key``'s heads, else ``n_heads``.  The products
+        ``attention`` and ``projection`` need not show the sharing; :meth:`to_torch`
+        into a transformers module factors them with shared heads.
 
     Attributes
     ----------
@@ -163,6 +280,8 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
     skattn.datasets.make_attention_layer : plant a random layer.
     AttentionLayer.from_torch : a layer from ``torch.nn.MultiheadAttention``.
     AttentionLayer.from_projections : a layer from raw (checkpoint) weights.
+    skattn.layer._positions : the math of rotary positions, masks and shared
+        key heads.
 
     Examples
     --------
@@ -181,6 +300,12 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         "key_bias": ["array-like", None],
         "intercept": ["array-like", None],
         "head_rank": [Interval(Integral, 1, None, closed="left"), None],
+        "causal": ["boolean"],
+        "rotary_query": ["array-like", None],
+        "rotary_key": ["array-like", None],
+        "rope_theta": [Interval(Real, 0, None, closed="neither")],
+        "rope_layout": [StrOptions(set(LAYOUTS))],
+        "n_kv_heads": [Interval(Integral, 1, None, closed="left"), None],
     }
 
     def __init__(
@@ -192,6 +317,12 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         key_bias=None,
         intercept=None,
         head_rank=None,
+        causal=False,
+        rotary_query=None,
+        rotary_key=None,
+        rope_theta=10000.0,
+        rope_layout="half",
+        n_kv_heads=None,
     ):
         self.attention = attention
         self.projection = projection
@@ -199,6 +330,12 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         self.key_bias = key_bias
         self.intercept = intercept
         self.head_rank = head_rank
+        self.causal = causal
+        self.rotary_query = rotary_query
+        self.rotary_key = rotary_key
+        self.rope_theta = rope_theta
+        self.rope_layout = rope_layout
+        self.n_kv_heads = n_kv_heads
 
     def _parameters(self):
         """Validated ``(attention, projection, key_bias, intercept)``."""
@@ -208,11 +345,46 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         )
         return attention, projection, key_bias, intercept
 
+    def _decoder(self, attention=None):
+        """The validated decoder keywords of the math (``causal``, ``rotary``):
+        ``{}`` for a position-free, unmasked layer."""
+        if attention is None:
+            attention = self._parameters()[0]
+        m, d = attention.shape[:2]
+        if self.causal not in (True, False):  # numpy booleans too
+            raise ValueError(f"causal must be True or False, got {self.causal!r}.")
+        if self.rope_layout not in LAYOUTS:
+            raise ValueError(
+                f"rope_layout must be one of {list(LAYOUTS)}, got {self.rope_layout!r}."
+            )
+        query, key, _ = check_decoder_parameters(
+            self.rotary_query, self.rotary_key, self.n_kv_heads, m, d, self.rope_theta
+        )
+        decoder = {}
+        if self.causal:
+            decoder["causal"] = True
+        if query is not None:
+            decoder["rotary"] = Rotary(
+                query, key, float(self.rope_theta), self.rope_layout
+            )
+        return decoder
+
     def _arrays(self):
         """What metrics and diagnostics compute with: the validated ``(attention,
         projection, key_bias, intercept, n_tokens)``, zero biases where absent and
-        ``n_tokens_`` once fitted (else ``n_tokens``)."""
+        ``n_tokens_`` once fitted (else ``n_tokens``).
+
+        A causal or rotary layer raises a ValueError: what computes with these
+        arrays alone would miss its mask and positions."""
         attention, projection, key_bias, intercept = self._parameters()
+        decoder = self._decoder(attention)
+        if decoder:
+            raise ValueError(
+                f"this is a decoder layer ({' and '.join(sorted(decoder))}): its "
+                f"function is not attention and projection alone, and this part of "
+                f"skattn supports position-free, unmasked layers only; use "
+                f"transform / attention_patterns."
+            )
         m, d, d_out = projection.shape
         return (
             attention,
@@ -303,19 +475,28 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
 
     @classmethod
     def from_torch(cls, module, *, n_tokens=None):
-        """The layer computed by a ``torch.nn.MultiheadAttention``, exactly.
+        """The layer computed by a torch attention module, exactly.
 
-        ``module(x, x, x, need_weights=False)[0]`` equals ``transform`` of this
-        layer (in eval mode: dropout is a training-time perturbation and is not
-        part of the function).  ``batch_first`` only changes the tensor layout
-        and is handled by the caller; the layer always takes
+        For a ``torch.nn.MultiheadAttention``, ``module(x, x, x,
+        need_weights=False)[0]`` equals ``transform`` of this layer (in eval
+        mode: dropout is a training-time perturbation and is not part of the
+        function).  For transformers' decoder attention modules
+        (``GPT2Attention``, ``LlamaAttention``, ``MistralAttention``,
+        ``Qwen2Attention``), the module's output on the hidden states entering
+        it, with its causal mask and its rotary positions, equals ``transform``
+        (a causal layer; RoPE in ``rotary_query`` / ``rotary_key``, grouped-query
+        heads in ``n_kv_heads``; see :mod:`skattn.layer._hf`).  What the layer
+        does not represent (sliding windows, RoPE scalings, soft-capping,
+        cross-attention, attention sinks, ...) is a one-line ValueError naming
+        it.  ``batch_first`` only changes the tensor layout and is handled by
+        the caller; the layer always takes
         ``(n_samples, n_tokens, n_features)``.  A module returned by
         :meth:`to_torch` is converted back as well.  Requires torch
         (``pip install "skattn[torch]"``).
 
         Parameters
         ----------
-        module : torch.nn.MultiheadAttention
+        module : torch.nn.MultiheadAttention or transformers attention module
             With or without bias.  ``add_bias_kv=True``, ``add_zero_attn=True`` and
             ``kdim``/``vdim`` different from ``embed_dim`` are not supported (a
             ValueError names the option); masks are arguments of the module's
@@ -341,8 +522,26 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         >>> bool(abs(diff).max() < 1e-12)
         True
         """
-        from ._torch import torch_parameters
+        from ._torch import hf_architecture, hf_module_parameters, torch_parameters
 
+        if hf_architecture(module) is not None:
+            return cls(**hf_module_parameters(module), n_tokens=n_tokens)
+        if type(module).__module__.startswith("transformers"):
+            raise ValueError(
+                f"unsupported transformers module {type(module).__name__}; "
+                f"supported: GPT2Attention, LlamaAttention, MistralAttention, "
+                f"Qwen2Attention (and torch.nn.MultiheadAttention)."
+            )
+        decoder = {}
+        if getattr(module, "causal", False):
+            decoder["causal"] = True
+        if getattr(module, "rotary_query", None) is not None:
+            decoder.update(
+                rotary_query=module.rotary_query.detach().cpu().double().numpy(),
+                rotary_key=module.rotary_key.detach().cpu().double().numpy(),
+                rope_theta=module.rope_theta,
+                rope_layout=module.rope_layout,
+            )
         attention, projection, key_bias, intercept = torch_parameters(module)
         bias_free = not (np.any(key_bias) or np.any(intercept))
         if bias_free and getattr(module, "in_proj_bias", 0) is None:
@@ -353,6 +552,7 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             n_tokens=n_tokens,
             key_bias=key_bias,
             intercept=intercept,
+            **decoder,
         )
 
     def to_torch(self, *, batch_first=True, dtype=None, module="auto"):
@@ -363,10 +563,18 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         <= head_dim`` and ``rank W_i <= head_dim``, ``head_dim = n_features /
         n_heads``) the result is a standard ``torch.nn.MultiheadAttention`` (with
         bias, in eval mode): call it as ``mha(x, x, x, need_weights=False)[0]``.
-        Otherwise it is a small skattn ``torch.nn.Module`` holding ``attention``,
-        ``projection``, ``key_bias`` and ``intercept`` as parameters, called the
-        same way (self-attention only; masks raise a ValueError).  Requires
-        torch (``pip install "skattn[torch]"``).
+        Otherwise (and for every causal or rotary layer) it is a small skattn
+        ``torch.nn.Module`` holding ``attention``, ``projection``, ``key_bias``,
+        ``intercept`` (and ``rotary_query``, ``rotary_key``) as parameters,
+        called the same way (self-attention only; masks raise a ValueError: a
+        causal layer masks itself).  Given a transformers ``GPT2Attention``,
+        ``LlamaAttention``, ``MistralAttention`` or ``Qwen2Attention`` module,
+        the layer is written into it, in place, in its own tensor names and
+        layout (``strict`` ``load_state_dict``), so that the module computes the
+        layer; a layer the module cannot hold (not causal, other positions or
+        head counts, heads above its head dimension, biases it lacks) is a
+        ValueError naming the reason.  Requires torch (``pip install
+        "skattn[torch]"``).
 
         Parameters
         ----------
@@ -375,8 +583,10 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             features)`` when True, ``(tokens, batch, features)`` when False.
         dtype : torch.dtype, default=None
             ``None`` is ``torch.float64``.
-        module : {"auto", "skattn"}, default="auto"
-            ``"skattn"`` always returns skattn's module.
+        module : {"auto", "skattn"} or transformers attention module, \
+default="auto"
+            ``"skattn"`` always returns skattn's module; a transformers module
+            is written into (``batch_first`` and ``dtype`` are then its own).
 
         Returns
         -------
@@ -400,12 +610,21 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         >>> type(full.to_torch()).__name__
         'AttentionLayerModule'
         """
-        from ._torch import import_torch, parameters_to_torch
+        from ._torch import hf_architecture, hf_write, import_torch, parameters_to_torch
 
         torch = import_torch()
+        if not isinstance(module, str):
+            if hf_architecture(module) is None:
+                raise TypeError(
+                    f"module must be 'auto', 'skattn' or a transformers GPT-2, "
+                    f"Llama, Mistral or Qwen2 attention module, got "
+                    f"{type(module).__name__}."
+                )
+            return hf_write(self, module)
         if module not in ("auto", "skattn"):
             raise ValueError(f'module must be "auto" or "skattn", got {module!r}.')
         attention, projection, key_bias, intercept = self._parameters()
+        decoder = self._decoder(attention)
         m, d, d_out = projection.shape
         return parameters_to_torch(
             attention,
@@ -415,6 +634,7 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             batch_first=batch_first,
             dtype=torch.float64 if dtype is None else dtype,
             force_module=module == "skattn",
+            **decoder,
         )
 
     def factors(self):
@@ -424,7 +644,9 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         values split evenly between the two factors of the SVD) and of the
         declared ``head_rank`` (``None``: full, ``min`` of the shapes).  Factors
         are defined only up to an invertible ``r x r`` gauge; the products are
-        the layer.
+        the layer.  Of a rotary layer, ``Q`` and ``K`` factor the position-free
+        ``attention`` only: the rotated maps are ``rotary_query`` and
+        ``rotary_key``.
 
         Returns
         -------
@@ -526,6 +748,7 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
             left as they were.
         """
         attention, projection, _, _ = self._parameters()
+        self._decoder(attention)
         self._check_head_rank(attention, projection)
         X3 = self._sequences(X, reset=True)
         self.n_tokens_ = X3.shape[1]
@@ -544,8 +767,16 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         Y : ndarray of shape (n_samples, n_tokens * n_outputs)
         """
         attention, projection, key_bias, intercept = self._parameters()
+        decoder = self._decoder(attention)
         X3 = self._sequences(X, reset=False)
-        Y = forward(X3, attention, projection, key_bias=key_bias, intercept=intercept)
+        Y = forward(
+            X3,
+            attention,
+            projection,
+            key_bias=key_bias,
+            intercept=intercept,
+            **decoder,
+        )
         check_no_overflow(
             Y, "transform", X=X3, attention=attention, projection=projection
         )
@@ -604,11 +835,13 @@ class AttentionLayer(TransformerMixin, BaseEstimator):
         -------
         patterns : ndarray of shape (n_samples, n_heads, n_tokens, n_tokens)
             Row l of head i is the distribution softmax_a(x_l^T Theta_i x_a +
-            u_i^T x_a).
+            u_i^T x_a) (plus the rotary logits and the causal mask of a decoder
+            layer).
         """
         attention, _, key_bias, _ = self._parameters()
+        decoder = self._decoder(attention)
         X3 = self._sequences(X, reset=False)
-        patterns = attention_patterns(X3, attention, key_bias)
+        patterns = attention_patterns(X3, attention, key_bias, **decoder)
         return check_no_overflow(
             patterns, "attention_patterns", X=X3, attention=attention
         )

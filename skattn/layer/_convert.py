@@ -222,11 +222,13 @@ def _range_basis(columns, max_rank):
     return U[:, :rank]
 
 
-def parameters_to_projections(attention, projection, key_bias, intercept, n_heads):
+def parameters_to_projections(
+    attention, projection, key_bias, intercept, n_heads, scale=None
+):
     """Weights of a standard multi-head attention with head_dim = d / n_heads.
 
-    The inverse of :func:`projections_to_parameters` (with ``scale = 1 /
-    sqrt(head_dim)``), up to the gauge of each head's factorisation: head ``i``
+    The inverse of :func:`projections_to_parameters` (with ``scale``, ``None``:
+    ``1 / sqrt(head_dim)``), up to the gauge of each head's factorisation: head ``i``
     needs ``rank [Theta_i^T, u_i] <= head_dim`` and ``rank W_i <= head_dim``, and
     the output width must equal the input width ``d``.
 
@@ -254,7 +256,8 @@ def parameters_to_projections(attention, projection, key_bias, intercept, n_head
     if d % m:
         return None, f"n_heads={m} does not divide n_features={d}"
     head_dim = d // m
-    scale = 1.0 / np.sqrt(head_dim)
+    if scale is None:
+        scale = 1.0 / np.sqrt(head_dim)
     query = np.zeros((m, head_dim, d))
     key = np.zeros((m, head_dim, d))
     query_bias = np.zeros((m, head_dim))

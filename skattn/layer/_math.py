@@ -36,6 +36,7 @@ from ..utils._array_api import (
     is_out_of_memory,
     namespace,
 )
+from ._positions import mask_logits, rotary_logits
 
 
 def softmax(logits, axis=-1):
@@ -170,11 +171,16 @@ def _halving(size, attempt):
             size = max(1, size // 2)
 
 
-def attention_logits(X, attention, key_bias=None):
+def attention_logits(
+    X, attention, key_bias=None, *, causal=False, rotary=None, key_mask=None
+):
     """Logits ``X Theta_i X^T + 1 (X u_i)^T``: ``(n, k, d), (m, d, d) -> (n, m, k, k)``.
 
     ``key_bias`` (m, d), when given, adds ``u_i^T x_a`` to every row's logit of key
     token ``a`` (the query bias of a real layer, mapped through the key weights).
+    The decoder terms of :mod:`skattn.layer._positions`: ``rotary`` (a
+    :class:`~skattn.layer._positions.Rotary`) adds the rotary logits, ``causal``
+    and ``key_mask`` (n, k) mask keys (the most negative float).
 
     Examples
     --------
@@ -189,13 +195,16 @@ def attention_logits(X, attention, key_bias=None):
     if key_bias is not None:
         # u_i^T x_a, the same for every query row l
         logits += _einsum(xp, "nad,md->nma", X, key_bias)[:, :, None, :]
-    return logits
+    if rotary is not None:
+        logits = logits + rotary_logits(X, rotary)
+    return mask_logits(logits, causal, key_mask)
 
 
-def attention_patterns(X, attention, key_bias=None):
+def attention_patterns(X, attention, key_bias=None, **decoder):
     """Row-stochastic patterns ``softmax(X Theta_i X^T + 1 (X u_i)^T)``.
 
-    Shape ``-> (n, m, k, k)``; ``key_bias`` as in :func:`attention_logits`.
+    Shape ``-> (n, m, k, k)``; ``key_bias`` and the ``decoder`` keywords
+    (``causal``, ``rotary``, ``key_mask``) as in :func:`attention_logits`.
 
     Examples
     --------
@@ -204,11 +213,14 @@ def attention_patterns(X, attention, key_bias=None):
     array([[0.5, 0.5],
            [0.5, 0.5]])
     """
-    return softmax(attention_logits(X, attention, key_bias), axis=-1)
+    return softmax(attention_logits(X, attention, key_bias, **decoder), axis=-1)
 
 
-def head_features(X, attention, patterns=None, key_bias=None):
+def head_features(X, attention, patterns=None, key_bias=None, **decoder):
     """Per-head token features ``S_i X``: ``-> (n, m, k, d)``.
+
+    ``decoder``: the keywords of :func:`attention_logits` (``causal``,
+    ``rotary``, ``key_mask``).
 
     F is linear in the projections given these: ``F(X) = sum_i (S_i X) W_i``.
 
@@ -219,16 +231,20 @@ def head_features(X, attention, patterns=None, key_bias=None):
     (4, 2, 2, 3)
     """
     if patterns is None:
-        patterns = attention_patterns(X, attention, key_bias)
+        patterns = attention_patterns(X, attention, key_bias, **decoder)
     return _namespace(X).matmul(patterns, X[:, None, ...])
 
 
-def forward(X, attention, projection, features=None, key_bias=None, intercept=None):
+def forward(
+    X, attention, projection, features=None, key_bias=None, intercept=None, **decoder
+):
     """The layer's output ``sum_i softmax(X Theta_i X^T) X W_i``: ``-> (n, k, d_out)``.
 
     With ``key_bias`` (m, d) the logits gain ``u_i^T x_a``; with ``intercept``
     (d_out,) every output token gains ``c`` (value and output biases of a real
-    layer: each attention row sums to 1, so they add a constant).
+    layer: each attention row sums to 1, so they add a constant).  ``decoder``:
+    the keywords ``causal``, ``rotary`` and ``key_mask`` of
+    :func:`attention_logits` (a ``key_mask`` is cut into the same chunks as X).
 
     Examples
     --------
@@ -246,18 +262,18 @@ def forward(X, attention, projection, features=None, key_bias=None, intercept=No
             return _halving(
                 step,
                 lambda size: _forward_chunks(
-                    X, attention, projection, key_bias, intercept, size
+                    X, attention, projection, key_bias, intercept, size, decoder
                 ),
             )
         try:
-            features = head_features(X, attention, key_bias=key_bias)
+            features = head_features(X, attention, key_bias=key_bias, **decoder)
         except Exception as exc:  # a device out of memory: in chunks after all
             if n <= 1 or not is_out_of_memory(exc):
                 raise
             return _halving(
                 n // 2,
                 lambda size: _forward_chunks(
-                    X, attention, projection, key_bias, intercept, size
+                    X, attention, projection, key_bias, intercept, size, decoder
                 ),
             )
     out = _einsum(xp, "nmkd,mdo->nko", features, projection)
@@ -266,7 +282,7 @@ def forward(X, attention, projection, features=None, key_bias=None, intercept=No
     return out
 
 
-def _forward_chunks(X, attention, projection, key_bias, intercept, step):
+def _forward_chunks(X, attention, projection, key_bias, intercept, step, decoder):
     """:func:`forward` on chunks of ``step`` samples (the head features of one
     chunk at a time)."""
     xp = _namespace(X, attention, projection)
@@ -278,11 +294,20 @@ def _forward_chunks(X, attention, projection, key_bias, intercept, step):
     )
     for start in range(0, n, step):
         rows = slice(start, min(n, start + step))  # the standard: stop <= n
-        features = head_features(X[rows, ...], attention, key_bias=key_bias)
+        features = head_features(
+            X[rows, ...], attention, key_bias=key_bias, **_rows(decoder, rows)
+        )
         out[rows, ...] = forward(
             X[rows, ...], attention, projection, features, intercept=intercept
         )
     return out
+
+
+def _rows(decoder, rows):
+    """The ``decoder`` keywords of a chunk of samples (its rows of ``key_mask``)."""
+    if decoder.get("key_mask") is None:
+        return decoder
+    return {**decoder, "key_mask": decoder["key_mask"][rows, ...]}
 
 
 def squared_loss_gradient(X, Y, attention, projection, sample_weight=None):

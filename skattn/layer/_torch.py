@@ -10,6 +10,12 @@ import numpy as np
 
 from ..utils._optional import require
 from ._convert import parameters_to_projections, projections_to_parameters
+from ._hf import (
+    MODULE_CLASSES,
+    decoder_parameters,
+    decoder_settings,
+    decoder_weights,
+)
 
 
 def import_torch():
@@ -103,14 +109,92 @@ def torch_parameters(module):
     )
 
 
+def hf_architecture(module):
+    """The architecture (``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``) of
+    a transformers attention module (or a subclass), else None."""
+    for cls in type(module).__mro__:
+        if cls.__name__ in MODULE_CLASSES and cls.__module__.startswith("transformers"):
+            return MODULE_CLASSES[cls.__name__]
+    return None
+
+
+def _hf_settings(module):
+    """:func:`~skattn.layer._hf.decoder_settings` of a transformers attention
+    module, refusing what the module itself does beyond its config."""
+    name = type(module).__name__
+    if getattr(module, "is_cross_attention", False):
+        raise ValueError(
+            f"{name} is a cross-attention module (is_cross_attention=True); only "
+            f"self-attention is supported."
+        )
+    for attr, what in (
+        ("sinks", "attention sinks"),
+        ("q_norm", "query/key norms"),
+        ("k_norm", "query/key norms"),
+    ):
+        if getattr(module, attr, None) is not None:
+            raise ValueError(f"{name} has {attr} ({what}); not supported.")
+    if getattr(module, "sliding_window", None) is not None:
+        raise ValueError(
+            f"{name} has sliding_window={module.sliding_window!r}; sliding-window "
+            f"attention is not supported."
+        )
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise ValueError(f"{name} has no config; cannot read its settings.")
+    settings = decoder_settings(config.to_dict(), getattr(module, "layer_idx", None))
+    settings["scale"] = float(getattr(module, "scaling", settings["scale"]))
+    head_dim = getattr(module, "head_dim", settings["head_dim"])
+    if head_dim != settings["head_dim"]:
+        raise ValueError(
+            f"{name} has head_dim={head_dim} but its config gives "
+            f"{settings['head_dim']}."
+        )
+    return settings
+
+
+def hf_module_parameters(module):
+    """The :class:`~skattn.AttentionLayer` keywords of a transformers GPT-2,
+    Llama, Mistral or Qwen2 attention module (see :mod:`skattn.layer._hf`)."""
+    settings = _hf_settings(module)
+    weights = {name: _numpy(t) for name, t in module.state_dict().items()}
+    return decoder_parameters(weights, settings)
+
+
+def hf_write(layer, module):
+    """Write ``layer`` into a transformers attention module (in place, strict
+    ``load_state_dict``); the module in eval mode."""
+    torch = import_torch()
+    settings = _hf_settings(module)
+    state = module.state_dict()
+    weights = decoder_weights(layer, settings, state)
+    module.load_state_dict(
+        {
+            name: torch.as_tensor(weights[name], dtype=state[name].dtype)
+            for name in state
+        },
+        strict=True,
+    )
+    return module.eval()
+
+
 def parameters_to_torch(
-    attention, projection, key_bias, intercept, *, batch_first, dtype, force_module
+    attention,
+    projection,
+    key_bias,
+    intercept,
+    *,
+    batch_first,
+    dtype,
+    force_module,
+    causal=False,
+    rotary=None,
 ):
     """A torch module computing the layer (see ``AttentionLayer.to_torch``)."""
     torch = import_torch()
     m, d, _ = projection.shape
     weights = None
-    if not force_module:
+    if not force_module and not causal and rotary is None:
         weights, _ = parameters_to_projections(
             attention, projection, key_bias, intercept, m
         )
@@ -132,13 +216,14 @@ def parameters_to_torch(
                 torch.as_tensor(weights["output_bias"], dtype=dtype)
             )
         return module.eval()
-    return _layer_module_class()(
-        *(
-            torch.as_tensor(np.asarray(a, float), dtype=dtype)
-            for a in (attention, projection, key_bias, intercept)
-        ),
-        batch_first=batch_first,
-    )
+    tensors = [
+        torch.as_tensor(np.asarray(a, float), dtype=dtype)
+        for a in (attention, projection, key_bias, intercept)
+    ]
+    module = _layer_module_class()(*tensors, batch_first=batch_first)
+    if causal or rotary is not None:
+        module.set_decoder(causal, rotary, dtype)
+    return module
 
 
 @functools.cache
@@ -155,7 +240,7 @@ def _layer_module_class():
         ``nn.MultiheadAttention`` for self-attention: ``key`` and ``value`` must
         be ``None`` or the same tensor as ``query``; it returns ``(output,
         weights)`` with the head-averaged attention weights (or ``None``).
-        Masks are not supported.
+        Masks are not supported (a causal layer masks itself).
         """
 
         def __init__(self, attention, projection, key_bias, intercept, batch_first):
@@ -165,6 +250,21 @@ def _layer_module_class():
             self.key_bias = torch.nn.Parameter(key_bias)
             self.intercept = torch.nn.Parameter(intercept)
             self.batch_first = batch_first
+            self.causal = False
+            self.rotary_query = self.rotary_key = None
+            self.rope_theta, self.rope_layout = 10000.0, "half"
+
+        def set_decoder(self, causal, rotary, dtype):
+            """Make it a decoder layer: the causal mask and the rotary maps."""
+            self.causal = bool(causal)
+            if rotary is not None:
+                self.rotary_query = torch.nn.Parameter(
+                    torch.as_tensor(rotary.query, dtype=dtype)
+                )
+                self.rotary_key = torch.nn.Parameter(
+                    torch.as_tensor(rotary.key, dtype=dtype)
+                )
+                self.rope_theta, self.rope_layout = rotary.base, rotary.layout
 
         def forward(
             self,
@@ -191,6 +291,8 @@ def _layer_module_class():
                         f"module is self-attention on one token sequence."
                     )
             X = query if self.batch_first else query.transpose(0, 1)
+            if self.causal or self.rotary_query is not None:
+                return self._decoder_forward(X, need_weights)
             logits = torch.einsum("nkd,mde,nae->nmka", X, self.attention, X)
             logits = logits + torch.einsum("nad,md->nma", X, self.key_bias)[:, :, None]
             patterns = torch.softmax(logits, dim=-1)
@@ -199,6 +301,37 @@ def _layer_module_class():
             if not self.batch_first:
                 out = out.transpose(0, 1)
             weights = patterns.mean(dim=1) if need_weights else None
+            return out, weights
+
+        def _decoder_forward(self, X, need_weights):
+            """skattn's math on the tensors (autograd flows through it)."""
+            from ._math import attention_patterns, forward
+            from ._positions import Rotary
+
+            decoder = {"causal": self.causal}
+            if self.rotary_query is not None:
+                decoder["rotary"] = Rotary(
+                    self.rotary_query,
+                    self.rotary_key,
+                    self.rope_theta,
+                    self.rope_layout,
+                )
+            out = forward(
+                X,
+                self.attention,
+                self.projection,
+                key_bias=self.key_bias,
+                intercept=self.intercept,
+                **decoder,
+            )
+            if not self.batch_first:
+                out = out.transpose(0, 1)
+            weights = None
+            if need_weights:
+                patterns = attention_patterns(
+                    X, self.attention, self.key_bias, **decoder
+                )
+                weights = patterns.mean(dim=1)
             return out, weights
 
     return AttentionLayerModule

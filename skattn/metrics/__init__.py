@@ -12,7 +12,11 @@
   (median largest weight, share of nearly one-hot rows, logit margins);
 * :func:`sharp_head_pinning`: per head, whether the inputs split its attention on
   enough rows to pin its logits (a counting bound), and about how many sequences
-  would.
+  would;
+* :func:`data_verdict`: before a fit, whether the number of sequences can
+  determine a layer of that shape at all (equations against unknowns, rows
+  against the counting bound), and :class:`IdentifiabilityWarning`, which a fit
+  raises at once when it cannot.
 
 The held-out error of a layer and the redundancy of its heads are computed here too
 (private modules, for the phases' selection of the number of heads and for the
@@ -23,6 +27,7 @@ head redundancy re-solves) and :mod:`skattn.utils`; the displays take fitted
 estimators as :func:`skattn.layer.as_layer` reads them, never importing them.
 """
 
+from ._identifiability import IdentifiabilityWarning, data_verdict
 from ._plot import AttentionPatternDisplay, RecoveryCurveDisplay
 from ._recovery import (
     attention_pattern_error,
@@ -35,8 +40,10 @@ from ._sharpness import sharp_head_pinning, sharpness_profile
 
 __all__ = [
     "AttentionPatternDisplay",
+    "IdentifiabilityWarning",
     "RecoveryCurveDisplay",
     "attention_pattern_error",
+    "data_verdict",
     "make_recovery_scorer",
     "parameter_error",
     "prediction_error",

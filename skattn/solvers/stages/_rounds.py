@@ -24,8 +24,12 @@ heads' errors.  :func:`decoupled_refine` takes ``B = D`` at the current point
 (``B_1 = D_i``, ``B_2`` the other heads' columns) and solves the ``m`` one-head
 problems by the matrix-free variable projection
 (:func:`skattn.solvers.optimizers._lm_matrix_free.varpro_least_squares`, the
-``Y B_2`` columns eliminated with the head's ``W``), independently (in threads
-with ``n_jobs``).
+``Y B_2`` columns eliminated with the head's ``W``), independently: in threads
+with ``n_jobs`` on numpy, or as one problem with a head axis
+(:class:`~skattn.solvers.kernels._head_batch.HeadBatch`, solved by
+:func:`~skattn.solvers.optimizers._batched_lm.batched_least_squares`) in the other
+namespaces, where a GPU would otherwise run twelve small problems one after
+another, bound by launches and host reads.
 
 Why it matters: the joint Levenberg-Marquardt problem of 12 MiniLM heads (442 368
 parameters) converges only linearly from where the minibatch search leaves it,
@@ -36,8 +40,8 @@ end, ten of the twelve converged to rounding in 6-17 iterations each
 
 Pure functions on token tensors (no validation; callers validate), of any array-API
 namespace (numpy, torch, CuPy): the heads' problems run in the namespace and on the
-device of ``X`` (in host threads on the CPU, one after another on a GPU), the
-sequences are drawn on the host, and the records hold Python numbers.
+device of ``X``, the sequences are drawn on the host, and the records hold Python
+numbers.
 """
 
 import math
@@ -52,12 +56,15 @@ from ...utils._array_api import (
     is_numpy,
     namespace,
     to_namespace,
+    to_numpy,
 )
 from ...utils._progress import current_bar
 from ..kernels._decoupling import _output_factors, decoupling_map
+from ..kernels._head_batch import HeadBatch
 from ..kernels._loss import REALISABLE_RESIDUAL, _weights
 from ..kernels._parametrization import LowRank
-from ..optimizers._lm_matrix_free import varpro_least_squares
+from ..optimizers._batched_lm import batched_least_squares
+from ..optimizers._lm_matrix_free import _STATUS, varpro_least_squares
 from ._common import _blas_limits, _copy, _on_accelerator, _on_rows, _threads
 
 __all__ = ["can_decouple", "decoupled_refine", "decoupled_size"]
@@ -214,6 +221,7 @@ def decoupled_refine(
     n_jobs=None,
     verbose=0,
     memory=None,
+    batched=None,
 ):
     """Refine every head on its own problem (see the module's docstring).
 
@@ -260,7 +268,18 @@ def decoupled_refine(
 
     memory : StageMemory or None
         Keeps each head's solve, and its iterates at intervals
-        (:mod:`skattn.solvers._checkpoints`).
+        (:mod:`skattn.solvers._checkpoints`); batched, each round's solve.
+    batched : bool or None
+        Solve a round's heads as one problem with a head axis
+        (:class:`~skattn.solvers.kernels._head_batch.HeadBatch`, by
+        :func:`~skattn.solvers.optimizers._batched_lm.batched_least_squares`:
+        per-head damping and stopping, every scalar on the device, the host
+        looking once per iteration) rather than one after another or in
+        threads.  ``None``: batched outside numpy (torch, CuPy: on a GPU the
+        one-head problems are each too small to fill it, and one after another
+        they are bound by launches and host reads), threads with numpy (where
+        they are as fast, and the results of before are kept).
+
     Returns
     -------
     params : ndarray of shape (3 m d r,)
@@ -327,7 +346,17 @@ def decoupled_refine(
             residual_start, condition = residual, round_condition
         shares = xp.reshape(xp.reshape(Y, (n * k, o)) @ D, (n, k, m, r))
         results = _solve_heads(
-            X, shares, active, Q, K, sample_weight, max_iter, tol, n_jobs, memory
+            X,
+            shares,
+            active,
+            Q,
+            K,
+            sample_weight,
+            max_iter,
+            tol,
+            n_jobs,
+            memory,
+            batched=batched,
         )
         again = []
         for i, (q, kk, values, solved) in zip(active, results, strict=True):
@@ -383,27 +412,51 @@ def decoupled_refine(
 
 
 def _solve_heads(
-    X, shares, heads, Q, K, sample_weight, max_iter, tol, n_jobs, memory=None
+    X,
+    shares,
+    heads,
+    Q,
+    K,
+    sample_weight,
+    max_iter,
+    tol,
+    n_jobs,
+    memory=None,
+    batched=None,
 ):
-    """:func:`_solve_head` for each of ``heads``, ``n_jobs`` at a time; fewer
-    heads than threads share the rest among their products' chunks."""
-    # On a GPU the heads are solved one after another: host threads would only
-    # contend for its stream.  (The device's way is to batch the heads' one-head
-    # problems, each of the same shape, into one problem of block-diagonal
-    # Jacobians; the matrix-free Levenberg-Marquardt solves one problem at a
-    # time, so that is left to do.)
-    threads = 1 if _on_accelerator(X) else _threads(n_jobs, math.inf)
-    jobs = min(threads, len(heads))
-    inner = threads // jobs
-
+    """:func:`_solve_head` for each of ``heads``: in threads on the host
+    (``n_jobs`` at a time; fewer heads than threads share the rest among their
+    products' chunks), or as one batched problem (:func:`_solve_batch`).
+    ``batched=None``: batched outside numpy (torch, CuPy: on a device the
+    heads' problems one after another are bound by launches and host reads),
+    threads with numpy."""
+    if batched is None:
+        batched = not is_numpy(namespace(X))
     # each head's problem keeps its result and iterates under a name given here,
     # in the heads' order, whatever thread solves it
     scopes = {i: None for i in heads}
+    call = None
     if memory is not None and memory.enabled:
         call = memory.next_name("heads")
         scopes = {i: memory.child(f"{call}.head{i}") for i in heads}
 
     bar = current_bar()  # the refinement's (open-ended): a head solved, its residual
+
+    if batched:
+
+        def compute():
+            return _solve_batch(X, shares, heads, Q, K, sample_weight, max_iter, tol)
+
+        results = compute() if call is None else memory.stage(f"{call}.batch", compute)
+        bar.update(len(heads))
+        worst = max(solved[3]["relative_residual"] for solved in results)
+        bar.set_postfix_str(f"worst head: {worst:.2g}")
+        return results
+
+    # on a GPU one after another: host threads would only contend for its stream
+    threads = 1 if _on_accelerator(X) else _threads(n_jobs, math.inf)
+    jobs = min(threads, len(heads))
+    inner = threads // jobs
 
     def job(i):
         solved = _solve_head(
@@ -430,6 +483,60 @@ def _solve_heads(
         if jobs == 1:
             return [job(i) for i in heads]
         return Parallel(n_jobs=jobs, prefer="threads")(delayed(job)(i) for i in heads)
+
+
+def _solve_batch(
+    X, shares, heads, Q, K, sample_weight, max_iter, tol, jacobian_dtype=np.float32
+):
+    """The one-head problems of ``heads`` as one :class:`HeadBatch`, solved
+    together by :func:`batched_least_squares`: per head, what
+    :func:`_solve_head` returns (``seconds``: the batch's, shared equally)."""
+    clock = time.perf_counter()
+    xp = namespace(X, shares)
+    n, k, m, r = shares.shape
+    where = device(X)
+    targets = xp.take(shares, xp.asarray(heads, device=where), axis=2)
+    fixed = None
+    if m > 1:  # head i's fixed columns: the other heads' shares, in order
+        others = [j for i in heads for j in range(m) if j != i]
+        fixed = xp.take(shares, xp.asarray(others, device=where), axis=2)
+        fixed = xp.reshape(fixed, (n, k, len(heads), (m - 1) * r))
+    problem = HeadBatch(X, targets, fixed, sample_weight, dtype=jacobian_dtype)
+    norms = to_numpy(problem.target_norms)  # one read
+    index = xp.asarray(heads, device=where)
+    h = len(heads)
+    start = xp.concat(
+        [
+            xp.reshape(xp.take(Q, index, axis=0), (h, -1)),
+            xp.reshape(xp.take(K, index, axis=0), (h, -1)),
+        ],
+        axis=1,
+    )
+    params, coefficients, solved = batched_least_squares(
+        problem, start, max_nfev=max_iter, xtol=tol
+    )
+    seconds = (time.perf_counter() - clock) / h
+    d = X.shape[2]
+    results = []
+    for j in range(h):
+        loss = solved["loss"][j]
+        info = {
+            "n_iter": solved["n_iter"][j],
+            "n_evaluations": solved["n_evaluations"][j],
+            # the batch's products, each one of every head still in it
+            "n_products": solved["n_products"],
+            "loss": loss,
+            "converged": solved["status"][j] > 0,
+            "stop_reason": _STATUS[solved["status"][j]],
+            "relative_residual": math.sqrt(2.0 * loss)
+            / max(float(norms[j]), np.finfo(float).tiny),
+            "seconds": seconds,
+            "host_reads": solved["host_reads"],
+        }
+        q = xp.reshape(params[j, : d * r], (d, r))
+        kk = xp.reshape(params[j, d * r :], (d, r))
+        results.append((q, kk, coefficients[j, :d, :], info))
+    return results
 
 
 def _refine_on(

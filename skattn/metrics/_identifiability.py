@@ -1,0 +1,141 @@
+"""What the data can pin, counted before a fit: equations against unknowns.
+
+A fit spends minutes to hours; whether its data can determine the layer at all is
+a count, known at once.  :func:`data_verdict` compares, for a layer of ``m``
+heads on sequences of ``k`` tokens of ``d`` features with ``d_out`` outputs:
+
+* **overall**: the ``n k d_out`` output values against the layer's unknowns
+  (each head's logits, ``r (2 d - r)`` for a rank-r ``Theta_i`` or ``d^2`` at
+  full rank, and its values, ``d d_out`` for a full ``W_i`` or ``r (d + d_out)
+  - r^2`` for ``V_i O_i``);
+* **per head**: the rows of attention the sequences have, ``n k``, against the
+  rows that split a head's attention that the counting bound of
+  :func:`~skattn.solvers.kernels._logits.split_rows_needed` asks for to pin its
+  logits (each row gives at most ``k - 1`` logit differences): every row may
+  split at best, so fewer rows than that cannot pin the head whatever the layer.
+
+Both are necessary conditions: data that pass may still not pin a sharp head
+(rows whose largest weight is near 1 say little; for a known teacher
+:func:`~skattn.metrics.sharp_head_pinning` counts the rows that do split), but
+data that fail cannot determine the layer, and the verdict says how many
+sequences could.
+"""
+
+import math
+
+from ..solvers.kernels._logits import logit_unknowns, split_rows_needed
+
+__all__ = ["IdentifiabilityWarning", "data_verdict", "describe_verdict"]
+
+
+class IdentifiabilityWarning(UserWarning):
+    """The data cannot determine the layer, by :func:`data_verdict`.
+
+    Raised by a fit before its long work, with the number of sequences that
+    could.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from skattn.metrics import IdentifiabilityWarning
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warnings.warn("10 sequences cannot determine this layer",
+    ...                   IdentifiabilityWarning)
+    >>> caught[0].category.__name__
+    'IdentifiabilityWarning'
+    """
+
+
+def _value_unknowns(n_features, head_rank, n_outputs):
+    """Unknowns of one head's values: ``d d_out`` for a full ``W_i``, ``r (d +
+    d_out) - r^2`` for ``V_i O_i`` (the gauge of ``r x r`` invertible maps)."""
+    d, o = int(n_features), int(n_outputs)
+    if head_rank is None or head_rank >= d:
+        return d * o
+    r = int(head_rank)
+    return r * (d + o) - r * r
+
+
+def data_verdict(n_samples, n_tokens, n_features, n_outputs, n_heads, head_rank=None):
+    """Whether ``n_samples`` sequences can determine a layer, by counting.
+
+    Parameters
+    ----------
+    n_samples : int
+        Sequences (of positive weight).
+    n_tokens, n_features, n_outputs : int
+        ``k``, ``d`` (the model's tokens: with an intercept, ``d + 1``) and
+        ``d_out``.
+    n_heads : int
+    head_rank : int or None
+        ``r`` of low-rank heads (``None``: full-rank ``Theta_i`` and ``W_i``).
+
+    Returns
+    -------
+    verdict : dict
+        ``determined`` (bool: both counts pass), ``equations`` and ``unknowns``
+        (overall), ``rows`` (``n k``) and ``rows_needed`` (per head, the
+        counting bound), ``heads`` (per head: ``pinned`` by the count, a bool),
+        and ``samples_needed``: the fewest sequences that pass both counts.
+
+    Examples
+    --------
+    >>> v = data_verdict(10, 16, 385, 384, 12, head_rank=32)  # MiniLM, 10 windows
+    >>> v["determined"], v["rows"], v["rows_needed"], v["samples_needed"]
+    (False, 160, 1575, 99)
+    >>> data_verdict(5000, 16, 385, 384, 12, head_rank=32)["determined"]
+    True
+    """
+    n, k, d, o, m = (
+        int(v) for v in (n_samples, n_tokens, n_features, n_outputs, n_heads)
+    )
+    per_head = logit_unknowns(d, head_rank) + _value_unknowns(d, head_rank, o)
+    unknowns = m * per_head
+    equations = n * k * o
+    rows = n * k
+    needed = split_rows_needed(d, head_rank, k) if k > 1 else 0
+    pinned = rows >= needed
+    samples_needed = max(
+        math.ceil(unknowns / (k * o)), math.ceil(needed / k) if k > 1 else 0
+    )
+    return {
+        "determined": bool(equations >= unknowns and pinned),
+        "equations": equations,
+        "unknowns": unknowns,
+        "rows": rows,
+        "rows_needed": needed,
+        "heads": [{"head": i, "pinned": bool(pinned)} for i in range(m)],
+        "samples_needed": samples_needed,
+        "n_samples": n,
+    }
+
+
+def describe_verdict(verdict, unit="sequences"):
+    """One line for a verdict that fails (empty for one that passes).
+
+    Examples
+    --------
+    >>> verdict = data_verdict(10, 16, 385, 384, 12, head_rank=32)
+    >>> print(describe_verdict(verdict, "windows"))
+    10 windows cannot determine this layer: 160 rows of attention where the
+    counting bound asks for 1575 a head to pin its logits; 61440 output values
+    for 566400 unknowns; give at least 99 windows.
+    """
+    if verdict["determined"]:
+        return ""
+    n, need = verdict["n_samples"], verdict["samples_needed"]
+    reasons = []
+    if verdict["rows"] < verdict["rows_needed"]:
+        reasons.append(
+            f"{verdict['rows']} rows of attention where the counting bound asks "
+            f"for {verdict['rows_needed']} a head to pin its logits"
+        )
+    if verdict["equations"] < verdict["unknowns"]:
+        reasons.append(
+            f"{verdict['equations']} output values for {verdict['unknowns']} unknowns"
+        )
+    return (
+        f"{n} {unit} cannot determine this layer: {'; '.join(reasons)}; give at "
+        f"least {need} {unit}."
+    )

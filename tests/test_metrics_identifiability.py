@@ -1,0 +1,87 @@
+"""What the data can pin, counted before a fit (issue 51)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from skattn import MultiHeadAttentionRegressor, make_attention_regression
+from skattn.metrics import IdentifiabilityWarning, data_verdict
+from skattn.metrics._identifiability import describe_verdict
+from skattn.solvers.kernels._logits import split_rows_needed
+
+
+def test_the_counts_and_the_sequences_needed():
+    # MiniLM's shape (tokens [x, 1], 12 heads of rank 32): 10 windows of 16
+    # tokens cannot pin a head, the 62 windows of the issue's 78 neither
+    for n in (10, 62):
+        verdict = data_verdict(n, 16, 385, 384, 12, head_rank=32)
+        assert not verdict["determined"]
+        assert verdict["rows"] == 16 * n < verdict["rows_needed"]
+        assert verdict["rows_needed"] == split_rows_needed(385, 32, 16)
+        assert not any(head["pinned"] for head in verdict["heads"])
+    need = verdict["samples_needed"]
+    assert data_verdict(need, 16, 385, 384, 12, head_rank=32)["determined"]
+    assert not data_verdict(need - 1, 16, 385, 384, 12, head_rank=32)["determined"]
+    line = describe_verdict(verdict, "windows")
+    assert line.startswith("62 windows cannot determine this layer")
+    assert f"give at least {need} windows" in line and "\n" not in line
+    assert describe_verdict(data_verdict(5000, 16, 385, 384, 12, head_rank=32)) == ""
+
+
+def test_full_rank_heads_count_d_squared_logits_and_d_dout_values():
+    verdict = data_verdict(1, 4, 8, 16, 2)
+    assert verdict["unknowns"] == 2 * (8 * 8 + 8 * 16)
+    assert verdict["rows_needed"] == -(-64 // 3)
+    # the outputs bound: 2 * 192 unknowns over 4 * 16 values a sequence
+    assert verdict["samples_needed"] == max(-(-384 // 64), -(-22 // 4))
+
+
+def test_one_token_has_no_logits_to_pin():
+    verdict = data_verdict(100, 1, 4, 4, 1)
+    assert verdict["rows_needed"] == 0 and verdict["determined"]
+
+
+def test_a_fit_on_too_few_sequences_warns_before_its_long_work(monkeypatch):
+    X, y = make_attention_regression(
+        6, 4, 12, 2, distribution="gaussian", head_rank=4, random_state=0
+    )
+    import skattn.estimators._phased as phased
+
+    started = []
+
+    def no_fit(*args, **kwargs):  # the warning must come before the fit starts
+        started.append(True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(phased, "phased_fit", no_fit)
+    estimator = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, head_rank=4, init="random", random_state=0
+    )
+    with pytest.warns(IdentifiabilityWarning, match="give at least") as caught:
+        with pytest.raises(KeyboardInterrupt):
+            estimator.fit(X, y)
+    assert started and len(caught) == 1
+    assert caught[0].filename == __file__  # the caller's line
+
+
+def test_a_fit_records_its_verdict_and_stays_quiet_when_the_data_suffice():
+    X, y = make_attention_regression(
+        400, 4, 6, 2, distribution="gaussian", head_rank=2, random_state=0
+    )
+    estimator = MultiHeadAttentionRegressor(
+        n_heads=2, n_tokens=4, head_rank=2, init="random", random_state=0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IdentifiabilityWarning)
+        estimator.fit(X, y)
+    verdict = estimator.data_verdict_
+    assert verdict["determined"] and verdict["n_samples"] == 400
+    assert [head["pinned"] for head in verdict["heads"]] == [True, True]
+    # weights of zero do not count as sequences
+    weights = np.zeros(400)
+    weights[:3] = 1.0
+    with pytest.warns(IdentifiabilityWarning, match="^3 sequences"):
+        MultiHeadAttentionRegressor(
+            n_heads=2, n_tokens=4, head_rank=2, init="random", random_state=0
+        ).fit(X, y, sample_weight=weights)
