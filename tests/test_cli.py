@@ -976,3 +976,15 @@ def test_fit_fits_on_the_device_asked(data, capsys, monkeypatch):
     )
     code, err = _exit([*argv, "--device", "gpu"], capsys)
     assert code == 1 and "--device gpu is not a torch device" in err
+
+
+def test_help_of_the_progress_switches_shows_no_internal_level(capsys):
+    for command in ("fit", "layer"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert (
+            "--quiet no progress bars (by default each stage of the fit shows one)"
+            in (text)
+        )
+        assert "shows one) (default" not in text
