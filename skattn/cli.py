@@ -86,6 +86,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action):
         if action.default is None or action.default is False:
             return action.help
+        if isinstance(action, argparse._StoreConstAction):  # --quiet: a switch
+            return action.help
         return super()._get_help_string(action)
 
 

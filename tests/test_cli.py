@@ -1080,3 +1080,15 @@ def test_layer_stops_before_the_fit_when_the_windows_cannot_pin_a_head(
     first = err.splitlines()[0]
     assert "1 head(s) of rank 32 to fit on 8 windows of 16 tokens" in first
     assert "roughly" in first
+
+
+def test_help_of_the_progress_switches_shows_no_internal_level(capsys):
+    for command in ("fit", "layer"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert (
+            "--quiet no progress bars (by default each stage of the fit shows one)"
+            in (text)
+        )
+        assert "shows one) (default" not in text
