@@ -500,7 +500,9 @@ def _parser():
         nargs="+",
         required=True,
         metavar="FILE",
-        help="UTF-8 text files, tokenized by the model's tokenizer",
+        help="UTF-8 text files, tokenized by the model's tokenizer; a folder gives "
+        "its .txt, .md, .rst and .py files (its whole tree), a quoted glob pattern "
+        "its matches ('docs/**/*.rst')",
     )
     layer.add_argument(
         "--n-tokens",

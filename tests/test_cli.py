@@ -668,7 +668,12 @@ LAYER_BAD_INPUT = [
     (None, ["--n-tokens", "600"], "exceeds the checkpoint's position table"),
     (None, ["--n-tokens", "2"], "--n-tokens 2 leaves no room for text"),
     (None, ["--n-windows", "2", "--held-out", "0.1"], "leaves none to hold out"),
-    (None, ["--text", "."], "is a folder, not a text file"),
+    (None, ["--text", "o*.txt"], "no text file matches 'o*.txt'"),
+    (
+        lambda f: (f.parent / "empty").mkdir(),
+        ["--text", "empty"],
+        "text folder 'empty' holds no text file",
+    ),
     (None, ["--text", "binary.txt"], "is not UTF-8 text"),
     (None, ["--device", "gpu"], "--device gpu is not a torch device"),
     (None, ["--device", "cuda:5"], "CUDA device(s) here"),

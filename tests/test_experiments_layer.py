@@ -362,3 +362,19 @@ def test_fit_anyway_fits_and_reports_each_heads_verdict(text):
     for head in verdict["heads"]:
         assert head["split_rows"] <= 8 * 16 < head["split_rows_needed"] == 1596
         assert head["windows_needed"] > 10
+
+
+def test_text_takes_folders_and_glob_patterns(tmp_path):
+    # issue 51: a folder's text files (its tree, sorted) and a pattern's matches
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text("alpha")
+    (corpus / "sub" / "b.md").write_text("beta")
+    (corpus / "image.png").write_bytes(b"\x89PNG")  # not a text suffix: skipped
+    paths, contents = layer_module._read_texts([corpus])
+    assert paths == [corpus / "a.txt", corpus / "sub" / "b.md"]
+    assert contents == ["alpha", "beta"]
+    paths, _ = layer_module._read_texts([str(corpus / "**" / "*.md")])
+    assert paths == [corpus / "sub" / "b.md"]
+    with pytest.raises(FileNotFoundError, match="no text file matches"):
+        layer_module._read_texts([str(corpus / "*.rst")])

@@ -160,19 +160,55 @@ def _fit_on(learner, X, y, device):
         learner.fit(torch.asarray(X, device=device), torch.asarray(y, device=device))
 
 
+# The files a folder given as text contributes (its tree, sorted).
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
+
+
+def _expand_texts(texts):
+    """The text files of ``texts``: files as given, a folder's files with a
+    suffix of ``TEXT_SUFFIXES`` (its whole tree, sorted), and the matches of a
+    glob pattern (``*``, ``?``, ``[...]``; ``**`` for any depth), sorted."""
+    import glob
+
+    files = []
+    for entry in texts:
+        path = Path(entry)
+        if path.is_dir():
+            found = sorted(
+                p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
+            )
+            if not found:
+                raise ValueError(
+                    f"text folder {str(path)!r} holds no text file (files ending "
+                    f"in {', '.join(TEXT_SUFFIXES)})."
+                )
+            files.extend(found)
+        elif not path.exists() and glob.has_magic(str(entry)):
+            found = sorted(
+                Path(p)
+                for p in glob.glob(str(entry), recursive=True)
+                if Path(p).is_file()
+            )
+            if not found:
+                raise FileNotFoundError(f"no text file matches {str(entry)!r}.")
+            files.extend(found)
+        else:
+            files.append(path)
+    return files
+
+
 def _read_texts(texts):
-    """The contents of the text files, each checked before anything else."""
+    """The contents of the text files (folders and glob patterns expanded, see
+    :func:`_expand_texts`), each checked before anything else."""
     if isinstance(texts, str | os.PathLike):
         texts = [texts]
-    texts = [Path(t) for t in texts]
     if not texts:
         raise ValueError("texts is empty: give at least one text file.")
+    texts = _expand_texts(texts)
     contents = []
     for path in texts:
         if not path.exists():
             raise FileNotFoundError(f"text file {str(path)!r} does not exist.")
-        if path.is_dir():
-            raise ValueError(f"text file {str(path)!r} is a folder, not a text file.")
         try:
             contents.append(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
@@ -453,7 +489,9 @@ def learn_layer(
     layer : int
         The encoder layer to learn, from 0.
     texts : str, path-like or sequence of them
-        UTF-8 text files.
+        UTF-8 text files; a folder gives its files ending in ``.txt``, ``.md``,
+        ``.rst`` or ``.py`` (its whole tree, sorted), a glob pattern (``*``,
+        ``?``, ``[...]``, ``**`` for any depth) its matching files.
     n_tokens : int, default=16
         Tokens per window, ``[CLS]`` and ``[SEP]`` included (at least 3).
     n_windows : int, default=None
