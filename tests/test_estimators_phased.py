@@ -542,3 +542,40 @@ def test_decoder_settings_the_path_cannot_learn_are_one_line_errors(params, mess
         est.fit(X, y)
     assert "\n" not in str(raised.value)
     assert "A decoder layer (" in str(raised.value)
+
+
+def test_rotary_decoder_with_an_intercept_is_learned():
+    # tokens [x, 1]: the rotary maps gain a bias row, the intercept is eliminated
+    X, y = make_attention_regression(
+        2000,
+        5,
+        6,
+        2,
+        head_rank=2,
+        causal=True,
+        rope=True,
+        rope_theta=100.0,
+        random_state=0,
+    )
+    shift = 0.3 * np.arange(6.0)
+    y = y + np.tile(shift, 5)[None]
+    est = MultiHeadAttentionRegressor(
+        2,
+        5,
+        head_rank=2,
+        causal=True,
+        rope=True,
+        rope_theta=100.0,
+        fit_intercept=True,
+        random_state=0,
+    ).fit(X[:1500], y[:1500])
+    assert est.rotary_query_.shape == (2, 7, 2)
+    np.testing.assert_allclose(est.intercept_, shift, atol=1e-8)
+    error = np.linalg.norm(est.predict(X[1500:]) - y[1500:]) / np.linalg.norm(y[1500:])
+    assert error <= 1e-6
+    np.testing.assert_allclose(
+        est.layer_.transform(X[1500:]).reshape(500, -1),
+        est.predict(X[1500:]),
+        rtol=1e-12,
+        atol=1e-12,
+    )
