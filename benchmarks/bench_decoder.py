@@ -9,7 +9,7 @@ then the joint Levenberg-Marquardt polish), and the held-out relative error
 ``||F_hat(X) - Y|| / ||Y||`` is measured on ``--held-out`` more.
 
     python benchmarks/bench_decoder.py [--setting issue|small] [--n N]
-        [--threads T] [--out F.json]
+        [--threads T] [--restarts R] [--polish-max-iter I] [--out F.json]
 
 Prints the fit's time, peak resident memory, stages and the held-out error;
 ``--out`` writes them as JSON.
@@ -43,6 +43,12 @@ def main(argv=None):
     parser.add_argument("--held-out", type=int, default=500)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument(
+        "--polish-max-iter",
+        type=int,
+        default=100,
+        help="residual evaluations of each polish stage (a cap on the fit's time)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", type=int, default=1)
     parser.add_argument("--out", default=None)
@@ -69,6 +75,7 @@ def main(argv=None):
         rope=True,
         n_kv_heads=m_kv,
         n_restarts=args.restarts,
+        polish_max_iter=args.polish_max_iter,
         random_state=args.seed,
         verbose=args.verbose,
     )
