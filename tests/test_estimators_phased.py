@@ -463,3 +463,119 @@ def test_the_estimator_warns_which_heads_stayed_unconverged(monkeypatch):
     with pytest.warns(ConvergenceWarning, match=r"Heads \[1\] did not converge"):
         model.fit(X.reshape(600, -1), Y.reshape(600, -1))
     assert model.score(X.reshape(600, -1), Y.reshape(600, -1)) > 0.99
+
+
+# -- decoder layers (issue 50): causal masks, rotary positions, shared key heads
+@pytest.mark.parametrize(
+    "decoder",
+    [{"rope": True}, {"rope": True, "n_kv_heads": 1}, {"n_kv_heads": 1}],
+)
+def test_planted_causal_decoder_is_learned_to_held_out_precision(decoder, capsys):
+    X, y, layer = make_attention_regression(
+        3000,
+        6,
+        8,
+        2,
+        head_rank=2,
+        causal=True,
+        random_state=0,
+        return_layer=True,
+        **decoder,
+    )
+    est = MultiHeadAttentionRegressor(
+        2, 6, head_rank=2, causal=True, random_state=0, verbose=1, **decoder
+    ).fit(X[:2500], y[:2500])
+    assert "the random-start path ran" in capsys.readouterr().out
+    error = np.linalg.norm(est.predict(X[2500:]) - y[2500:]) / np.linalg.norm(y[2500:])
+    assert error <= 1e-6
+    # the fitted layer carries the mask and the positions
+    assert est.layer_.causal
+    np.testing.assert_allclose(
+        est.layer_.transform(X[2500:]).reshape(500, -1),
+        est.predict(X[2500:]),
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    info = est.phase_report_[0].info
+    assert "random-start path" in info["reason"] and info["decoupled"] is None
+    if decoder.get("rope"):
+        assert est.rotary_query_.shape == (2, 8, 2)
+        assert est.rotary_key_.shape == (decoder.get("n_kv_heads", 2), 8, 2)
+        assert np.all(est.attention_ == 0.0)
+    else:
+        assert est.rotary_query_ is None  # Theta_i = Q_i K^T: rank 2, shared K
+        assert np.linalg.matrix_rank(est.attention_[0], tol=1e-8) == 2
+        transposes = np.hstack([theta.T for theta in est.attention_])
+        shared = np.linalg.matrix_rank(transposes, tol=1e-8)
+        assert shared == 2  # both heads' Theta_i^T share the key's column space
+    # refitting a position-free layer forgets the decoder
+    Xp, yp = make_attention_regression(300, 3, 4, 1, random_state=0)
+    plain = est.set_params(
+        causal=False,
+        rope=False,
+        n_kv_heads=None,
+        head_rank=None,
+        n_heads=1,
+        n_tokens=3,
+        verbose=0,
+    ).fit(Xp, yp)
+    assert not plain.layer_.causal and plain.rotary_query_ is None
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"causal": True, "init": "phased"}, "init='phased' runs the phases"),
+        ({"causal": True, "n_heads": "auto"}, "an integer n_heads"),
+        ({"rope": True}, "needs head_rank"),
+        ({"rope": True, "head_rank": 3}, "an even head_rank"),
+        ({"n_kv_heads": 3, "n_heads": 4, "head_rank": 2}, "n_kv_heads dividing"),
+        ({"causal": True, "polish": False}, "polish=True"),
+        ({"causal": True, "certificate": True}, "certificate=False"),
+        ({"causal": True, "whiten": True}, "does not whiten"),
+    ],
+)
+def test_decoder_settings_the_path_cannot_learn_are_one_line_errors(params, message):
+    X, y = make_attention_regression(60, 3, 4, 2, random_state=0)
+    est = MultiHeadAttentionRegressor(**{"n_heads": 2, "n_tokens": 3, **params})
+    with pytest.raises(ValueError, match=message) as raised:
+        est.fit(X, y)
+    assert "\n" not in str(raised.value)
+    assert "A decoder layer (" in str(raised.value)
+
+
+def test_rotary_decoder_with_an_intercept_is_learned():
+    # tokens [x, 1]: the rotary maps gain a bias row, the intercept is eliminated
+    X, y = make_attention_regression(
+        2000,
+        5,
+        6,
+        2,
+        head_rank=2,
+        causal=True,
+        rope=True,
+        rope_theta=100.0,
+        random_state=0,
+    )
+    shift = 0.3 * np.arange(6.0)
+    y = y + np.tile(shift, 5)[None]
+    est = MultiHeadAttentionRegressor(
+        2,
+        5,
+        head_rank=2,
+        causal=True,
+        rope=True,
+        rope_theta=100.0,
+        fit_intercept=True,
+        random_state=0,
+    ).fit(X[:1500], y[:1500])
+    assert est.rotary_query_.shape == (2, 7, 2)
+    np.testing.assert_allclose(est.intercept_, shift, atol=1e-8)
+    error = np.linalg.norm(est.predict(X[1500:]) - y[1500:]) / np.linalg.norm(y[1500:])
+    assert error <= 1e-6
+    np.testing.assert_allclose(
+        est.layer_.transform(X[1500:]).reshape(500, -1),
+        est.predict(X[1500:]),
+        rtol=1e-12,
+        atol=1e-12,
+    )

@@ -33,6 +33,12 @@ def test_every_learner_parameter_of_the_estimator_is_mapped():
         "certificate": "computed by the estimator after the fit",
         "random_state": "an argument of phased_fit",
         "memory": "an argument of phased_fit (where stages are kept, not how)",
+        # a decoder layer is learned on its own path, not by phased_fit
+        "causal": "the decoder path (fit_decoder_from_random_starts)",
+        "rope": "the decoder path (fit_decoder_from_random_starts)",
+        "rope_theta": "the decoder path (fit_decoder_from_random_starts)",
+        "rope_layout": "the decoder path (fit_decoder_from_random_starts)",
+        "n_kv_heads": "the decoder path (fit_decoder_from_random_starts)",
     }
     params = set(MultiHeadAttentionRegressor().get_params())
     assert params - set(not_the_learner) == set(PARAMETERS)

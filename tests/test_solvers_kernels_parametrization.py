@@ -100,3 +100,147 @@ def test_regauge_balances_the_values_and_keeps_the_model():
         grams, np.broadcast_to(np.eye(2), grams.shape), atol=1e-8
     )
     np.testing.assert_allclose(par.attention(balanced), par.attention(params))
+
+
+# decoder heads: causal mask, rotary positions, grouped key heads
+_DECODERS = [
+    {"causal": True},
+    {"rope_theta": 100.0},
+    {"rope_theta": 10.0, "rope_layout": "interleaved", "causal": True},
+    {"n_kv_heads": 2},
+    {"causal": True, "rope_theta": 50.0, "n_kv_heads": 1},
+]
+
+
+def _decoder_case(kind, decoder, seed=0):
+    rng = np.random.default_rng(seed)
+    par = kind(4, 5, 2, **decoder)
+    X = rng.normal(size=(3, 6, 5))
+    return par, X, rng.normal(size=par.size) / 2
+
+
+@pytest.mark.parametrize("decoder", _DECODERS)
+@pytest.mark.parametrize("kind", [LowRank, FactoredHeads])
+def test_decoder_logits_and_outputs_are_the_layers(kind, decoder):
+    from skattn.layer._math import attention_logits, forward, softmax
+    from skattn.layer._positions import Rotary
+
+    par, X, params = _decoder_case(kind, decoder)
+    Q, K = par.factors(params)[:2]
+    m, d = par.n_heads, par.n_features
+    if "rope_theta" in decoder:  # all of the logits rotary, Theta zero
+        rotary = Rotary(Q, K, decoder["rope_theta"], decoder.get("rope_layout", "half"))
+        expected = attention_logits(
+            X, np.zeros((m, d, d)), causal=par.causal, rotary=rotary
+        )
+    else:
+        rotary = None
+        expected = attention_logits(X, par.attention(params), causal=par.causal)
+    logits = par.logits(X, params)
+    assert logits.shape == (3, m, 6, 6)
+    np.testing.assert_array_equal(logits == np.finfo(float).min, expected < -1e300)
+    real = expected > -1e300
+    np.testing.assert_allclose(logits[real], expected[real], rtol=1e-12, atol=1e-12)
+    # the outputs through the patterns: the layer's forward
+    W = np.random.default_rng(1).normal(size=(m, d, 3))
+    ours = np.einsum("nmkl,nld,mdo->nko", softmax(logits), X, W)
+    theirs = forward(
+        X,
+        np.zeros((m, d, d)) if rotary is not None else par.attention(params),
+        W,
+        causal=par.causal,
+        rotary=rotary,
+    )
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+    if par.causal:  # masked keys get no attention at all
+        upper = np.triu(np.ones((6, 6), dtype=bool), 1)
+        assert np.all(softmax(logits)[..., upper] == 0.0)
+
+
+def _products(par, X, params, direction, cotangent):
+    """The logits' (and values') jvp and the vjp of the cotangents."""
+    if isinstance(par, FactoredHeads):
+        d_logits, d_values = par.jvp(X, params, direction)
+        g_logits, g_values = cotangent
+        return (d_logits, d_values), par.vjp(X, params, g_logits, g_values)
+    return (par.logits_jvp(X, params, direction),), par.logits_vjp(
+        X, params, cotangent[0]
+    )
+
+
+@pytest.mark.parametrize("decoder", _DECODERS)
+@pytest.mark.parametrize("kind", [LowRank, FactoredHeads])
+def test_decoder_products_match_finite_differences_and_each_other(kind, decoder):
+    par, X, params = _decoder_case(kind, decoder, seed=3)
+    rng = np.random.default_rng(4)
+    direction = rng.normal(size=par.size)
+    cotangent = (rng.normal(size=(3, 4, 6, 6)), rng.normal(size=(3, 4, 6, 2)))
+    jvp, vjp = _products(par, X, params, direction, cotangent)
+
+    def outputs(p):  # the logits (masked ones at 0: they do not move) and values
+        logits = par.logits(X, p)
+        logits = np.where(logits == np.finfo(float).min, 0.0, logits)
+        if isinstance(par, FactoredHeads):
+            return logits, par.values(X, p)
+        return (logits,)
+
+    eps = 1e-6
+    plus, minus = outputs(params + eps * direction), outputs(params - eps * direction)
+    for exact, hi, lo in zip(jvp, plus, minus, strict=True):
+        np.testing.assert_allclose(exact, (hi - lo) / (2 * eps), rtol=1e-7, atol=1e-8)
+    if par.causal:  # the jvp vanishes above the diagonal
+        upper = np.triu(np.ones((6, 6), dtype=bool), 1)
+        assert np.all(jvp[0][..., upper] == 0.0)
+    # the vjp is the jvp's adjoint: <G, J v> = <J^T G, v>
+    left = sum(np.sum(g * j) for g, j in zip(cotangent, jvp, strict=False))
+    np.testing.assert_allclose(left, vjp @ direction, rtol=1e-11)
+    assert vjp.shape == (par.size,)
+
+
+@pytest.mark.parametrize("kind", [LowRank, FactoredHeads])
+def test_grouped_preconditioner_is_a_change_of_variables(kind):
+    par = kind(4, 6, 2, n_kv_heads=2, rope_theta=10.0)
+    p = np.random.default_rng(5).normal(size=par.size)
+    apply, transpose, inverse = par.preconditioner(p)
+    np.testing.assert_allclose(apply(inverse(p)), p, rtol=1e-10)
+    z = np.random.default_rng(6).normal(size=par.size)
+    w = np.random.default_rng(7).normal(size=par.size)
+    np.testing.assert_allclose(apply(z) @ w, z @ transpose(w), rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("decoder", "message"),
+    [
+        ({"n_kv_heads": 3}, "must divide n_heads=4"),
+        ({"rope_layout": "spiral"}, "rope_layout must be one of"),
+        ({"rope_theta": 0.0}, "must be even and rope_theta=0.0 positive"),
+    ],
+)
+def test_decoder_settings_are_checked(decoder, message):
+    with pytest.raises(ValueError, match=message):
+        LowRank(4, 6, 2, **decoder)
+    with pytest.raises(ValueError, match="must be even"):
+        FactoredHeads(4, 6, 3, rope_theta=10.0)
+    with pytest.raises(ValueError, match="start from factors"):
+        LowRank(4, 6, 2, n_kv_heads=2).from_attention(np.zeros((4, 6, 6)))
+
+
+@pytest.mark.parametrize("decoder", _DECODERS[:3])
+def test_varpro_problem_of_a_planted_decoder_fits_it(decoder):
+    # the reduced problem at the planted factors fits the layer's outputs exactly
+    from skattn.layer._math import forward
+    from skattn.layer._positions import Rotary
+
+    par, X, params = _decoder_case(FactoredHeads, decoder, seed=8)
+    X = np.random.default_rng(9).normal(size=(40, 6, 5))
+    Q, K, V = par.factors(params)
+    output = np.random.default_rng(10).normal(size=(4, 2, 3))
+    rotary = None
+    attention = par.attention(params)
+    if par.rope_theta is not None:
+        rotary = Rotary(Q, K, par.rope_theta, par.rope_layout)
+        attention = np.zeros_like(attention)
+    Y = forward(X, attention, V @ output, causal=par.causal, rotary=rotary)
+    problem = VarproProblem(X, Y, None, par)
+    assert np.max(np.abs(problem.residual(params))) < 1e-12
+    np.testing.assert_allclose(problem.projection, V @ output, atol=1e-10)

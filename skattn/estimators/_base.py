@@ -19,6 +19,7 @@ from sklearn.utils.validation import (
 
 from ..layer import AttentionLayer
 from ..layer._math import forward
+from ..layer._positions import Rotary
 from ..utils._array_api import (
     device,
     is_numpy,
@@ -568,13 +569,39 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
         self.key_bias_, self.intercept_ = key_bias, intercept
         # the layer is a host object (AttentionLayer computes in numpy): numpy
         # copies of the parameters, the very arrays on numpy
+        decoder = self._decoder_layer()
+        for name in ("rotary_query", "rotary_key"):
+            if decoder.get(name) is not None:
+                decoder[name] = to_numpy(decoder[name])
         self.layer_ = AttentionLayer(
             to_numpy(self.attention_),
             to_numpy(self.projection_),
             n_tokens=self.n_tokens_,
             key_bias=to_numpy(key_bias) if fit_intercept else None,
             intercept=to_numpy(intercept) if fit_intercept else None,
+            **decoder,
         )
+
+    def _decoder_layer(self):
+        """The fitted decoder settings as ``AttentionLayer`` keywords (``causal``,
+        ``rotary_query``, ...); ``{}``: a position-free, unmasked layer."""
+        return {}
+
+    def _decoder_math(self):
+        """The fitted decoder settings as keywords of the math's ``forward``
+        (``causal``, ``rotary``), arrays in the fit's namespace."""
+        layer = self._decoder_layer()
+        decoder = {}
+        if layer.get("causal"):
+            decoder["causal"] = True
+        if layer.get("rotary_query") is not None:
+            decoder["rotary"] = Rotary(
+                layer["rotary_query"],
+                layer["rotary_key"],
+                layer["rope_theta"],
+                layer["rope_layout"],
+            )
+        return decoder
 
     def predict(self, X):
         """Predict with the learned layer.
@@ -599,6 +626,7 @@ class BaseAttentionRegressor(RegressorMixin, BaseEstimator):
             self.projection_,
             key_bias=getattr(self, "key_bias_", None),
             intercept=getattr(self, "intercept_", None),
+            **self._decoder_math(),
         )
         if is_foreign_array(Y):  # under array_api_dispatch: the array API's reshape
             xp = namespace(Y)

@@ -4,16 +4,19 @@ The estimator holds the parameters, validates the data and keeps the fitted
 attributes; the learner itself is :func:`skattn.phased.phased_fit`.
 """
 
+import time
 import warnings
 from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import _fit_context
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 
 from ..datasets import BooleanTokens
 from ..diagnostics import certify
+from ..layer._positions import key_head_index
 from ..metrics._identifiability import (
     IdentifiabilityWarning,
     data_verdict,
@@ -22,7 +25,10 @@ from ..metrics._identifiability import (
 from ..phased import phased_fit
 from ..phased._model_selection import split_indices
 from ..phased._options import PARAMETERS, PhasedOptions
+from ..phased._report import PhaseReport
 from ..solvers import balanced_factors
+from ..solvers._decoder import fit_decoder_from_random_starts
+from ..solvers.kernels._loss import REALISABLE_RESIDUAL
 from ..utils._array_api import device, namespace, to_namespace, to_numpy
 from ..utils._batches import TokenBatches, check_sources, map_reduce_batches
 from ..utils._validation import all_or_nothing, is_foreign_array
@@ -243,6 +249,30 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         Examples processed at once in phases 2-4: memory is bounded by the batch.
         Also the rows read at a time from an out-of-core X, and the batches of a
         dask chunk within its task (see Notes).
+    causal : bool, default=False
+        Learn a decoder (causal) layer: token l attends to tokens ``a <= l``.
+        With ``causal``, ``rope`` or ``n_kv_heads`` the layer is learned on the
+        decoder random-start path (:func:`skattn.solvers._decoder.
+        fit_decoder_from_random_starts`): ``init="auto"`` takes it and says so
+        (``phase_report_``, and a line with ``verbose``), ``init="phased"`` is a
+        ValueError (the phases of Chen & Li assume position-free, unmasked
+        inputs); the heads are searched and polished jointly (no per-head
+        refinement; ``phase_report_`` says so), with ``head_rank`` (``None``:
+        ``n_features``), no whitening.
+    rope : bool, default=False
+        Rotary position embeddings (RoPE): the logits are ``q_i(l)^T R((a - l)
+        omega) k_g(a)`` with ``q_i(l) = Q_i^T x_l``, ``k_g(a) = K_g^T x_a``
+        (``rotary_query_``, ``rotary_key_``) and no position-free part
+        (``attention_`` is zero).  Needs an even ``head_rank``.
+    rope_theta : float, default=10000.0
+        RoPE's base (with ``rope``).
+    rope_layout : {"half", "interleaved"}, default="half"
+        Pairs of rotated dimensions (with ``rope``): Llama's ``rotate_half`` or
+        GPT-J's interleaved pairs.
+    n_kv_heads : int, default=None
+        Grouped-query heads: groups of ``n_heads / n_kv_heads`` consecutive query
+        heads share one key map ``K_g`` (needs ``head_rank``).  ``None``: one
+        key head per query head.
     random_state : int, RandomState instance or None, default=None
         Subsampling in phases 2-4 and 6.
     memory : str, joblib.Memory or None, default=None
@@ -281,6 +311,11 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         approximation of ``W_i`` (exact on realisable data; the ``W_i`` are
         least-squares solutions, not rank-constrained).  Defined up to an
         invertible ``r x r`` gauge per head.
+    rotary_query_ : ndarray of shape (n_heads, n_features_per_token [+ 1], head_rank)
+        With ``rope`` only (else None): the query maps ``Q_i`` of the rotary
+        logits (a last bias row with ``fit_intercept``).
+    rotary_key_ : ndarray of shape (n_kv_heads, n_features_per_token [+ 1], head_rank)
+        With ``rope`` only (else None): the key maps ``K_g``.
     n_heads_ : int
         Number of heads used (selected when ``n_heads="auto"``).
     model_selection_ : dict
@@ -450,6 +485,11 @@ n_features_per_token)
         "start_search": [StrOptions({"auto", "minibatch", "none"})],
         "polish_solver": [StrOptions({"auto", "dense", "matrix-free"})],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "causal": ["boolean"],
+        "rope": ["boolean"],
+        "rope_theta": [Interval(Real, 0, None, closed="neither")],
+        "rope_layout": [StrOptions({"half", "interleaved"})],
+        "n_kv_heads": [Interval(Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
         "memory": [None, str, HasMethods(["cache"])],
         "verbose": ["verbose"],
@@ -490,6 +530,11 @@ n_features_per_token)
         start_search="auto",
         polish_solver="auto",
         batch_size=4096,
+        causal=False,
+        rope=False,
+        rope_theta=10000.0,
+        rope_layout="half",
+        n_kv_heads=None,
         random_state=None,
         memory=None,
         verbose=0,
@@ -526,6 +571,11 @@ n_features_per_token)
         self.start_search = start_search
         self.polish_solver = polish_solver
         self.batch_size = batch_size
+        self.causal = causal
+        self.rope = rope
+        self.rope_theta = rope_theta
+        self.rope_layout = rope_layout
+        self.n_kv_heads = n_kv_heads
         self.random_state = random_state
         self.memory = memory
         self.verbose = verbose
@@ -597,7 +647,10 @@ n_features_per_token)
                 "in memory); pass a numpy array, or fit_intercept=False for "
                 "out-of-core X."
             )
+        decoder = self._check_decoder(X3)
         X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
+        if decoder:
+            return self._fit_decoder(X3, Y3, weights)
         resumable = _resumable(self.random_state)
         if self.memory is not None and not resumable:
             warnings.warn(
@@ -644,6 +697,8 @@ n_features_per_token)
         self.hull_directions_ = info["hull_directions"]
         if "model_selection" in info:
             self.model_selection_ = info["model_selection"]
+        self.rotary_query_ = self.rotary_key_ = None
+        self._fitted_decoder = {}
         self._set_layer(attention, projection)
         if self.head_rank is not None and self.n_tokens_ > 1:
             self.factors_ = _factors(self.attention_, self.projection_, self.head_rank)
@@ -658,6 +713,129 @@ n_features_per_token)
                 "preprocessing.StandardScaler) first."
             )
         return self
+
+    def _check_decoder(self, X3):
+        """Whether the layer to learn is a decoder's (``causal``, ``rope``,
+        ``n_kv_heads``); one-line ValueErrors for what that path cannot do."""
+        if not (self.causal or self.rope or self.n_kv_heads is not None):
+            return False
+        what = ", ".join(
+            text
+            for text, on in (
+                ("causal=True", self.causal),
+                ("rope=True", self.rope),
+                (f"n_kv_heads={self.n_kv_heads}", self.n_kv_heads is not None),
+            )
+            if on
+        )
+        needs = None
+        if self.init == "phased":
+            needs = (
+                "init='phased' runs the phases of Chen & Li, which assume "
+                "position-free, unmasked inputs; pass init='auto' or 'random'"
+            )
+        elif self.n_heads == "auto":
+            needs = "an integer n_heads (n_heads='auto' searches position-free heads)"
+        elif not self.polish:
+            needs = "polish=True (the random-start path is a polish)"
+        elif self.certificate:
+            needs = "certificate=False (the certificate is of position-free heads)"
+        elif self.whiten is True:
+            needs = "whiten='auto' or False (the decoder path does not whiten)"
+        elif isinstance(X3, TokenBatches):
+            needs = "in-memory X (the decoder path reads no batches)"
+        elif (self.rope or self.n_kv_heads is not None) and self.head_rank is None:
+            needs = "head_rank (the head dimension the rotation and groups act on)"
+        elif self.rope and self.head_rank % 2:
+            needs = f"an even head_rank (RoPE rotates pairs), got {self.head_rank}"
+        elif self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            needs = f"n_kv_heads dividing n_heads={self.n_heads}"
+        if needs is not None:
+            raise ValueError(f"A decoder layer ({what}) needs {needs}.")
+        return True
+
+    def _fit_decoder(self, X3, Y3, weights):
+        """Learn a decoder layer on its random-start path
+        (:func:`~skattn.solvers._decoder.fit_decoder_from_random_starts`)."""
+        m, d = int(self.n_heads), X3.shape[2]
+        r = d if self.head_rank is None else min(int(self.head_rank), d)
+        reason = (
+            "decoder layer (causal mask, rotary positions or shared key heads): "
+            "the phases assume position-free inputs, so the random-start path ran"
+        )
+        if self.verbose:
+            print(f"MultiHeadAttentionRegressor: {reason}.")
+        rng = check_random_state(self.random_state)
+        start = time.perf_counter()
+        query, key, projection, info = fit_decoder_from_random_starts(
+            X3,
+            Y3,
+            m,
+            r,
+            causal=self.causal,
+            rope_theta=self.rope_theta if self.rope else None,
+            rope_layout=self.rope_layout,
+            n_kv_heads=self.n_kv_heads,
+            sample_weight=weights,
+            random_state=rng.randint(np.iinfo(np.int32).max),
+            n_starts=self.n_restarts,
+            search=self.start_search != "none",
+            max_iter=self.polish_max_iter,
+            tol=self.polish_tol,
+            n_polish_samples=self.polish_samples,
+            intercept=self.fit_intercept,
+            verbose=self.verbose,
+        )
+        info["reason"] = reason
+        info["init"] = "random"
+        self.phase_report_ = [
+            PhaseReport("6-polish", 0, time.perf_counter() - start, info)
+        ]
+        if info["relative_residual"] > REALISABLE_RESIDUAL and not info["converged"]:
+            warnings.warn(
+                f"The decoder layer's polish stopped ({info['stop_reason']}) at "
+                f"relative residual {info['relative_residual']:.3g}: raise "
+                f"polish_max_iter or n_restarts.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+        self.n_heads_, self.n_iter_ = m, 0
+        xp = namespace(X3)
+        self.projection_sum_ = xp.sum(projection, axis=0)
+        self.hull_point_ = self.hull_directions_ = None
+        index = key_head_index(m, key.shape[0])
+        if not isinstance(key, np.ndarray):
+            index = xp.asarray(index, device=device(key))
+        self._fitted_decoder = {"causal": bool(self.causal)}
+        if self.rope:
+            D = X3.shape[2]
+            attention = xp.zeros((m, D, D), dtype=xp.float64, device=device(X3))
+            self.rotary_query_, self.rotary_key_ = query, key
+            self._fitted_decoder.update(
+                rotary_query=query,
+                rotary_key=key,
+                rope_theta=float(self.rope_theta),
+                rope_layout=self.rope_layout,
+                n_kv_heads=int(key.shape[0]),
+            )
+        else:  # Theta_i = Q_i K_g^T, each query head with its group's key map
+            attention = xp.matmul(
+                query, xp.matrix_transpose(xp.take(key, index, axis=0))
+            )
+            self.rotary_query_ = self.rotary_key_ = None
+        self._set_layer(attention, projection)
+        check_sources(X3, Y3)
+        if not all(_all_finite(p) for p in (self.attention_, self.projection_)):
+            raise ValueError(
+                "MultiHeadAttentionRegressor's fitted parameters are NaN or infinite: "
+                "rescale X and y (e.g. with sklearn.preprocessing.StandardScaler)."
+            )
+        return self
+
+    def _decoder_layer(self):
+        """The fitted decoder settings as ``AttentionLayer`` keywords ({} for a
+        position-free layer): those of the last fit, not of ``set_params``."""
+        return dict(getattr(self, "_fitted_decoder", {}))
 
 
 def _resumable(random_state):

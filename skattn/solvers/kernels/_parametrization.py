@@ -10,6 +10,16 @@ products; the rest of the model (softmax, projections) is shared.  Shapes:
   gauge ``(Q_i G, K_i G^{-T})`` (``r^2`` directions per head along which the logits
   do not change); only the products are identifiable.
 
+``LowRank`` and ``FactoredHeads`` also parametrize decoder heads (keywords
+``causal``, ``rope_theta``, ``rope_layout``, ``n_kv_heads``; the model of
+:mod:`skattn.layer._positions`): grouped-query heads hold ``K`` per key head,
+``(m_kv, d, r)``, each query head using its group's; with rotary positions the
+token maps ``X Q_i`` and ``X K_g`` are rotated by their tokens' positions (a
+linear map per position, so the products rotate the directions' maps, and the
+pull-backs rotate the cotangents back); a causal mask puts the logits above the
+diagonal at the most negative float (their softmax is exactly 0) and zeroes the
+products there.
+
 The products cost ``O(n k d^2)`` per head for the full parametrization and
 ``O(n k d r + n k^2 r)`` for the low-rank one.  ``cache(X, p)`` precomputes what
 the products at ``p`` reuse (the token maps ``X Q_i``, ``X K_i``).
@@ -21,11 +31,20 @@ Random starts are drawn on the host (numpy) and moved, so that a seed gives the
 same start in every namespace.
 """
 
+import functools
+
 import numpy as np
 from sklearn.externals.array_api_compat import is_array_api_obj
 from sklearn.utils import check_random_state
 
 from ...layer._math import _namespace, balanced_factors
+from ...layer._positions import (
+    LAYOUTS,
+    key_head_index,
+    mask_logits,
+    rotary_tables,
+    rotate,
+)
 from ...utils._array_api import device, is_numpy, to_namespace
 from ._loss import solve_projections
 
@@ -124,32 +143,42 @@ class LowRank:
     ((2, 3, 3), 1)
     """
 
-    def __init__(self, n_heads, n_features, rank):
+    def __init__(
+        self,
+        n_heads,
+        n_features,
+        rank,
+        *,
+        causal=False,
+        rope_theta=None,
+        rope_layout="half",
+        n_kv_heads=None,
+    ):
         self.n_heads, self.n_features, self.rank = n_heads, n_features, rank
-        self.size = 2 * n_heads * n_features * rank
+        _set_decoder(self, causal, rope_theta, rope_layout, n_kv_heads)
+        self.size = (n_heads + self.n_kv_heads) * n_features * rank
 
     def factors(self, params):
-        """``Q, K``, each ``(m, d, r)``."""
-        m, d, r = self.n_heads, self.n_features, self.rank
-        half = m * d * r
-        xp = _namespace(params)
-        return xp.reshape(params[:half], (m, d, r)), xp.reshape(
-            params[half:], (m, d, r)
-        )
+        """``Q (m, d, r)``, ``K (m_kv, d, r)`` (``m_kv = m`` unless grouped)."""
+        return _split(params, self, 2)
 
     def attention(self, params):
-        """``Theta_i = Q_i K_i^T``: ``(m, d, d)``."""
+        """``Theta_i = Q_i K_g^T`` (``g`` query head i's key head): ``(m, d, d)``.
+
+        With rotary positions, the logits between tokens at equal positions."""
         Q, K = self.factors(params)
-        return _namespace(Q).matmul(Q, _transpose(K))
+        return _namespace(Q).matmul(Q, _transpose(_expand(self, K)))
 
     def from_attention(self, attention):
         """Balanced factors of the best rank-r approximation of each Theta_i."""
+        _check_ungrouped(self)
         factors = balanced_factors(attention, self.rank)
         return _namespace(*factors).concat([_flat(f) for f in factors])
 
     def attention_vjp(self, params, grad_attention):
         """Pull a gradient ``G`` in Theta back to the factors: ``dQ_i = G_i K_i``,
         ``dK_i = G_i^T Q_i``, flat."""
+        _check_ungrouped(self)
         Q, K = self.factors(params)
         return _namespace(Q).concat(
             [_flat(grad_attention @ K), _flat(_transpose(grad_attention) @ Q)]
@@ -178,35 +207,50 @@ class LowRank:
         >>> bool(np.allclose(apply(inverse(p)), p))
         True
         """
-        apply, inverse = _scaled_metric(*self.factors(params))
+        apply, inverse = _scaled_metric(*self.factors(params), self._index())
         # the C are symmetric, so M^T = M
         return apply, apply, inverse
 
+    def _index(self):
+        """Each query head's key head, or None (ungrouped)."""
+        return _group_index(self)
+
     def cache(self, X, params):
-        """The token maps ``X Q_i`` and ``X K_i``, each ``(n, m, k, r)``."""
+        """The token maps ``X Q_i`` and ``X K_g`` (rotated, each query head's key
+        head's), each ``(n, m, k, r)``."""
         Q, K = self.factors(params)
         both = _token_maps(X, _namespace(Q).concat([Q, K], axis=0))  # one GEMM
-        return both[:, : self.n_heads, ...], both[:, self.n_heads :, ...]
+        return _decoder_maps(self, X, both)
 
     def logits(self, X, params, cache=None):
-        """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)``."""
+        """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)`` (masked)."""
         xq, xk = self.cache(X, params) if cache is None else cache
-        return _namespace(xq).matmul(xq, _transpose(xk))
+        return _mask(self, _namespace(xq).matmul(xq, _transpose(xk)), low=True)
 
     def logits_jvp(self, X, params, direction, cache=None):
-        """``(X dQ_i)(X K_i)^T + (X Q_i)(X dK_i)^T``."""
+        """``(X dQ_i)(X K_i)^T + (X Q_i)(X dK_i)^T`` (0 where masked)."""
         xq, xk = self.cache(X, params) if cache is None else cache
         dxq, dxk = self.cache(X, direction)
         xp = _namespace(xq)
-        return xp.matmul(dxq, _transpose(xk)) + xp.matmul(xq, _transpose(dxk))
+        return _mask(
+            self, xp.matmul(dxq, _transpose(xk)) + xp.matmul(xq, _transpose(dxk))
+        )
 
     def logits_vjp(self, X, params, cotangent, cache=None):
-        """``dQ_i = sum_n X^T G_i (X K_i)``, ``dK_i = sum_n X^T G_i^T (X Q_i)``."""
+        """``dQ_i = sum_n X^T G_i (X K_i)``, ``dK_i = sum_n X^T G_i^T (X Q_i)``
+        (rotated back, summed over each key head's group)."""
         xq, xk = self.cache(X, params) if cache is None else cache
         xp = _namespace(xq, cotangent)
+        cotangent = _mask(self, cotangent)
         # both pull-backs in one GEMM: (d, n k) @ (n k, 2 m r); Q's block first
         both = xp.concat(
-            [xp.matmul(cotangent, xk), xp.matmul(_transpose(cotangent), xq)], axis=1
+            _pulled_maps(
+                self,
+                X,
+                xp.matmul(cotangent, xk),
+                xp.matmul(_transpose(cotangent), xq),
+            ),
+            axis=1,
         )
         return _flat(_pull_back(X, both))
 
@@ -234,29 +278,36 @@ class FactoredHeads:
 
     eliminates_output_factors = True
 
-    def __init__(self, n_heads, n_features, rank):
+    def __init__(
+        self,
+        n_heads,
+        n_features,
+        rank,
+        *,
+        causal=False,
+        rope_theta=None,
+        rope_layout="half",
+        n_kv_heads=None,
+    ):
         self.n_heads, self.n_features, self.rank = n_heads, n_features, rank
-        self.size = 3 * n_heads * n_features * rank
+        _set_decoder(self, causal, rope_theta, rope_layout, n_kv_heads)
+        self.size = (2 * n_heads + self.n_kv_heads) * n_features * rank
 
     def factors(self, params):
-        """``Q, K, V``, each ``(m, d, r)``."""
-        m, d, r = self.n_heads, self.n_features, self.rank
-        block = m * d * r
-        xp = _namespace(params)
-        return tuple(
-            xp.reshape(params[j * block : (j + 1) * block], (m, d, r)) for j in range(3)
-        )
+        """``Q (m, d, r)``, ``K (m_kv, d, r)``, ``V (m, d, r)``."""
+        return _split(params, self, 3)
 
     def attention(self, params):
-        """``Theta_i = Q_i K_i^T``: ``(m, d, d)``."""
+        """``Theta_i = Q_i K_g^T``: ``(m, d, d)`` (see :meth:`LowRank.attention`)."""
         Q, K, _ = self.factors(params)
-        return _namespace(Q).matmul(Q, _transpose(K))
+        return _namespace(Q).matmul(Q, _transpose(_expand(self, K)))
 
     def from_attention(self, attention, projection):
         """Balanced Q, K of the best rank-r approximation of each Theta_i, and V
         the top r left singular vectors of each ``W_i`` (``projection``,
         ``(m, d, d_out)``): the column space is what the output factors do not
         absorb."""
+        _check_ungrouped(self)
         Q, K = balanced_factors(attention, self.rank)
         projection = _float_array(projection)
         xp = _namespace(projection)
@@ -268,8 +319,8 @@ class FactoredHeads:
         """Q and K as :meth:`LowRank.preconditioner`; V in its own variables (the
         variable projection's :meth:`regauge` balances it against O instead)."""
         Q, K, V = self.factors(params)
-        qk_apply, qk_inverse = _scaled_metric(Q, K)
-        half = 2 * _size(V)
+        qk_apply, qk_inverse = _scaled_metric(Q, K, _group_index(self))
+        half = _size(Q) + _size(K)
         xp = _namespace(Q)
 
         def apply(z):
@@ -299,13 +350,13 @@ class FactoredHeads:
         """The token maps ``X Q_i``, ``X K_i``, ``X V_i``, each ``(n, m, k, r)``."""
         Q, K, V = self.factors(params)
         maps = _token_maps(X, _namespace(Q).concat([Q, K, V], axis=0))  # one GEMM
-        m = self.n_heads
-        return maps[:, :m, ...], maps[:, m : 2 * m, ...], maps[:, 2 * m :, ...]
+        xq, xk = _decoder_maps(self, X, maps[:, : -self.n_heads, ...])
+        return xq, xk, maps[:, -self.n_heads :, ...]
 
     def logits(self, X, params, cache=None):
-        """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)``."""
+        """``(X Q_i)(X K_i)^T``: ``(n, k, d) -> (n, m, k, k)`` (masked)."""
         xq, xk, _ = self.cache(X, params) if cache is None else cache
-        return _namespace(xq).matmul(xq, _transpose(xk))
+        return _mask(self, _namespace(xq).matmul(xq, _transpose(xk)), low=True)
 
     def values(self, X, params, cache=None):
         """``X V_i``: ``(n, m, k, r)``."""
@@ -317,30 +368,36 @@ class FactoredHeads:
         dxq, dxk, dxv = self.cache(X, direction)
         xp = _namespace(xq)
         d_logits = xp.matmul(dxq, _transpose(xk)) + xp.matmul(xq, _transpose(dxk))
-        return d_logits, dxv
+        return _mask(self, d_logits), dxv
 
     def vjp(self, X, params, d_logits, d_values, cache=None):
         """Pull back cotangents of the logits ``(n, m, k, k)`` and of the values
         ``(n, m, k, r)``: flat ``(3 m d r,)``, one GEMM."""
         xq, xk, _ = self.cache(X, params) if cache is None else cache
         xp = _namespace(xq, d_logits, d_values)
-        both = xp.concat(
-            [
-                xp.matmul(d_logits, xk),
-                xp.matmul(_transpose(d_logits), xq),
-                d_values,
-            ],
-            axis=1,
+        d_logits = _mask(self, d_logits)
+        pulled = _pulled_maps(
+            self, X, xp.matmul(d_logits, xk), xp.matmul(_transpose(d_logits), xq)
         )
+        both = xp.concat([*pulled, d_values], axis=1)
         return _flat(_pull_back(X, both))
 
 
-def _scaled_metric(Q, K):
+def _scaled_metric(Q, K, index=None):
     """``(apply, inverse)`` of the scaled-gradient-descent change of variables of
-    :meth:`LowRank.preconditioner`, on flat ``[Q, K]`` vectors."""
+    :meth:`LowRank.preconditioner`, on flat ``[Q, K]`` vectors.
+
+    ``index`` (grouped-query heads): each query head's key head; ``Q_i`` is then
+    scaled by its key head's ``C^K_g``, and ``K_g`` by the root of its group's
+    summed ``Q_i^T Q_i``."""
     xp = _namespace(Q, K)
     c_k, c_k_inv = _inverse_root(_transpose(K) @ K)
-    c_q, c_q_inv = _inverse_root(_transpose(Q) @ Q)
+    q_grams = _transpose(Q) @ Q
+    if index is not None:
+        m_kv, r = K.shape[0], K.shape[2]
+        q_grams = xp.sum(xp.reshape(q_grams, (m_kv, -1, r, r)), axis=1)
+        c_k, c_k_inv = _take_heads(c_k, index), _take_heads(c_k_inv, index)
+    c_q, c_q_inv = _inverse_root(q_grams)
     half = _size(Q)
 
     def apply(z):
@@ -355,6 +412,145 @@ def _scaled_metric(Q, K):
         return xp.concat([_flat(p_q @ c_k_inv), _flat(p_k @ c_q_inv)])
 
     return apply, inverse
+
+
+def _set_decoder(par, causal, rope_theta, rope_layout, n_kv_heads):
+    """Check and set a parametrization's decoder settings (one-line errors)."""
+    m, r = par.n_heads, par.rank
+    m_kv = m if n_kv_heads is None else int(n_kv_heads)
+    if m_kv < 1 or m % m_kv:
+        raise ValueError(
+            f"n_kv_heads={n_kv_heads} must divide n_heads={m}: each group of "
+            f"n_heads / n_kv_heads query heads shares one key head."
+        )
+    if rope_layout not in LAYOUTS:
+        raise ValueError(
+            f"rope_layout must be one of {list(LAYOUTS)}, got {rope_layout!r}."
+        )
+    if rope_theta is not None and (r % 2 or not float(rope_theta) > 0):
+        raise ValueError(
+            f"rotary positions rotate pairs of dimensions by a positive base: "
+            f"rank={r} must be even and rope_theta={rope_theta} positive."
+        )
+    par.causal = bool(causal)
+    par.rope_theta = None if rope_theta is None else float(rope_theta)
+    par.rope_layout = rope_layout
+    par.n_kv_heads = m_kv
+
+
+def _split(params, par, n_blocks):
+    """The factors of flat ``params``: ``Q (m, d, r)``, ``K (m_kv, d, r)``, then
+    (``n_blocks`` 3) ``V (m, d, r)``."""
+    d, r = par.n_features, par.rank
+    xp = _namespace(params)
+    heads = [par.n_heads, par.n_kv_heads, par.n_heads][:n_blocks]
+    out, start = [], 0
+    for h in heads:
+        stop = start + h * d * r
+        out.append(xp.reshape(params[start:stop], (h, d, r)))
+        start = stop
+    return tuple(out)
+
+
+def _group_index(par):
+    """Each query head's key head (``key_head_index``), or None when ungrouped."""
+    if par.n_kv_heads == par.n_heads:
+        return None
+    return key_head_index(par.n_heads, par.n_kv_heads)
+
+
+def _take_heads(x, index):
+    """``x[index]`` along the first axis, ``index`` a numpy array of head indices."""
+    xp = _namespace(x)
+    if not is_numpy(xp):
+        index = xp.asarray(index, device=device(x))
+    return xp.take(x, index, axis=0)
+
+
+def _expand(par, K):
+    """``K (m_kv, ...)`` repeated for each query head: ``(m, ...)``."""
+    index = _group_index(par)
+    return K if index is None else _take_heads(K, index)
+
+
+def _check_ungrouped(par):
+    """Raise for grouped key heads: no per-head Theta_i factors into them."""
+    if par.n_kv_heads != par.n_heads:
+        raise ValueError(
+            f"grouped key heads (n_kv_heads={par.n_kv_heads} of n_heads="
+            f"{par.n_heads}) have no factors of given Theta_i: start from factors."
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _host_tables(n_tokens, rank, base):
+    """``rotary_tables`` on the host, kept (read only)."""
+    cos, sin = rotary_tables(n_tokens, rank, base)
+    cos.flags.writeable = sin.flags.writeable = False
+    return cos, sin
+
+
+def _tables(par, maps):
+    """``cos``, ``sin`` ``(k, r / 2)`` for token maps ``(n, h, k, r)``, in their
+    namespace, dtype and device."""
+    cos, sin = _host_tables(maps.shape[-2], par.rank, par.rope_theta)
+    xp = _namespace(maps)
+    if is_numpy(xp):
+        return cos.astype(maps.dtype, copy=False), sin.astype(maps.dtype, copy=False)
+    return tuple(
+        xp.asarray(t, dtype=maps.dtype, device=device(maps)) for t in (cos, sin)
+    )
+
+
+def _decoder_maps(par, X, maps):
+    """``(xq, xk)`` from the token maps ``[X Q, X K]`` ``(n, m + m_kv, k, r)``:
+    rotated by position (rotary) and the keys repeated for each query head."""
+    m = par.n_heads
+    xq, xk = maps[:, :m, ...], maps[:, m:, ...]
+    if par.rope_theta is not None:
+        cos, sin = _tables(par, maps)
+        xq = rotate(xq, cos, sin, par.rope_layout)
+        xk = rotate(xk, cos, sin, par.rope_layout)
+    index = _group_index(par)
+    if index is not None:
+        xp = _namespace(xk)
+        if not is_numpy(xp):
+            index = xp.asarray(index, device=device(xk))
+        xk = xp.take(xk, index, axis=1)
+    return xq, xk
+
+
+def _pulled_maps(par, X, g_q, g_k):
+    """Cotangents of the rotated, repeated maps ``(n, m, k, r)`` pulled back to
+    those of ``[X Q, X K]``: rotated back, the keys' summed over each group."""
+    if par.rope_theta is not None:
+        cos, sin = _tables(par, g_q)
+        g_q = rotate(g_q, cos, -sin, par.rope_layout)
+        g_k = rotate(g_k, cos, -sin, par.rope_layout)
+    if par.n_kv_heads != par.n_heads:
+        xp = _namespace(g_k)
+        n, m, k, r = g_k.shape
+        g_k = xp.sum(
+            xp.reshape(g_k, (n, par.n_kv_heads, m // par.n_kv_heads, k, r)), axis=2
+        )
+    return g_q, g_k
+
+
+def _mask(par, logits, low=False):
+    """``logits (n, m, k, k)`` with the keys after each query masked (causal):
+    at the most negative float (``low``: logits) or 0 (their derivatives)."""
+    if not par.causal:
+        return logits
+    if low:
+        return mask_logits(logits, causal=True)
+    xp = _namespace(logits)
+    k = logits.shape[-1]
+    keep = np.tril(np.ones((k, k), dtype=bool))
+    if not is_numpy(xp):
+        keep = xp.asarray(keep, device=device(logits))
+    return xp.where(
+        keep, logits, xp.zeros((), dtype=logits.dtype, device=device(logits))
+    )
 
 
 def _size(x):
