@@ -744,6 +744,8 @@ n_features_per_token)
             needs = "whiten='auto' or False (the decoder path does not whiten)"
         elif isinstance(X3, TokenBatches):
             needs = "in-memory X (the decoder path reads no batches)"
+        elif self.memory is not None:
+            needs = "memory=None (the decoder path keeps no stages to resume yet)"
         elif (self.rope or self.n_kv_heads is not None) and self.head_rank is None:
             needs = "head_rank (the head dimension the rotation and groups act on)"
         elif self.rope and self.head_rank % 2:
