@@ -145,6 +145,56 @@ def test_minibatch_search_stops_on_its_budget_and_on_no_progress():
     assert info["replacements"] == []
 
 
+def test_no_step_size_cut_on_the_start_plateau():
+    """12 planted heads of rank 8 at d = 96 (m r = d, as a BERT-base layer's): from
+    a random start the residual sits at 0.73 for some 200 steps before it falls.
+    The plain stall rule cuts the step size there and ends on the plateau; with
+    no cut on it the search leaves it and reaches its target."""
+    from skattn.datasets import GaussianTokens, make_attention_layer
+    from skattn.layer import AttentionLayer
+    from skattn.solvers import whitening_map
+    from skattn.solvers.kernels._parametrization import random_attention
+
+    d, m, r, n, k = 96, 12, 8, 2000, 16
+    base = make_attention_layer(m, d, head_rank=r, random_state=0)
+    rng = np.random.default_rng(1)
+    # key biases in the keys' span, and an intercept (bench_gpu.py's planted768)
+    key_bias = np.einsum("mde,md->me", base.attention, rng.normal(size=(m, d)))
+    key_bias /= np.linalg.norm(key_bias, axis=1, keepdims=True)
+    layer = AttentionLayer(
+        base.attention,
+        base.projection,
+        key_bias=key_bias,
+        intercept=rng.normal(size=d),
+        n_tokens=k,
+    )
+    X = np.asarray(GaussianTokens(k, d).sample(n, random_state=0)).reshape(n, k, d)
+    Y = layer.transform(X.reshape(n, -1)).reshape(n, k, d)
+    X = np.concatenate([X, np.ones((n, k, 1))], axis=2)
+    X = X @ whitening_map(X)[0]
+    par = FactoredHeads(m, d + 1, r)
+    rng = np.random.RandomState(0)
+    attention = random_attention(m, d + 1, rng)
+    values = rng.normal(scale=1 / (d + 1), size=(m, d + 1, r))
+    start = par.from_attention(attention, values @ rng.normal(size=(m, r, d)))
+    options = dict(
+        intercept_direction=_intercept_direction(X),
+        batch_size=128,
+        check_every=10,
+        patience=2,
+        max_steps=1000,
+        n_replacements=0,
+        random_state=0,
+    )
+    _, plain = minibatch_search(X, Y, start, par, plateau_steps=0, **options)
+    assert plain["stop_reason"] == "no_decrease" and plain["residual"] > 0.6
+    assert plain["n_steps"] < 200 and plain["n_decays"] == 3
+    _, info = minibatch_search(X, Y, start, par, plateau_steps=1000, **options)
+    assert info["stop_reason"] == "residual" and info["residual"] <= 2e-2
+    # the plateau: more than 100 steps still above 0.9 times the start
+    assert min(info["residuals"][:11]) > 0.9 * info["residuals"][0]
+
+
 def dead_head_start(truth, par):
     """Head 0 of the truth and a zero head 1: the zero head's columns are zero, so
     its gradient is zero and Adam never moves it; head 1 stays unfound."""

@@ -62,6 +62,19 @@ _REPLACEMENT_BATCHES = 16
 # stall with every head contributing (12 MiniLM heads at 0.006, the weakest
 # worth 0.117) is the step size's noise floor, not an unfound head.
 _REPLACE_BELOW = math.sqrt(2.0)
+# The start's plateau: from a random start the residual falls for a check or two
+# (output factors and intercept), then sits still while the heads' overlap with
+# the real ones grows, and then falls fast.  That plateau lasts about
+# 3.4e-4 m d^2 steps (planted heads, m r = d, batches of 256: 150 steps at
+# d = 192, 550 at d = 384, about 2400 predicted at d = 768; neither the step size
+# nor the start's scale shortens it; benchmarks/studies/study_bert_base_search.py),
+# and a step-size cut on it lengthens it: with patience 3 the search of 12 heads
+# of rank 32 at d = 384 was cut three times on it and ended at 0.706, where
+# uncut it left at step 550 and reached 0.13.  So while the residual has not
+# fallen below _PLATEAU_EXIT times the start's, the step size is not cut before
+# _PLATEAU_STEPS m d^2 steps (twice the measured plateau).
+_PLATEAU_STEPS = 7e-4
+_PLATEAU_EXIT = 0.9
 
 
 # The array namespace's small helpers of the search (those the stages share are in
@@ -365,6 +378,7 @@ def minibatch_search(
     decay=0.3,
     n_decays=3,
     n_replacements=2,
+    plateau_steps="auto",
     dtype=np.float32,
     n_jobs=1,
     fixed_columns=None,
@@ -380,7 +394,10 @@ def minibatch_search(
     hover at a noise floor set by the step size), at most ``n_decays`` times.  The
     search stops when the residual is at most ``stop_residual``, when it stalls
     after the last cut, or after ``max_steps`` steps.  The parameters of the best
-    check are returned.
+    check are returned.  No cut is made on the start's plateau (the residual not
+    yet below 0.9 times the start's) in the first ``plateau_steps`` steps: a
+    random start's residual stalls there for a number of steps that grows as
+    ``m d^2``, and a smaller step size only lengthens the stall.
 
     A search that stalls above ``stop_residual`` has often left a real head
     unfound, with one learned head doing little (12 heads of all-MiniLM-L6-v2).
@@ -422,6 +439,11 @@ def minibatch_search(
         Weakest-head replacements after a stalled search (0: none; nothing is
         replaced for one head, when the search reaches ``stop_residual``, or
         when every head explains more than what is left).
+    plateau_steps : int or "auto", default="auto"
+        Steps in which the step size is not cut while the residual is above 0.9
+        times the start's; ``"auto"``: ``ceil(7e-4 m d^2)`` (``m`` heads, ``d``
+        features: 313 steps for 12 heads at d = 193, 4982 at d = 769, twice the
+        plateau measured on planted layers); 0: the plain stall rule.
     dtype : dtype, default=numpy.float32
         Precision of the products.
     n_jobs : int, default=1
@@ -496,13 +518,19 @@ def minibatch_search(
         to_namespace(params, xp, device(X)), dtype=xp.float64, copy=True
     )
     step_size = learning_rate * math.sqrt(float(xp.mean(params**2)))
+    if plateau_steps == "auto":
+        plateau_steps = math.ceil(
+            _PLATEAU_STEPS * parametrization.n_heads * parametrization.n_features**2
+        )
     best_residual = check(params)
     residuals = [best_residual]
     if verbose:
         print(f"minibatch search: start residual {best_residual:.4g}")
 
-    def adam(params, best_residual, step_size, max_steps):
-        """Adam with step-size cuts: ``(best, residual, steps, cuts, reason)``."""
+    def adam(params, best_residual, step_size, max_steps, plateau=0):
+        """Adam with step-size cuts (none on the start's plateau in the first
+        ``plateau`` steps): ``(best, residual, steps, cuts, reason)``."""
+        plateau_level = _PLATEAU_EXIT * best_residual
         best = _copy(xp, params)
         first = xp.zeros_like(params)
         second = xp.zeros_like(params)
@@ -542,6 +570,8 @@ def minibatch_search(
             if residual < best_residual:
                 best, best_residual = _copy(xp, params), residual
             if stalled >= patience:
+                if step < plateau and best_residual > plateau_level:
+                    continue  # the start's plateau: a cut would lengthen it
                 if n_cuts == n_decays:
                     stop_reason = "no_decrease"
                     break
@@ -559,7 +589,7 @@ def minibatch_search(
     # steps
     with stage_bar("search", None, "step") as bar:
         best, best_residual, n_steps, n_cuts, stop_reason = adam(
-            params, best_residual, step_size, max_steps
+            params, best_residual, step_size, max_steps, int(plateau_steps)
         )
         replacements = []
         while (
