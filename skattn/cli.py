@@ -440,10 +440,10 @@ def _parser():
     fit.add_argument(
         "--out",
         type=_layer_path,
-        default="layer.npz",
+        default="layer.safetensors",
         help="output file, written under exactly this name (its folder created if "
-        "missing): .npz, a NumPy archive, or .safetensors, the format of skattn "
-        "layer; skattn.cli.load_layer reads both",
+        "missing): .safetensors, the format of skattn layer (written by skattn, no "
+        "extra needed), or .npz, a NumPy archive; skattn.cli.load_layer reads both",
     )
     fit.add_argument(
         "--device",

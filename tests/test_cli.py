@@ -183,7 +183,7 @@ def test_fit_failure_is_one_line(data, capsys, monkeypatch):
     code, err = _exit(["fit", "data.npz", "--n-tokens", "3", "--quiet"], capsys)
     assert code == 1
     assert err.startswith("skattn: error: the fit failed: ") and err.count("\n") == 1
-    assert not (data / "layer.npz").exists()
+    assert not (data / "layer.safetensors").exists()
 
 
 @pytest.mark.parametrize(
@@ -366,7 +366,7 @@ def test_load_layer_names_what_is_wrong(tmp_path, content, match):
                 "(default: 0.02)",
                 "(default: 1e-10)",
                 "(default: 100)",
-                "(default: layer.npz)",
+                "(default: layer.safetensors)",
             ],
         ),
     ],
@@ -978,7 +978,7 @@ def test_fit_interrupted_is_one_line_and_status_130(
     monkeypatch.setattr(MultiHeadAttentionRegressor, "fit", _interrupt)
     code, err = _exit(["fit", "data.npz", "--n-tokens", "4", "--quiet", *extra], capsys)
     assert (code, err) == (130, line)
-    assert not (data / "layer.npz").exists()
+    assert not (data / "layer.safetensors").exists()
 
 
 def test_layer_interrupted_then_resumed_says_so_and_records_it(
@@ -1097,3 +1097,15 @@ def test_help_of_the_progress_switches_shows_no_internal_level(capsys):
             in (text)
         )
         assert "shows one) (default" not in text
+
+
+def test_fit_writes_safetensors_by_default_as_layer_does(data, capsys, monkeypatch):
+    # issue 52, point 4: one format for layers in both commands
+    from skattn.cli import load_layer
+
+    monkeypatch.chdir(data)
+    assert main(["fit", "data.npz", "--n-tokens", "4", "--quiet"]) == 0
+    assert (data / "layer.safetensors").is_file()
+    assert not (data / "layer.npz").exists()
+    assert "layer.safetensors" in capsys.readouterr().out
+    assert load_layer("layer.safetensors").n_tokens == 4
