@@ -323,13 +323,15 @@ def batched_least_squares(
         for j, i in enumerate(alive):
             n_eval[i] += 1
             n_iter[i] += int(took[j])
-        z = xp.where(xp.asarray(took[:, None], device=device(z)), z_new, z)
-        f = xp.where(xp.asarray(took[:, None], device=device(z)), f_new, f)
-        cost = xp.where(xp.asarray(took, device=device(z)), cost_new, cost)
+        taken = xp.asarray(took, device=device(z))
+        z = xp.where(taken[:, None], z_new, z)
+        f = xp.where(taken[:, None], f_new, f)
+        cost = xp.where(taken, cost_new, cost)
         done = [j for j, i in enumerate(alive) if codes[j] > 0 or n_eval[i] >= max_nfev]
+        if done or not took.all():
+            x_now = apply(z, index)
         if not took.all():  # the problem's point is the accepted one again
-            problem.evaluate(apply(z, index))
-        x_now = apply(z, index)
+            problem.evaluate(x_now)
         for j in done:
             i = alive[j]
             status[i] = int(codes[j]) if codes[j] > 0 else 0

@@ -432,13 +432,9 @@ def _solve_heads(
     threads with numpy."""
     if batched is None:
         batched = not is_numpy(namespace(X))
-    # each head's problem keeps its result and iterates under a name given here,
-    # in the heads' order, whatever thread solves it
-    scopes = {i: None for i in heads}
     call = None
     if memory is not None and memory.enabled:
         call = memory.next_name("heads")
-        scopes = {i: memory.child(f"{call}.head{i}") for i in heads}
 
     bar = current_bar()  # the refinement's (open-ended): a head solved, its residual
 
@@ -453,6 +449,11 @@ def _solve_heads(
         bar.set_postfix_str(f"worst head: {worst:.2g}")
         return results
 
+    # each head's problem keeps its result and iterates under a name given here,
+    # in the heads' order, whatever thread solves it
+    scopes = {
+        i: None if call is None else memory.child(f"{call}.head{i}") for i in heads
+    }
     # on a GPU one after another: host threads would only contend for its stream
     threads = 1 if _on_accelerator(X) else _threads(n_jobs, math.inf)
     jobs = min(threads, len(heads))
