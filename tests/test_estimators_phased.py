@@ -17,6 +17,7 @@ from skattn import (
 )
 from skattn.datasets import sample_inputs
 from skattn.estimators._phased import MIN_HELD_OUT, _check_auto_samples
+from skattn.metrics import IdentifiabilityWarning
 from skattn.phased import CertificationError, CertificationWarning
 from skattn.phased._model_selection import split_indices
 
@@ -122,9 +123,13 @@ def test_one_token_is_a_linear_model():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 3))
     W = rng.normal(size=(3, 2))
-    est = MultiHeadAttentionRegressor(n_heads=2).fit(X, X @ W)
+    est = MultiHeadAttentionRegressor(n_heads=2, n_tokens=1).fit(X, X @ W)
     np.testing.assert_allclose(est.predict(X), X @ W, atol=1e-10)
     assert est.n_tokens_ == 1 and est.n_iter_ == 0
+    # n_tokens left out: the same fit, and a warning that k = 1 was read
+    with pytest.warns(IdentifiabilityWarning, match="each row is read as one token"):
+        again = MultiHeadAttentionRegressor(n_heads=2).fit(X, X @ W)
+    np.testing.assert_allclose(again.predict(X), X @ W, atol=1e-10)
 
 
 def test_too_few_outputs_for_phase_two():

@@ -85,3 +85,29 @@ def test_a_fit_records_its_verdict_and_stays_quiet_when_the_data_suffice():
         MultiHeadAttentionRegressor(
             n_heads=2, n_tokens=4, head_rank=2, init="random", random_state=0
         ).fit(X, y, sample_weight=weights)
+
+
+def test_rows_read_as_one_token_with_several_heads_are_flagged_before_the_fit():
+    # the usual slip: 2-D X of sequences and no n_tokens, so k = 1 and F is linear
+    X, y = make_attention_regression(
+        200, 4, 6, 2, distribution="gaussian", head_rank=2, random_state=0
+    )
+    slip = MultiHeadAttentionRegressor(n_heads=2, head_rank=2, random_state=0)
+    with pytest.warns(IdentifiabilityWarning, match="pass n_tokens=k") as caught:
+        slip.fit(X, y)
+    assert slip.n_tokens_ == 1
+    assert "n_heads=2, head_rank=2" in str(caught[0].message)
+    assert caught[0].filename == __file__
+    # one token a row on purpose, or sequences given their length: no such warning
+    for estimator, X_fit in [
+        (MultiHeadAttentionRegressor(n_heads=2, n_tokens=1, random_state=0), X),
+        (MultiHeadAttentionRegressor(random_state=0), X),
+        (
+            MultiHeadAttentionRegressor(n_heads=2, head_rank=2, random_state=0),
+            X.reshape(200, 4, 6),
+        ),
+    ]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            estimator.fit(X_fit, y)
+        assert not [w for w in caught if "n_tokens=k" in str(w.message)]

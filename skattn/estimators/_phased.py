@@ -598,6 +598,27 @@ n_features_per_token)
             n, X3.shape[1], X3.shape[2], Y3.shape[2], m, head_rank=self.head_rank
         )
 
+    def _warn_one_token(self):
+        """Warn when 2-D X was read as one token a row (``n_tokens=None``) while
+        the estimator asks for several heads or low-rank heads, which then do
+        nothing: the usual slip is a forgotten ``n_tokens``."""
+        several = self.n_heads not in (1, "auto")
+        if not (several or self.head_rank is not None):
+            return
+        asked = ", ".join(
+            f"{name}={getattr(self, name)!r}"
+            for name in ("n_heads", "head_rank")
+            if (name == "n_heads" and several)
+            or (name == "head_rank" and self.head_rank is not None)
+        )
+        warn_at_caller(
+            "X is 2-D and n_tokens=None, so each row is read as one token (k = 1): "
+            f"F is then linear, which ignores {asked}. If each row is a "
+            "sequence of k tokens, pass n_tokens=k (or X of shape (n_samples, k, "
+            "n_features)); pass n_tokens=1 to keep one token a row.",
+            IdentifiabilityWarning,
+        )
+
     @_fit_context(prefer_skip_nested_validation=True)
     @all_or_nothing
     def fit(self, X, y, sample_weight=None):
@@ -633,7 +654,10 @@ n_features_per_token)
         TypeError
             On sparse X or y.
         """
+        one_token_read = self.n_tokens is None and getattr(X, "ndim", 2) != 3
         X3, Y3, weights = self._validate_fit_data(X, y, sample_weight)
+        if one_token_read and self.n_tokens_ == 1:
+            self._warn_one_token()
         if self.input_distribution == "boolean":
             if isinstance(X3, TokenBatches):
                 _check_boolean_batches(X3, Y3, self.batch_size)
