@@ -73,19 +73,27 @@ def project_simplex(V):
            [1.        , 0.        , 0.        ]])
     """
     xp = namespace(V)
-    V = xp.asarray(V, dtype=xp.float64)
+    return _project_simplex(xp, xp.asarray(V, dtype=xp.float64))
+
+
+def _project_simplex(xp, V):
+    """:func:`project_simplex` of a float64 ``V`` of ``xp``."""
     k = V.shape[-1]
-    where = device(V)
     ordered = -xp.sort(-V, axis=-1)
     cumulative = xp.cumulative_sum(ordered, axis=-1) - 1.0
-    counts = xp.arange(1, k + 1, dtype=V.dtype, device=where)
+    counts = xp.arange(1, k + 1, dtype=V.dtype, device=device(V))
     support = xp.astype(ordered - cumulative / counts > 0, xp.int8)
     # the support's size: the last index where the condition holds, plus one
-    size = k - xp.argmax(xp.flip(support, axis=-1), axis=-1)
+    size = xp.astype(k - xp.argmax(xp.flip(support, axis=-1), axis=-1), V.dtype)
+    size = size[..., None]
     # cumulative[size - 1], exactly (a sum of it and zeros)
-    at = xp.arange(1, k + 1, device=where) == size[..., None]
-    shift = xp.sum(xp.where(at, cumulative, 0.0), axis=-1, keepdims=True)
-    return xp.clip(V - shift / xp.astype(size, V.dtype)[..., None], min=0.0)
+    shift = xp.sum(xp.where(counts == size, cumulative, 0.0), axis=-1, keepdims=True)
+    return _positive_part(xp, V - shift / size)
+
+
+def _positive_part(xp, a):
+    """``max(a, 0)`` (numpy's ufunc on numpy, without the wrapper's overhead)."""
+    return np.maximum(a, 0.0) if is_numpy(xp) else xp.clip(a, min=0.0)
 
 
 def simplex_least_squares(targets, images, start, max_iter=None, tol=1e-13):
@@ -205,29 +213,12 @@ def _active_set(xp, targets, images, start, max_iter, tol):
         f = free
         mask = f[:, :, None] & f[:, None, :]
         weights = xp.astype(f, xp.float64)
-        system = xp.concat(
-            [
-                xp.concat(
-                    [xp.where(mask, G + ridged * eye, eye), weights[:, :, None]],
-                    axis=2,
-                ),
-                xp.concat(
-                    [
-                        weights[:, None, :],
-                        xp.zeros((c, 1, 1), dtype=xp.float64, device=where),
-                    ],
-                    axis=2,
-                ),
-            ],
-            axis=1,
-        )
-        rhs = xp.concat(
-            [
-                xp.where(f, b, 0.0),
-                xp.ones((c, 1), dtype=xp.float64, device=where),
-            ],
-            axis=1,
-        )
+        system = xp.zeros((c, k + 1, k + 1), dtype=xp.float64, device=where)
+        system[:, :k, :k] = xp.where(mask, G + ridged * eye, eye)
+        system[:, :k, k] = weights
+        system[:, k, :k] = weights
+        rhs = xp.ones((c, k + 1), dtype=xp.float64, device=where)
+        rhs[:, :k] = xp.where(f, b, 0.0)
         solution = xp.linalg.solve(system, rhs[..., None])[..., 0]
         best, multiplier = solution[:, :k], solution[:, k]
         p = P
@@ -274,7 +265,7 @@ def _projected_gradient(linear, gram, start, max_iter=1000, tol=1e-13):
     every = 1 if is_numpy(xp) else _READ_EVERY
     stopped = None
     for iteration in range(int(max_iter)):
-        following = project_simplex(moving - (moving @ gram - linear) / lipschitz)
+        following = _project_simplex(xp, moving - (moving @ gram - linear) / lipschitz)
         t_next = (1.0 + math.sqrt(1.0 + 4.0 * t * t)) / 2.0
         step = following - P
         small = xp.max(xp.abs(step)) <= tol
@@ -286,8 +277,10 @@ def _projected_gradient(linear, gram, start, max_iter=1000, tol=1e-13):
             moving = xp.where(stopped, moving, ahead)
             P, stopped = xp.where(stopped, P, following), stopped | small
         t = t_next
-        if (iteration + 1) % every == 0 and bool(stopped):  # one host read
-            break
+        if (iteration + 1) % every == 0:
+            if bool(stopped):  # one host read
+                break
+            stopped = None
     return P
 
 
