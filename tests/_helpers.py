@@ -121,6 +121,30 @@ def refine_planted(n, k, d, m, r, d_out, seed=0, intercept=True, scale=1.0):
     return X, Y, np.concatenate([Q.ravel(), K.ravel(), V.ravel()]), factors
 
 
+def sharp_layer(n=300, k=4, d=6, m=2, r=4, d_out=8, sharpen=6.0, seed=3):
+    """Two planted low-rank heads (``r >= k``), head 0 made sharp: tokens,
+    outputs, parameters and their :class:`FactoredHeads`."""
+    from skattn.solvers import FactoredHeads
+
+    X, Y, truth, factors = refine_planted(
+        n, k, d, m, r, d_out, seed=seed, intercept=False
+    )
+    par = FactoredHeads(m, d, r)
+    Q, K, V = (f.copy() for f in par.factors(truth))
+    Q[0] *= sharpen
+    truth = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+    Y = forward(X, par.attention(truth), V @ factors)
+    return X, Y, truth, par
+
+
+def too_sharp_start(par, truth, seed=4):
+    """``truth`` with head 0's ``Q`` three times too sharp and nudged: a start
+    whose small weights are wrong by nats (the restart's case)."""
+    Q, K, V = (f.copy() for f in par.factors(truth))
+    Q[0] = 3 * Q[0] + 0.05 * np.random.default_rng(seed).normal(size=Q[0].shape)
+    return np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+
+
 def patch_head_solves(monkeypatch, modify):
     """Pass every one-head solve's result ``(q, k, values, info)`` through
     ``modify(X, head, result)``, whichever route solved it: one head at a time

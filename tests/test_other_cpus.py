@@ -46,6 +46,8 @@ MODULES = (
     "test_estimators_array_api.py",
     "test_solvers_array_api.py",
     "test_solvers_kernels_array_api.py",
+    "test_solvers_kernels_patterns.py",
+    "test_solvers_kernels_logits.py",
     "test_solvers_optimizers_lm_dense.py",
     "test_solvers_optimizers_lm_matrix_free.py",
     "test_solvers_optimizers_lsmr.py",
@@ -57,6 +59,7 @@ MODULES = (
     "test_solvers_stages_pinning.py",
     "test_solvers_stages_search_afresh.py",
     "test_solvers_stages_from_patterns.py",
+    "test_solvers_stages_sharp_heads.py",
     "test_phased_model_selection.py",
     "test_experiments_layer.py",
 )

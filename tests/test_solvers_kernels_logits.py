@@ -2,14 +2,17 @@
 
 import numpy as np
 import pytest
+from _helpers import array_namespaces
 
 from skattn.layer._math import softmax
 from skattn.solvers.kernels._logits import (
     logit_jacobian,
     logit_residual,
     logit_targets,
+    split_rows,
 )
 from skattn.solvers.optimizers._trf import trf
+from skattn.utils._array_api import namespace, to_numpy
 
 
 def sharp_head(n=200, k=5, d=6, r=3, scale=8.0, seed=0):
@@ -86,3 +89,26 @@ def test_the_fit_recovers_a_sharp_head_where_its_weights_are_known():
     found = result.x[:18].reshape(6, 3) @ result.x[18:].reshape(6, 3).T
     truth = Q @ K.T
     assert np.linalg.norm(found - truth) < 1e-8 * np.linalg.norm(truth)
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_the_kernels_in_other_namespaces_are_numpys(to_array):
+    # one evaluation each, in the inputs' namespace: targets and weights, the
+    # residual, both Jacobian products, the split rows
+    X, Q, K, P = sharp_head(n=30)
+    rng = np.random.default_rng(4)
+    params, v = rng.normal(size=(2, 36))
+    targets, weights = logit_targets(P)
+    residual = logit_residual(X, targets, weights, params, 3)
+    u = rng.normal(size=residual.size)
+    matvec, rmatvec = logit_jacobian(X, weights, params, 3)
+    expected = [targets, weights, residual, matvec(v), rmatvec(u)]
+    Xa, va, ua = map(to_array, (X, v, u))
+    t, w = logit_targets(to_array(P))
+    matvec, rmatvec = logit_jacobian(Xa, w, to_array(params), 3)
+    out = [t, w, logit_residual(Xa, t, w, to_array(params), 3), matvec(va), rmatvec(ua)]
+    for got, want in zip(out, expected, strict=True):
+        assert namespace(got) is namespace(Xa)
+        scale = np.abs(want).max()
+        assert np.abs(to_numpy(got) - want).max() <= 1e-12 * scale
+    assert split_rows(Xa, to_array(Q), to_array(K)) == split_rows(X, Q, K) > 0

@@ -1,10 +1,13 @@
 """A head's patterns read off its outputs: simplex projection and least squares."""
 
 import numpy as np
+import pytest
+from _helpers import array_namespaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+import skattn.solvers.kernels._patterns as patterns_module
 from skattn.layer._math import forward, softmax
 from skattn.solvers import FactoredHeads, invert_patterns
 from skattn.solvers.kernels._patterns import (
@@ -12,6 +15,7 @@ from skattn.solvers.kernels._patterns import (
     project_simplex,
     simplex_least_squares,
 )
+from skattn.utils._array_api import namespace, to_numpy
 
 
 @settings(max_examples=60, deadline=None)
@@ -161,3 +165,75 @@ def test_invert_patterns_stops_once_a_round_gains_little():
     gains = zip(residuals[:-2], residuals[1:-1], strict=True)
     assert all(b <= 0.99 * a for a, b in gains)
     assert residuals[-1] < 1.05 * every["residuals"][-1]  # near the floor
+
+
+def assert_numpys(out, expected, to_array, rtol=1e-12):
+    """``out`` is in ``to_array``'s namespace and is ``expected`` to ``rtol``."""
+    assert namespace(out) is namespace(to_array(np.ones(1)))
+    got = to_numpy(out)
+    assert got.shape == expected.shape
+    assert np.abs(got - expected).max() <= rtol * max(np.abs(expected).max(), 1.0)
+
+
+def _simplex_rows(seed=4, n=40, k=5, r=8):
+    """Targets of rows on the simplex plus noise, their images and a start."""
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(size=(n, k, r))
+    P = softmax(5.0 * rng.normal(size=(n, 3, k)), axis=-1)
+    targets = P @ Z + 0.05 * rng.normal(size=(n, 3, r))
+    return targets, Z, np.full(P.shape, 1.0 / k)
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_the_kernels_in_other_namespaces_are_numpys(to_array):
+    # one evaluation of each, on the inputs' namespace: the projection, one
+    # simplex least-squares solve (rows ending at different iterations, some
+    # left to FISTA with max_iter=2) and one round of the pattern reading
+    V = 3.0 * np.random.default_rng(0).normal(size=(30, 6))
+    assert_numpys(project_simplex(to_array(V)), project_simplex(V), to_array)
+    targets, Z, start = _simplex_rows()
+    for max_iter in (None, 2):
+        expected = simplex_least_squares(targets, Z, start, max_iter)
+        out = simplex_least_squares(*map(to_array, (targets, Z, start)), max_iter)
+        assert_numpys(out, expected, to_array)
+    rng = np.random.default_rng(1)
+    par = FactoredHeads(2, 6, 4)
+    truth = rng.normal(size=par.size)
+    X = rng.normal(size=(120, 4, 6))
+    Y = forward(
+        X, par.attention(truth), par.factors(truth)[2] @ rng.normal(size=(2, 4, 9))
+    )
+    weights = rng.uniform(0.5, 2.0, size=120)
+    expected, info = invert_patterns(
+        X, Y, truth, par, 1, sample_weight=weights, n_rounds=1
+    )
+    out, found = invert_patterns(
+        *map(to_array, (X, Y, truth)),
+        par,
+        1,
+        sample_weight=to_array(weights),
+        n_rounds=1,
+    )
+    assert_numpys(out, expected, to_array)
+    np.testing.assert_allclose(found["residuals"], info["residuals"], rtol=1e-10)
+
+
+def test_rows_done_between_host_reads_are_frozen(monkeypatch):
+    # off numpy the host reads which rows go on every _READ_EVERY iterations
+    # (of the active set, and of FISTA): the rows and FISTA's iterate are the
+    # same whether it reads every iteration or once at the end
+    torch = pytest.importorskip("torch")
+    targets, Z, start = _simplex_rows(seed=6, n=60)
+    arrays = [torch.asarray(a) for a in (targets, Z, start)]
+    runs = []
+    for every in (1, 3, 10_000):
+        monkeypatch.setattr(patterns_module, "_READ_EVERY", every)
+        runs.append(
+            [
+                to_numpy(simplex_least_squares(*arrays, max_iter))
+                for max_iter in (None, 3)
+            ]
+        )
+    for other in runs[1:]:
+        for one, two in zip(runs[0], other, strict=True):
+            np.testing.assert_allclose(two, one, rtol=0, atol=1e-15)

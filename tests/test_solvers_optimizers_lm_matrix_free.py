@@ -232,8 +232,10 @@ def test_other_namespaces_give_numpys_result(to_array, case):
     assert all(type(got_info[key]) is type(info[key]) for key in info)
     # whole runs (a float32 stage among them) compared by their outcome, not by
     # their iteration counts: both converge, and both fit the planted data exactly
+    # (at a loss of 1e-31 whether the gradient's test or the step's holds first
+    # is rounding: off numpy the 2-D trust-region step is solved on the device)
     assert got_info["converged"] and info["converged"]
-    assert got_info["stop_reason"] == info["stop_reason"]
+    assert {got_info["stop_reason"], info["stop_reason"]} <= {"gradient", "step"}
     scale = np.linalg.norm(Y)
     assert np.sqrt(2 * got_info["loss"]) <= 1e-12 * scale
     assert np.sqrt(2 * info["loss"]) <= 1e-12 * scale

@@ -111,3 +111,43 @@ def test_other_namespaces_give_numpys_solution(to_array, case):
     # (a stopping test at its tolerance may hold an iteration earlier or later)
     assert result.istop == expected.istop and abs(result.itn - expected.itn) <= 1
     np.testing.assert_allclose(to_numpy(result.x), expected.x, rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_zero_right_hand_side_gives_zero_in_other_namespaces(to_array):
+    A, _ = _problem(0, 10, 4)
+    A_x = to_array(A)
+    xp = namespace(A_x)
+    result = lsmr(
+        xp,
+        lambda v: A_x @ v,
+        lambda u: xp.linalg.matrix_transpose(A_x) @ u,
+        to_array(np.zeros(10)),
+        shape=A.shape,
+    )
+    np.testing.assert_array_equal(to_numpy(result.x), np.zeros(4))
+    assert (result.istop, result.itn) == (0, 0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_off_numpy_the_host_reads_once_an_iteration(case):
+    # ||u|| and ||v|| stay on the device and come to the host in one read an
+    # iteration, with the previous iteration's ||x|| (whose stopping tests wait
+    # for it): one read for the start, one an iteration, one to end (three an
+    # iteration before); the run is the host-scaled one's (to rounding: torch's
+    # square root of a 0-d tensor is not always numpy's)
+    torch = pytest.importorskip("torch")
+    from skattn.utils._device_work import DeviceWork
+
+    args, options = CASES[case]
+    A, b = _problem(*args)
+    A_t, b_t = torch.asarray(A), torch.asarray(b)
+    expected = lsmr(namespace(b), *_products(A), b, **options)
+    with DeviceWork() as work:
+        result = lsmr(
+            namespace(b_t), lambda v: A_t @ v, lambda u: A_t.T @ u, b_t, **options
+        )
+    assert work.host_reads["other"] == result.itn + 2
+    assert result.istop == expected.istop and abs(result.itn - expected.itn) <= 1
+    if case in ("well", "wide", "maxiter", "loose", "tight", "tight_damped"):
+        np.testing.assert_allclose(to_numpy(result.x), expected.x, rtol=1e-9)

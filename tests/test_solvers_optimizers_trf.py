@@ -9,7 +9,11 @@ from scipy.optimize import least_squares
 from scipy.sparse.linalg import LinearOperator
 
 from skattn.solvers import FullRank, LowRank, VarproProblem
-from skattn.solvers.optimizers._trf import trf
+from skattn.solvers.optimizers._trf import (
+    _solve_trust_region_2d,
+    _solve_trust_region_2d_xp,
+    trf,
+)
 from skattn.utils._array_api import namespace, to_numpy
 
 
@@ -233,3 +237,66 @@ def test_resume_from_any_iterate_gives_the_uninterrupted_run():
             whole.njev,
             whole.status,
         )
+
+
+def _subproblems(seed=0, count=400):
+    """2-D trust-region problems ``(B, g, Delta)``: positive definite (steps
+    inside and outside), indefinite, singular, nearly singular, ``g`` along an
+    axis, over six orders of magnitude."""
+    rng = np.random.default_rng(seed)
+    for trial in range(count):
+        A = rng.normal(size=(2, 2)) * 10 ** rng.uniform(-3, 3)
+        B = [
+            A @ A.T,
+            A + A.T,
+            np.outer(A[0], A[0]),
+            A @ A.T * [[1, 1 - 1e-9], [1 - 1e-9, 1]],
+        ]
+        g = rng.normal(size=2) * 10 ** rng.uniform(-3, 3)
+        if trial % 7 == 0:
+            g[1] = 0.0
+        yield B[trial % 4], g, 10 ** rng.uniform(-3, 3)
+    yield np.diag([1.0, -1.0]), np.zeros(2), 2.0  # the hard case: g = 0
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_the_2d_subproblem_in_the_namespace_is_scipys(to_array):
+    # off numpy the subproblem is solved on the device (no host read): the same
+    # minimum as scipy's roots of the quartic, to rounding of its value (the
+    # step itself is not pinned where the minimum is flat)
+    for B, g, Delta in _subproblems():
+        expected = _solve_trust_region_2d(B, g, Delta)
+        xp = namespace(to_array(B))
+        out = _solve_trust_region_2d_xp(xp, to_array(B), to_array(g), Delta)
+        assert namespace(out) is xp
+        p = to_numpy(out)
+        assert p @ p <= Delta**2 * (1 + 1e-12)
+        value = 0.5 * p @ B @ p + g @ p
+        best = 0.5 * expected @ B @ expected + g @ expected
+        scale = Delta * np.linalg.norm(g) + Delta**2 * np.linalg.norm(B, 2)
+        assert value <= best + 1e-14 * scale
+
+
+def test_trf_reads_the_host_once_an_iteration_and_once_a_step_tried():
+    # besides LSMR's: the gradient's norms with the curvature along it at the
+    # top of each iteration, and each trial step's reductions and norms (before:
+    # 6 an iteration and 5 a step tried, the 2-D subproblem copied to the host)
+    torch = pytest.importorskip("torch")
+    from skattn.solvers.optimizers import _trf
+    from skattn.utils._device_work import DeviceWork
+
+    xp = namespace(torch.ones(1))
+    fun, products, x0 = _rosenbrock_products(xp, torch.asarray)
+    iterations = []
+    work = DeviceWork()
+    lsmr = _trf.lsmr
+    try:
+        _trf.lsmr = work.wrap(lsmr, "lsmr")
+        with work, work.stage("trf"):
+            result = trf(xp, fun, products, x0, callback=iterations.append)
+    finally:
+        _trf.lsmr = lsmr
+    assert result.status > 0 and len(iterations) > 5
+    # the start's cost and radius, each iteration's top (and the last one's,
+    # which stops), each step tried
+    assert work.host_reads["trf"] == 1 + (len(iterations) + 1) + (result.nfev - 1)

@@ -2,24 +2,12 @@
 (``stages/_sharp_heads.py``), and that restart inside the refinement."""
 
 import numpy as np
-from _helpers import refine_planted as planted
+import pytest
+from _helpers import sharp_layer, too_sharp_start
 
 from skattn.metrics import sharpness_profile
-from skattn.solvers import FactoredHeads, decoupled_refine
+from skattn.solvers import decoupled_refine
 from skattn.solvers.stages._sharp_heads import can_read_patterns, logit_start
-
-
-def sharp_layer(n=300, k=4, d=6, m=2, r=4, d_out=8, sharpen=6.0, seed=3):
-    """Two planted low-rank heads (``r >= k``), head 0 made sharp."""
-    X, Y, truth, factors = planted(n, k, d, m, r, d_out, seed=seed, intercept=False)
-    par = FactoredHeads(m, d, r)
-    Q, K, V = (f.copy() for f in par.factors(truth))
-    Q[0] *= sharpen
-    truth = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
-    from skattn.layer._math import forward
-
-    Y = forward(X, par.attention(truth), V @ factors)
-    return X, Y, truth, par
 
 
 def relative_attention_error(par, params, truth, head):
@@ -38,9 +26,7 @@ def test_a_sharp_head_three_times_too_sharp_is_recovered_exactly():
     # and fitted in logit space it is near, and its one-head problem then exact
     X, Y, truth, par = sharp_layer()
     assert sharpness_profile(par.attention(truth), X).median_largest_weight[0] > 0.99
-    Q, K, V = (f.copy() for f in par.factors(truth))
-    Q[0] = 3 * Q[0] + 0.05 * np.random.default_rng(4).normal(size=Q[0].shape)
-    start = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
+    start = too_sharp_start(par, truth)
     found, info = logit_start(X, Y, start, par, 0, n_rounds=15)
     before = relative_attention_error(par, start, truth, 0)
     after = relative_attention_error(par, found, truth, 0)
@@ -54,3 +40,28 @@ def test_a_sharp_head_three_times_too_sharp_is_recovered_exactly():
     refined, again = decoupled_refine(X, Y, found, par, heads=[0])
     assert again["heads"][0]["converged"] and again["residual"] < 1e-10
     assert relative_attention_error(par, refined, truth, 0) < 1e-8
+
+
+def test_the_restart_on_torch_stays_on_torch_and_ends_where_numpys_does():
+    # the pattern reading and the logit fit run on the arrays' namespace: the
+    # parameters come back as torch tensors, the patterns split the same rows,
+    # and the head is as near as numpy's (the runs compared by their outcome:
+    # 20 trust-region steps of an ill-conditioned fit from the same start)
+    torch = pytest.importorskip("torch")
+    X, Y, truth, par = sharp_layer()
+    start = too_sharp_start(par, truth)
+    Q, _, V = par.factors(start)
+    expected, info = logit_start(X, Y, start, par, 0, n_rounds=15)
+    found, got = logit_start(*map(torch.asarray, (X, Y, start)), par, 0, n_rounds=15)
+    assert isinstance(found, torch.Tensor) and found.dtype == torch.float64
+    assert got["n_split_rows"] == info["n_split_rows"]
+    np.testing.assert_allclose(
+        got["pattern_residuals"], info["pattern_residuals"], rtol=1e-6
+    )
+    assert got["logit_cost_start"] == pytest.approx(info["logit_cost_start"], rel=1e-10)
+    assert got["logit_cost"] < 1e-3 * got["logit_cost_start"]
+    found = found.numpy()
+    assert relative_attention_error(par, found, truth, 0) < 1e-3
+    # only head 0's Q, K moved
+    np.testing.assert_array_equal(par.factors(found)[2], V)
+    np.testing.assert_array_equal(par.factors(found)[0][1], Q[1])

@@ -21,10 +21,14 @@ problem in which every weight counts by how well it is known, not by its size:
 for a matrix-free least-squares solver.  Key biases ride on a constant token
 coordinate, as everywhere in skattn.
 
-Pure functions on numpy token tensors (no validation; callers validate).
+Pure functions on token tensors in any array namespace (numpy, torch, CuPy,
+array-api-strict: that of the inputs, on their device; no validation, callers
+validate).
 """
 
 import numpy as np
+
+from ...utils._array_api import namespace
 
 # Read-off weights at or above FULL count fully; below, in proportion down to
 # FLOOR, below which a weight is not known (invert_patterns read MiniLM layer 0's
@@ -47,13 +51,14 @@ def logit_targets(patterns, floor=FLOOR, full=FULL):
     >>> np.round(t, 3), w
     (array([[ -0.105,  -2.303, -11.513]]), array([[1., 1., 0.]]))
     """
-    P = np.asarray(patterns, dtype=float)
+    xp = namespace(patterns)
+    P = xp.asarray(patterns, dtype=xp.float64)
     if floor > 0:
-        targets = np.log(np.maximum(P, floor))
+        targets = xp.log(xp.clip(P, min=floor))
     else:  # every weight trusted (exact patterns): their logarithms as they are
         with np.errstate(divide="ignore"):
-            targets = np.log(P)
-    weights = np.where(P >= floor, np.minimum(P / full, 1.0), 0.0)
+            targets = xp.log(P)
+    weights = xp.where(P >= floor, xp.clip(P / full, max=1.0), 0.0)
     return targets, weights
 
 
@@ -105,19 +110,21 @@ def split_rows(X, Q, K, threshold=SPLIT_THRESHOLD):
     >>> split_rows(X, sharp, np.eye(3)), split_rows(X, flat, np.eye(3))
     (0, 3)
     """
-    logits = (X @ Q) @ np.swapaxes(X @ K, 1, 2)
-    largest = 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)
-    return int(np.count_nonzero(largest <= threshold))
+    xp = namespace(X, Q, K)
+    logits = (X @ Q) @ xp.matrix_transpose(X @ K)
+    shifted = logits - xp.max(logits, axis=-1, keepdims=True)
+    largest = 1.0 / xp.sum(xp.exp(shifted), axis=-1)
+    return int(xp.count_nonzero(largest <= threshold))  # one host read
 
 
-def _split(params, d, r):
-    return params[: d * r].reshape(d, r), params[d * r :].reshape(d, r)
+def _split(xp, params, d, r):
+    return xp.reshape(params[: d * r], (d, r)), xp.reshape(params[d * r :], (d, r))
 
 
-def _centre(values, weights):
+def _centre(xp, values, weights):
     """``values`` minus each row's ``weights``-weighted mean (last axis)."""
-    mean = (weights * values).sum(-1, keepdims=True) / weights.sum(-1, keepdims=True)
-    return values - mean
+    total = xp.sum(weights, axis=-1, keepdims=True)
+    return values - xp.sum(weights * values, axis=-1, keepdims=True) / total
 
 
 def logit_residual(X, targets, weights, params, rank):
@@ -136,10 +143,11 @@ def logit_residual(X, targets, weights, params, rank):
     >>> float(np.abs(logit_residual(X, t, w, params, 2)).max()) < 1e-12
     True
     """
+    xp = namespace(X, targets, weights, params)
     d = X.shape[2]
-    Q, K = _split(params, d, rank)
-    logits = (X @ Q) @ np.swapaxes(X @ K, 1, 2)
-    return (np.sqrt(weights) * _centre(logits - targets, weights)).ravel()
+    Q, K = _split(xp, params, d, rank)
+    logits = (X @ Q) @ xp.matrix_transpose(X @ K)
+    return xp.reshape(xp.sqrt(weights) * _centre(xp, logits - targets, weights), (-1,))
 
 
 def logit_jacobian(X, weights, params, rank):
@@ -160,25 +168,27 @@ def logit_jacobian(X, weights, params, rank):
     >>> bool(np.isclose(u @ matvec(v), rmatvec(u) @ v))
     True
     """
+    xp = namespace(X, weights, params)
     d = X.shape[2]
-    Q, K = _split(params, d, rank)
+    Q, K = _split(xp, params, d, rank)
     XQ, XK = X @ Q, X @ K
-    flat = X.reshape(-1, d)
-    root = np.sqrt(weights)
-    total = weights.sum(-1, keepdims=True)
+    XKt = xp.matrix_transpose(XK)
+    flat_t = xp.matrix_transpose(xp.reshape(X, (-1, d)))
+    root = xp.sqrt(weights)
+    total = xp.sum(weights, axis=-1, keepdims=True)
     shape = weights.shape
 
     def matvec(v):
-        dQ, dK = _split(v, d, rank)
-        dl = (X @ dQ) @ np.swapaxes(XK, 1, 2) + XQ @ np.swapaxes(X @ dK, 1, 2)
-        return (root * _centre(dl, weights)).ravel()
+        dQ, dK = _split(xp, v, d, rank)
+        dl = (X @ dQ) @ XKt + XQ @ xp.matrix_transpose(X @ dK)
+        return xp.reshape(root * _centre(xp, dl, weights), (-1,))
 
     def rmatvec(u):
-        u = root * u.reshape(shape)
-        G = u - weights * (u.sum(-1, keepdims=True) / total)
+        u = root * xp.reshape(u, shape)
+        G = u - weights * (xp.sum(u, axis=-1, keepdims=True) / total)
         # sums over sequences and tokens as one GEMM each (einsum would not use BLAS)
-        dQ = flat.T @ (G @ XK).reshape(-1, rank)
-        dK = flat.T @ (np.swapaxes(G, 1, 2) @ XQ).reshape(-1, rank)
-        return np.concatenate([dQ.ravel(), dK.ravel()])
+        dQ = flat_t @ xp.reshape(G @ XK, (-1, rank))
+        dK = flat_t @ xp.reshape(xp.matrix_transpose(G) @ XQ, (-1, rank))
+        return xp.concat([xp.reshape(dQ, (-1,)), xp.reshape(dK, (-1,))])
 
     return matvec, rmatvec

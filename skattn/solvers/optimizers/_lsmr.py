@@ -10,6 +10,12 @@ scipy's operations (the same BLAS dot products and the same scalar arithmetic), 
 that :mod:`skattn.solvers.optimizers._trf` follows scipy's ``least_squares``; the
 tests hold it to scipy's solution and documented stopping behaviour, not to one
 scipy version's iterates.
+
+Off numpy, where a host read waits for the device, ``||u||`` and ``||v||`` stay
+on the device to scale the vectors and reach the host in one stacked read an
+iteration, with ``||x||`` of the iteration before: an iteration's stopping tests
+wait for the next one's read, so that a run that stops spends one pair of
+products in vain (one read an iteration instead of three).
 """
 
 import math
@@ -17,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...utils._array_api import device
+from ...utils._array_api import device, is_numpy, to_numpy
 
 __all__ = ["lsmr", "LsmrResult"]
 
@@ -125,11 +131,14 @@ def lsmr(
 
     Notes
     -----
-    The recurrences need three scalars a iteration on the host (``||u||``,
+    On numpy the recurrences read three scalars an iteration (``||u||``,
     ``||v||`` and ``||x||``, one after the other since each vector is scaled by
-    the previous norm): three small device-to-host copies an iteration, next to
-    two Jacobian products that are each a pass over the data.  The scalars meet
-    the vectors as Python floats (array-api-strict takes no numpy scalars).
+    the previous norm), as scipy's.  Off numpy the norms stay on the device and
+    one stacked read an iteration brings them to the host with the previous
+    iteration's ``||x||``: its stopping tests are decided one iteration late (a
+    pair of products spent in vain when they stop the run).  The scalars meet
+    the vectors as Python floats or 0-d arrays (array-api-strict takes no numpy
+    scalars).
 
     Examples
     --------
@@ -142,16 +151,21 @@ def lsmr(
     ([1.0, 1.0], 1)
     """
     m = b.shape[0]
-    u = b
-    normb = _norm(b)
-    beta = normb
-    v = None
-    if beta > 0:
-        u = float(1 / beta) * u
-        v = rmatvec(u)
-        alpha = _norm(v)
+    lagged = not is_numpy(xp)
+    if lagged:  # ||b|| and the first alpha in one read
+        u, v, normb, alpha = _first_vectors(xp, rmatvec, b)
+        beta = normb
     else:
-        alpha = 0
+        u = b
+        normb = _norm(b)
+        beta = normb
+        v = None
+        if beta > 0:
+            u = float(1 / beta) * u
+            v = rmatvec(u)
+            alpha = _norm(v)
+        else:
+            alpha = 0
     if shape is not None:
         n = shape[1]
     else:
@@ -162,7 +176,7 @@ def lsmr(
     x = xp.zeros(n, dtype=dtype, device=device(b))
     if v is None:
         v = xp.zeros(n, dtype=dtype, device=device(b))
-    if alpha > 0:
+    if alpha > 0 and not lagged:
         v = float(1 / alpha) * v
 
     itn = 0
@@ -188,20 +202,33 @@ def lsmr(
     normar = alpha * beta
     if normar == 0 or normb == 0:  # x = 0 solves it
         return _result(x, istop, itn, normr, normar, norma, conda, normx)
+    # off numpy, an iteration's stopping tests wait for ||x|| until the next
+    # iteration's read: (itn, normr, normar, norma, conda) of the iteration
+    pending = None
 
     while itn < maxiter:
         itn += 1
         # bidiagonalization: beta u = A v - alpha u, alpha v = A^T u - beta v
         u *= float(-alpha)
         u += matvec(v)
-        beta = _norm(u)
-        if beta > 0:
-            u *= float(1 / beta)
-            v *= float(-beta)
-            v += rmatvec(u)
-            alpha = _norm(v)
-            if alpha > 0:
-                v *= float(1 / alpha)
+        if lagged:
+            u, v, beta, alpha, xx = _next_vectors(
+                xp, rmatvec, u, v, alpha, x if pending else None
+            )
+            if pending:  # the previous iteration's tests, now that ||x|| is known
+                normx = np.sqrt(xx)
+                istop = _stop(*pending, normx, normb, atol, btol, ctol, maxiter)
+                if istop > 0:  # its x stands (this iteration's products unused)
+                    return _result(x, istop, *pending, normx)
+        else:
+            beta = _norm(u)
+            if beta > 0:
+                u *= float(1 / beta)
+                v *= float(-beta)
+                v += rmatvec(u)
+                alpha = _norm(v)
+                if alpha > 0:
+                    v *= float(1 / alpha)
 
         # rotation that eliminates the damping, then the plane rotation P_k
         chat, shat, alphahat = _sym_ortho(alphabar, damp)
@@ -249,26 +276,81 @@ def lsmr(
 
         # stopping tests (the last one that holds sets istop, as in scipy)
         normar = abs(zetabar)
+        if lagged:
+            pending = (itn, normr, normar, norma, conda)
+            continue
         normx = _norm(x)
-        test1 = normr / normb
-        test2 = normar / (norma * normr) if (norma * normr) != 0 else math.inf
-        test3 = 1 / conda
-        t1 = test1 / (1 + norma * normx / normb)
-        rtol = btol + atol * norma * normx / normb
-        if itn >= maxiter:
-            istop = 7
-        if 1 + test3 <= 1:
-            istop = 6
-        if 1 + test2 <= 1:
-            istop = 5
-        if 1 + t1 <= 1:
-            istop = 4
-        if test3 <= ctol:
-            istop = 3
-        if test2 <= atol:
-            istop = 2
-        if test1 <= rtol:
-            istop = 1
+        istop = _stop(
+            itn, normr, normar, norma, conda, normx, normb, atol, btol, ctol, maxiter
+        )
         if istop > 0:
             break
+    if pending:  # off numpy, the last iteration's tests: one more read
+        normx = _norm(x)
+        istop = _stop(*pending, normx, normb, atol, btol, ctol, maxiter)
     return _result(x, istop, itn, normr, normar, norma, conda, normx)
+
+
+def _stop(itn, normr, normar, norma, conda, normx, normb, atol, btol, ctol, maxiter):
+    """scipy's stopping tests of an iteration: ``istop`` (0: go on); the last
+    one that holds sets it."""
+    istop = 0
+    test1 = normr / normb
+    test2 = normar / (norma * normr) if (norma * normr) != 0 else math.inf
+    test3 = 1 / conda
+    t1 = test1 / (1 + norma * normx / normb)
+    rtol = btol + atol * norma * normx / normb
+    if itn >= maxiter:
+        istop = 7
+    if 1 + test3 <= 1:
+        istop = 6
+    if 1 + test2 <= 1:
+        istop = 5
+    if 1 + t1 <= 1:
+        istop = 4
+    if test3 <= ctol:
+        istop = 3
+    if test2 <= atol:
+        istop = 2
+    if test1 <= rtol:
+        istop = 1
+    return istop
+
+
+def _host(xp, *scalars):
+    """0-d arrays of ``xp`` as numpy ``float64`` on the host, in one stacked
+    copy (one host read): the recurrences then divide as scipy's do."""
+    return [np.float64(a) for a in to_numpy(xp.stack(scalars))]
+
+
+def _first_vectors(xp, rmatvec, b):
+    """LSMR's first ``u = b / ||b||``, ``v = A^T u / ||A^T u||`` off numpy, the
+    two norms on the device until one host read: ``(u, v, ||b||, alpha)``
+    (``v`` None when ``b = 0``, unscaled when ``alpha = 0``)."""
+    normb = xp.sqrt(b @ b)
+    u = b * (1 / xp.where(normb > 0, normb, 1.0))  # b = 0 (a fit already exact)
+    w = rmatvec(u)
+    alpha = xp.sqrt(w @ w)
+    v = w * (1 / xp.where(alpha > 0, alpha, 1.0))
+    normb, alpha = _host(xp, normb, alpha)
+    if normb == 0:
+        return b, None, 0.0, 0.0
+    return u, (v if alpha > 0 else w), normb, alpha
+
+
+def _next_vectors(xp, rmatvec, u, v, alpha, x=None):
+    """One bidiagonalization step off numpy from ``u = A v - alpha u``: ``beta``
+    and ``alpha`` stay on the device to scale ``u`` and ``v``, and are read with
+    ``x . x`` (when ``x`` is given) in one host read; the host's steps, to the
+    bit (``u``, ``v`` and ``alpha`` left as they were when ``beta = 0``, ``v``
+    unscaled when ``alpha = 0``: known after the read)."""
+    beta = xp.sqrt(u @ u)
+    scaled = u * (1 / beta)
+    w = rmatvec(scaled) - beta * v
+    norm = xp.sqrt(w @ w)
+    scalars = [beta, norm] + ([] if x is None else [x @ x])
+    values = _host(xp, *scalars)
+    xx = values[2] if x is not None else None
+    if values[0] == 0:  # A v = alpha u: nothing more to add
+        return u, v, 0.0, alpha, xx
+    return scaled, (w * (1 / norm) if values[1] > 0 else w), values[0], values[1], xx

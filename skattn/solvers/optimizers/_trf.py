@@ -4,10 +4,14 @@ namespace: scipy's ``least_squares(method="trf", tr_solver="lsmr", x_scale=1.0)`
 scipy's ``least_squares`` is numpy-only.  :func:`trf` is the same method, step for
 step, written against the array namespace of ``x0``: the iterate, the residuals
 and the Jacobian products stay in that namespace and on its device, and the
-trust-region bookkeeping (the 1-D regularizing quadratic, the 2-D subproblem in
-the span of the gradient and the Gauss-Newton step, the radius update, the
-stopping tests) runs on the host in Python floats and 2 x 2 numpy arrays.  Each
-iteration:
+trust-region bookkeeping (the 1-D regularizing quadratic, the radius update, the
+stopping tests) runs on the host in Python floats.  The 2-D subproblem in the
+span of the gradient and the Gauss-Newton step is solved on the host as scipy's
+on numpy, and in the namespace elsewhere (:func:`_solve_trust_region_2d_xp`, a
+fixed number of operations, no host read).  The host reads two stacked sets of
+scalars an iteration, besides LSMR's: the gradient's norms with the curvature
+along it, then, after each trial step, its predicted and actual reductions and
+norms.  Each iteration:
 
 1. ``g = J^T f``; stop when ``||g||_inf < gtol``;
 2. the Gauss-Newton step ``gn`` by :func:`~._lsmr.lsmr`, damped by the curvature
@@ -33,7 +37,7 @@ import numpy as np
 from scipy import linalg
 from scipy.optimize import OptimizeResult
 
-from ...utils._array_api import device, is_numpy, to_namespace, to_numpy
+from ...utils._array_api import device, is_numpy, to_numpy
 from ._lsmr import lsmr
 
 __all__ = ["trf", "TERMINATION_MESSAGES"]
@@ -49,15 +53,19 @@ TERMINATION_MESSAGES = {
 }
 
 
-def _dot(a, b):
-    """``a . b`` of two vectors on the host, a numpy ``float64`` (so that scalar
-    divisions by zero give ``inf``/``nan`` as in scipy): one scalar copied."""
-    return np.float64(float(a @ b))
+# Angles of the grid from which the boundary minimum of the 2-D subproblem is
+# sought, and the (clipped) Newton steps taken from each of them.
+_ANGLES = 32
+_NEWTON_STEPS = 8
+_TINY = float(np.finfo(float).tiny)
 
 
-def _norm(v):
-    """``||v||_2`` by the dot product that ``numpy.linalg.norm`` takes."""
-    return np.sqrt(_dot(v, v))
+def _host_floats(xp, *scalars):
+    """0-d arrays (dot products, norms) of ``xp`` as numpy ``float64`` on the
+    host, in one stacked copy: one host read (so that scalar divisions by zero
+    give ``inf``/``nan`` as in scipy).  The dot products are those that
+    ``numpy.linalg.norm`` takes for a vector (BLAS ``ddot`` on numpy)."""
+    return tuple(np.float64(value) for value in to_numpy(xp.stack(scalars)))
 
 
 def _qr_columns(xp, a, b):
@@ -113,6 +121,63 @@ def _solve_trust_region_2d(B, g, Delta):
     p = Delta * np.vstack((2 * t / (1 + t**2), (1 - t**2) / (1 + t**2)))
     value = 0.5 * np.sum(p * B.dot(p), axis=0) + np.dot(g, p)
     return p[:, np.argmin(value)]
+
+
+def _solve_trust_region_2d_xp(xp, B, g, Delta):
+    """:func:`_solve_trust_region_2d` in ``xp``, on the device of ``B`` (2 x 2)
+    and ``g`` (2,), without a host read: the Newton step when ``B`` is positive
+    definite and the step is inside the radius, else the minimum on the circle
+    ``p = Delta (cos t, sin t)``, found from a grid of ``_ANGLES`` angles by
+    ``_NEWTON_STEPS`` Newton steps on the angle from each (each at most the grid's
+    spacing, towards lower values), the best of them and of the grid taken.  It
+    agrees with scipy's roots of the quartic to rounding.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import namespace
+    >>> B, g = np.array([[2.0, 0.0], [0.0, -1.0]]), np.array([1.0, 1.0])
+    >>> p = _solve_trust_region_2d_xp(namespace(B), B, g, 1.0)
+    >>> bool(np.allclose(p, _solve_trust_region_2d(B, g, 1.0)))
+    True
+    """
+    Delta = float(Delta)
+    a, b, c = B[0, 0], B[0, 1], B[1, 1]
+    g0, g1 = g[0], g[1]
+    determinant = a * c - b * b
+    definite = (a > 0) & (determinant > 0)
+    safe = xp.where(definite, determinant, 1.0)
+    newton = xp.stack([b * g1 - c * g0, b * g0 - a * g1]) / safe
+    inside = definite & (xp.sum(newton * newton) <= Delta**2)
+    # phi(t) = 1/2 Delta^2 (a cos^2 + 2 b cos sin + c sin^2) + Delta (g0 cos + g1 sin)
+    # and its first two derivatives, as [sin 2t, cos 2t, sin t, cos t] @ coefficients
+    half, square = 0.5 * (a - c), Delta**2
+    coefficients = xp.stack(
+        [
+            xp.stack([-square * half, square * b, -Delta * g0, Delta * g1]),
+            xp.stack([-2 * square * b, -2 * square * half, -Delta * g1, -Delta * g0]),
+        ],
+        axis=1,
+    )
+    spacing = 2 * math.pi / _ANGLES
+    grid = xp.arange(_ANGLES, dtype=B.dtype, device=device(g)) * spacing
+    angles = grid
+    for _ in range(_NEWTON_STEPS):
+        sine, cosine = xp.sin(angles), xp.cos(angles)
+        features = xp.stack(
+            [2 * sine * cosine, cosine * cosine - sine * sine, sine, cosine], axis=1
+        )
+        derivatives = features @ coefficients
+        slope, curvature = derivatives[:, 0], derivatives[:, 1]
+        # a Newton step where phi is convex, a gradient step of the grid's
+        # spacing elsewhere; never longer than the spacing
+        move = slope / xp.clip(xp.abs(curvature), min=_TINY)
+        angles = angles - xp.clip(move, min=-spacing, max=spacing)
+    candidates = xp.concat([grid, angles])
+    points = Delta * xp.stack([xp.cos(candidates), xp.sin(candidates)])
+    values = 0.5 * xp.sum(points * (B @ points), axis=0) + g @ points
+    boundary = xp.take(points, xp.reshape(xp.argmin(values), (1,)), axis=1)[:, 0]
+    return xp.where(inside, newton, boundary)
 
 
 def _update_tr_radius(Delta, actual, predicted, step_norm, bound_hit):
@@ -253,8 +318,10 @@ def trf(
     if max_nfev is None:
         max_nfev = 100 * n
     f = fun(x)
-    # one host sync: the residuals' squared norm is non-finite when any is
-    cost = 0.5 * _dot(f, f)
+    # one host read: the residuals' squared norm (non-finite when any residual
+    # is) and ||x||, the first radius
+    ff, xx = _host_floats(xp, f @ f, x @ x)
+    cost = 0.5 * ff
     if not math.isfinite(cost) and not bool(xp.all(xp.isfinite(f))):
         raise ValueError("Residuals are not finite in the initial point.")
     initial_cost = cost
@@ -263,7 +330,7 @@ def trf(
     m = f.shape[0]
     g = rmatvec(f)
     # x_scale = 1: scipy's scaling by a vector of ones is exact, and left out
-    Delta = _norm(x)
+    Delta = np.sqrt(xx)
     if Delta == 0:
         Delta = 1.0
     reg_term = 0.0
@@ -279,7 +346,17 @@ def trf(
         _print_header()
 
     while True:
-        g_norm = float(xp.max(xp.abs(g)))
+        going = status is None and nfev != max_nfev
+        scalars = [xp.max(xp.abs(g))]
+        if going and regularize:
+            # the loss's curvature along -g within the trust region damps LSMR
+            # (a product spent in vain when the gradient stops the run: its
+            # scalars are read with the gradient's norm, in one host read)
+            minus_g = -g
+            v = matvec(minus_g)
+            scalars += [v @ v, g @ minus_g, g @ g]
+        scalars = _host_floats(xp, *scalars)
+        g_norm = float(scalars[0])
         if g_norm < gtol:
             status = 1
         if verbose == 2:
@@ -288,31 +365,35 @@ def trf(
             break
 
         if regularize:
-            # the loss's curvature along -g within the trust region damps LSMR
-            v = matvec(-g)
-            a = _dot(v, v)
+            a, b, gg = scalars[1:]
             a *= 0.5
-            b = _dot(g, -g)
-            to_tr = Delta / _norm(g)
+            to_tr = Delta / np.sqrt(gg)
             reg_term = -_minimize_quadratic_1d(a, b, to_tr) / Delta**2
         damp_full = (damp**2 + reg_term) ** 0.5
         gn = lsmr(xp, matvec, rmatvec, f, damp=damp_full, shape=(m, n), **tr_options)[0]
         S = _qr_columns(xp, g, gn)
         JS = xp.stack([matvec(S[:, 0]), matvec(S[:, 1])], axis=1)
-        B_S = to_numpy(xp.linalg.matrix_transpose(JS) @ JS)
-        g_S = to_numpy(xp.linalg.matrix_transpose(S) @ g)
+        B_S = xp.linalg.matrix_transpose(JS) @ JS
+        g_S = xp.linalg.matrix_transpose(S) @ g
 
         actual_reduction = -1
         while actual_reduction <= 0 and nfev < max_nfev:
-            p_S = _solve_trust_region_2d(B_S, g_S, Delta)
-            step = S @ to_namespace(p_S, xp, device(x))
+            if is_numpy(xp):  # scipy's, on the host
+                p_S = _solve_trust_region_2d(B_S, g_S, Delta)
+            else:
+                p_S = _solve_trust_region_2d_xp(xp, B_S, g_S, Delta)
+            step = S @ p_S
             Js = matvec(step)
-            predicted_reduction = -(0.5 * _dot(Js, Js) + _dot(step, g))
             x_new = x + step
             f_new = fun(x_new)
             nfev += 1
-            step_h_norm = _norm(step)
-            cost_new = 0.5 * _dot(f_new, f_new)
+            # one host read: the trial's predicted and actual reductions, norms
+            JsJs, sg, ss, ff, xx = _host_floats(
+                xp, Js @ Js, step @ g, step @ step, f_new @ f_new, x @ x
+            )
+            predicted_reduction = -(0.5 * JsJs + sg)
+            step_h_norm = np.sqrt(ss)
+            cost_new = 0.5 * ff
             if not math.isfinite(cost_new) and not bool(xp.all(xp.isfinite(f_new))):
                 Delta = 0.25 * step_h_norm
                 continue
@@ -326,7 +407,7 @@ def trf(
             )
             step_norm = step_h_norm
             status = _check_termination(
-                actual_reduction, cost, step_norm, _norm(x), ratio, ftol, xtol
+                actual_reduction, cost, step_norm, np.sqrt(xx), ratio, ftol, xtol
             )
             if status is not None:
                 break

@@ -8,7 +8,7 @@ that converge are taken.
 
 import math
 
-from ...utils._array_api import namespace, to_numpy
+from ...utils._array_api import namespace
 from ..kernels._logits import split_rows, split_rows_needed
 from ._common import _fit_on, _take, _with_heads, _with_more
 from ._rounds import _refine_on
@@ -30,8 +30,7 @@ def _unpinned(X, params, par, heads, direction, verbose=0):
     bound asks for, by each head's current split rows per sequence (``inf`` with
     none split)."""
     n, k, d = X.shape
-    Xh = to_numpy(X)
-    Q, K, _ = (to_numpy(f) for f in par.factors(params))
+    Q, K, _ = par.factors(params)
     needed = split_rows_needed(
         d - (direction is not None), par.rank, k, key_bias=direction is not None
     )
@@ -39,7 +38,7 @@ def _unpinned(X, params, par, heads, direction, verbose=0):
     for i, row in enumerate(heads):
         if row is None or row["converged"]:
             continue
-        split = split_rows(Xh, Q[i], K[i])
+        split = split_rows(X, Q[i, ...], K[i, ...])  # one host read
         if verbose:
             print(
                 f"decoupled: head {i}: {split} of {n * k} rows split its attention "

@@ -15,16 +15,16 @@ Gauss-Newton steps do not move them (see :mod:`~..kernels._logits`).
 
 and the caller solves the head's one-head problem again from there.
 
-Runs on host (numpy) copies of the arrays; the parameters come back in the
-namespace and on the device of ``params``.
+Runs in the namespace and on the device of the arrays (torch on a GPU
+included), without host copies of them: the host reads only what decides (how
+many rows the patterns split, each pattern round's residual, the active-set
+rows left, the trust-region steps' scalars).
 """
 
 import math
 import time
 
-import numpy as np
-
-from ...utils._array_api import device, namespace, to_namespace, to_numpy
+from ...utils._array_api import namespace
 from ..kernels._logits import (
     SPLIT_THRESHOLD,
     logit_jacobian,
@@ -159,34 +159,36 @@ def read_patterns(
     n_rounds=_PATTERN_ROUNDS,
 ):
     """Head ``head``'s patterns read off its share of the outputs
-    (:func:`~..kernels._patterns.invert_patterns` on host copies), and how many
-    rows they split: the first half of :func:`logit_start`.
+    (:func:`~..kernels._patterns.invert_patterns`), and how many rows they
+    split: the first half of :func:`logit_start`.
 
     Returns
     -------
-    patterns : ndarray of shape (n, k, k)
+    patterns : array of shape (n, k, k)
+        In the namespace and on the device of ``X``.
     info : dict
         ``pattern_residuals``, ``n_split_rows`` (as in :func:`logit_start`),
         ``seconds``.
     """
     clock = time.perf_counter()
-    direction = None if intercept_direction is None else to_numpy(intercept_direction)
     patterns, read = invert_patterns(
-        to_numpy(X),
-        to_numpy(Y),
-        to_numpy(params),
+        X,
+        Y,
+        params,
         parametrization,
         head,
-        sample_weight=None if sample_weight is None else to_numpy(sample_weight),
-        intercept_direction=direction,
+        sample_weight=sample_weight,
+        intercept_direction=intercept_direction,
         n_rounds=n_rounds,
         stall=_PATTERN_STALL,
     )
+    xp = namespace(patterns)
+    largest = xp.max(patterns, axis=-1)
     return patterns, {
         "pattern_residuals": read["residuals"],
         # rows the read-off patterns split (largest weight <= SPLIT_THRESHOLD):
         # the head's sharpness as the outputs show it, not as its start has it
-        "n_split_rows": int(np.count_nonzero(patterns.max(-1) <= SPLIT_THRESHOLD)),
+        "n_split_rows": int(xp.count_nonzero(largest <= SPLIT_THRESHOLD)),
         "seconds": time.perf_counter() - clock,
     }
 
@@ -202,7 +204,7 @@ def fit_logits(
     max_nfev=_LOGIT_NFEV,
 ):
     """``params`` with head ``head``'s ``Q, K`` fitted to the logarithms of
-    ``patterns`` (an ``(n, k, k)`` host array, e.g. from :func:`read_patterns`)
+    ``patterns`` (an ``(n, k, k)`` array, e.g. from :func:`read_patterns`)
     by trust-region least squares from its current factors: the second half of
     :func:`logit_start`.
 
@@ -216,25 +218,25 @@ def fit_logits(
         (as in :func:`logit_start`).
     """
     clock = time.perf_counter()
-    xp = namespace(params)
-    where = device(params)
-    Xh, ph = to_numpy(X), to_numpy(params)
+    xp = namespace(X, patterns, params)
     targets, entry_weights = logit_targets(patterns)
     if sample_weight is not None:  # a sequence's weight scales its rows' equations
-        entry_weights = entry_weights * to_numpy(sample_weight)[:, None, None]
-    Q, K, V = (np.array(f) for f in parametrization.factors(ph))
+        entry_weights = entry_weights * sample_weight[:, None, None]
+    Q, K, V = parametrization.factors(params)
     r = parametrization.rank
-    x0 = np.concatenate([Q[head].ravel(), K[head].ravel()])
+    d = X.shape[2]
+    x0 = xp.concat([xp.reshape(Q[head, ...], (-1,)), xp.reshape(K[head, ...], (-1,))])
 
     def fun(p):
-        return logit_residual(Xh, targets, entry_weights, p, r)
+        return logit_residual(X, targets, entry_weights, p, r)
 
     def jac(p):
-        return logit_jacobian(Xh, entry_weights, p, r)
+        return logit_jacobian(X, entry_weights, p, r)
 
-    start_cost = 0.5 * float(fun(x0) @ fun(x0))
+    start = fun(x0)
+    start_cost = 0.5 * float(start @ start)
     result = trf(
-        np,
+        xp,
         fun,
         jac,
         x0,
@@ -246,9 +248,6 @@ def fit_logits(
         # one step take thousands on MiniLM); the fit is a start, not an end
         tr_options={"maxiter": _LSMR_MAXITER},
     )
-    d = Xh.shape[2]
-    Q[head] = result.x[: d * r].reshape(d, r)
-    K[head] = result.x[d * r :].reshape(d, r)
     info = {
         "logit_cost_start": start_cost,
         "logit_cost": float(result.cost),
@@ -258,5 +257,10 @@ def fit_logits(
     }
     if not math.isfinite(info["logit_cost"]):
         return params, info
-    found = np.concatenate([Q.ravel(), K.ravel(), V.ravel()])
-    return to_namespace(found, xp, where), info
+    # head's Q, K replaced, the rest as it was: [vec Q, vec K, vec V]
+    pieces = []
+    for factor, fitted in ((Q, result.x[: d * r]), (K, result.x[d * r :])):
+        fitted = xp.reshape(fitted, (1, d, r))
+        pieces += [factor[:head, ...], fitted, factor[head + 1 :, ...]]
+    pieces.append(V)
+    return xp.concat([xp.reshape(piece, (-1,)) for piece in pieces]), info
