@@ -462,6 +462,8 @@ def module_ranks(layer, settings):
     A learned layer is exact only up to its fit, so its values span the
     ``head_dim`` directions a module holds only up to that error; this keeps
     the leading ones (the written layer's error is then measured, not assumed).
+    A module with value biases and no output bias (Qwen2) holds an intercept
+    only in the span of its output maps: the intercept is projected there.
     """
     h, m, m_kv = settings["head_dim"], settings["n_heads"], settings["n_kv_heads"]
     projection = np.array(layer.projection, dtype=np.float64)
@@ -473,7 +475,18 @@ def module_ranks(layer, settings):
         basis = U[:, :h]
         if _range_basis(columns, h) is None:
             projection[heads] = basis @ (basis.T @ projection[heads])
-    return layer.set_params(projection=projection)
+    layer.set_params(projection=projection)
+    if layer.intercept is None or "output" in settings["biases"]:
+        return layer
+    # value biases only: the intercept sum_g (sum_{i in g} O_i) b_g lies in the
+    # span of the groups' summed projections' rows; keep its part there
+    rows = np.concatenate(
+        [projection[groups == g].sum(axis=0).T for g in range(m_kv)], axis=1
+    )
+    U, _, _ = np.linalg.svd(rows, full_matrices=False)
+    U = U[:, : min(m_kv * h, U.shape[1])]
+    intercept = np.asarray(layer.intercept, dtype=np.float64)
+    return layer.set_params(intercept=U @ (U.T @ intercept))
 
 
 def write_decoder_layer(path, layer, checkpoint, metadata=None):

@@ -29,6 +29,7 @@ __all__ = [
     "decoder_windows",
     "load_back_error",
     "model_tables_difference",
+    "prediction_gap",
 ]
 
 # A layer whose held-out relative error is at most this is reported exact.
@@ -169,6 +170,13 @@ def _relative(predicted, target):
     return float(np.linalg.norm(predicted - target) / norm) if norm else 0.0
 
 
+def prediction_gap(layer, X, y):
+    """``||layer(X) - y||_F / ||y||_F`` on windows ``X`` ``(n, k, d)`` and
+    outputs ``y`` ``(n, k, d_out)``."""
+    n = len(X)
+    return _relative(layer.transform(X.reshape(n, -1)), y.reshape(n, -1))
+
+
 def decoder_measure(teacher, learned, X_fit, y_fit, X_held, y_held, verdict):
     """The errors of the learned layer against transformers' outputs.
 
@@ -177,16 +185,9 @@ def decoder_measure(teacher, learned, X_fit, y_fit, X_held, y_held, verdict):
     outputs checks the data path.  Returns the report's entries
     ``held_out_relative_error``, ``train_relative_error``,
     ``teacher_agreement`` and ``verdict``."""
-    n_fit, n_held = len(X_fit), len(X_held)
-    held = _relative(
-        learned.transform(X_held.reshape(n_held, -1)), y_held.reshape(n_held, -1)
-    )
-    train = _relative(
-        learned.transform(X_fit.reshape(n_fit, -1)), y_fit.reshape(n_fit, -1)
-    )
-    agreement = _relative(
-        teacher.transform(X_held.reshape(n_held, -1)), y_held.reshape(n_held, -1)
-    )
+    held = prediction_gap(learned, X_held, y_held)
+    train = prediction_gap(learned, X_fit, y_fit)
+    agreement = prediction_gap(teacher, X_held, y_held)
     if not verdict["determined"]:
         state = "not pinned by this data"
     elif np.isfinite(held) and held <= EXACT_LAYER:

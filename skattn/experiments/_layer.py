@@ -32,6 +32,7 @@ from ..datasets._decoder_checkpoint import (
     attention_module,
     check_decoder_checkpoint,
     decoder_examples,
+    module_ranks,
     write_decoder_layer,
 )
 from ..datasets._encoder import _load_tokenizer, _text_windows
@@ -57,6 +58,7 @@ from ._decoder_layer import (
     decoder_windows,
     load_back_error,
     model_tables_difference,
+    prediction_gap,
 )
 
 __all__ = ["learn_layer"]
@@ -437,12 +439,17 @@ def _learn_decoder(
         "teacher": None if settings["rope_theta"] is None else "float64",
         "model_float32_tables_relative_difference": tables,
     }
+    # what the module holds of it: values cut to head_dim directions per group
+    written = module_ranks(clone(learned), settings)
+    report["written_held_out_relative_error"] = prediction_gap(
+        written, X[held], y[held]
+    )
     files = {}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         files = {role: out / LAYER_FILES[role] for role in ("layer", "report")}
         tensors = write_decoder_layer(
-            files["layer"], learned, checkpoint, {"n_tokens": str(n_tokens)}
+            files["layer"], written, checkpoint, {"n_tokens": str(n_tokens)}
         )
         report["loaded_back_held_out_relative_error"] = load_back_error(
             model, checkpoint, tensors, ids[held], y[held]
