@@ -8,15 +8,17 @@ learned by :func:`skattn.experiments.learn_layer` from windows of 32 tokens of
 the standard library's docstrings (the hidden states and the teacher from
 transformers' own model classes).  Printed per architecture: the held-out
 relative error, the fit's time, and the held-out error of the written layer
-loaded back into the transformers model.
+loaded back into the transformers model; the wall and CPU seconds (on a
+shared machine the CPU seconds say what the run itself cost).
 
     python benchmarks/bench_decoder_checkpoints.py [--arch gpt2 llama qwen2]
-        [--n-windows 1000] [--n-tokens 32] [--threads 2] [--out F.json]
+        [--n-windows 400] [--n-tokens 32] [--threads 2] [--out F.json]
 """
 
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -37,10 +39,17 @@ from skattn.experiments import learn_layer  # noqa: E402
 MODULES = ("argparse", "collections", "email", "json", "logging", "pathlib", "typing")
 
 
+def _cpu_seconds():
+    """User and system CPU seconds of this process so far (all its threads): on
+    a shared machine the wall time counts the other processes' load too."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", default=["gpt2", "llama", "qwen2"])
-    parser.add_argument("--n-windows", type=int, default=1000)
+    parser.add_argument("--n-windows", type=int, default=400)
     parser.add_argument("--n-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -66,6 +75,7 @@ def main(argv=None):
                 random_state=args.seed,
             )
             start = time.perf_counter()
+            cpu = _cpu_seconds()
             with threadpool_limits(args.threads):
                 result = learn_layer(
                     folder,
@@ -91,6 +101,7 @@ def main(argv=None):
                 ],
                 "fit_seconds": report["fit_seconds"],
                 "total_seconds": time.perf_counter() - start,
+                "cpu_seconds": _cpu_seconds() - cpu,
                 "n_windows_fit": report["n_windows_fit"],
                 "n_windows_held_out": report["n_windows_held_out"],
                 "verdict": report["verdict"]["summary"],

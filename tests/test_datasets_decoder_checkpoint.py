@@ -319,3 +319,30 @@ def test_bad_checkpoints_are_one_line_errors_before_any_model_loads(
 
 def test_bad_cases_count_at_least_ten():
     assert len(BAD) >= 10
+
+
+def test_module_ranks_moves_what_the_data_leave_free_into_the_intercept(
+    checkpoints, tmp_path
+):
+    # GPT-2's LayerNorm outputs lie in a hyperplane N^T x = N^T mu: values along
+    # N only add a constant, so a fit may put anything there (full-rank W_i);
+    # the module (values of rank head_dim, an output bias) holds it once moved
+    checkpoint = check_decoder_checkpoint(checkpoints["gpt2"], layer=1)
+    ids = np.random.default_rng(2).integers(0, 20, size=(30, 8))
+    X, Y, model = decoder_examples(checkpoint, ids)
+    _, module = attention_module(model, checkpoint)
+    teacher = AttentionLayer.from_torch(module)
+    N, mu = loader._hull_normals(X)
+    assert N.shape == (16, 1)
+    a = np.random.default_rng(3).normal(size=(2, 1, 16))
+    moved = teacher.set_params(
+        projection=teacher.projection + N[None] @ a,
+        intercept=teacher.intercept - np.einsum("q,mqo->o", N.T @ mu, a),
+    )
+    flat, target = X.reshape(len(X), -1), Y.reshape(len(X), -1)
+    assert _rel(moved.transform(flat), target) <= 1e-12  # the same on the data
+    assert min(np.linalg.matrix_rank(w, tol=1e-10) for w in moved.projection) == 9
+    fixed = loader.module_ranks(moved, checkpoint["settings"], X)
+    assert max(np.linalg.matrix_rank(w, tol=1e-10) for w in fixed.projection) == 8
+    assert _rel(fixed.transform(flat), target) <= 1e-12
+    write_decoder_layer(tmp_path / "layer.safetensors", fixed, checkpoint)

@@ -454,7 +454,18 @@ def decoder_examples(checkpoint, ids, *, rope="float64", model=None):
     return X, Y, model
 
 
-def module_ranks(layer, settings):
+def _hull_normals(X, tol=1e-10):
+    """Directions ``N`` (orthonormal, ``(d, q)``) along which every token of X
+    has the same coordinate, and the tokens' mean ``mu``: ``N^T x = N^T mu``
+    on the data.  LayerNorm's outputs (GPT-2) lie in such a hyperplane."""
+    tokens = np.asarray(X, dtype=np.float64).reshape(-1, np.shape(X)[-1])
+    mu = tokens.mean(axis=0)
+    _, s, Vt = np.linalg.svd(tokens - mu, full_matrices=True)
+    s = np.concatenate([s, np.zeros(Vt.shape[0] - s.size)])
+    return Vt[s <= tol * max(s[0], 1e-300)].T, mu
+
+
+def module_ranks(layer, settings, X=None):
     """``layer`` with what the module cannot hold cut off: each head's values
     (GPT-2) or each key/value group's values (the others) projected onto their
     top ``head_dim`` directions.
@@ -464,7 +475,28 @@ def module_ranks(layer, settings):
     the leading ones (the written layer's error is then measured, not assumed).
     A module with value biases and no output bias (Qwen2) holds an intercept
     only in the span of its output maps: the intercept is projected there.
+
+    With the fit's tokens ``X`` ``(..., d)`` and a module with an output bias:
+    where the tokens lie in a proper affine subspace (LayerNorm's outputs,
+    ``N^T x = N^T mu``), a head's values along ``N`` add a constant to the
+    outputs, so the data leave them free and a fit may put anything there;
+    they are moved into the intercept first (``W_i <- (I - N N^T) W_i``,
+    ``c <- c + sum_i mu^T N N^T W_i``), the same function on the data.
     """
+    if X is not None and "output" in settings["biases"]:
+        N, mu = _hull_normals(X)
+        if N.shape[1]:
+            projection = np.array(layer.projection, dtype=np.float64)
+            along = np.einsum("dq,mdo->mqo", N, projection)  # N^T W_i
+            c = (
+                np.zeros(projection.shape[2])
+                if layer.intercept is None
+                else (np.asarray(layer.intercept, dtype=np.float64))
+            )
+            layer.set_params(
+                projection=projection - np.einsum("dq,mqo->mdo", N, along),
+                intercept=c + np.einsum("q,mqo->o", N.T @ mu, along),
+            )
     h, m, m_kv = settings["head_dim"], settings["n_heads"], settings["n_kv_heads"]
     projection = np.array(layer.projection, dtype=np.float64)
     groups = np.arange(m) // (m // m_kv)

@@ -1,4 +1,9 @@
-"""Learn one attention layer of a pretrained BERT-style model from your own text.
+"""Learn one attention layer of a pretrained model from your own text.
+
+Decoder checkpoints (GPT-2, Llama, Mistral, Qwen2) take another route, described
+in :func:`learn_layer` and :mod:`skattn.experiments._decoder_layer`: their
+examples come from transformers' own model, and the learned layer is written in
+the checkpoint's own tensor names.  What follows is the BERT-style route.
 
 :func:`learn_layer` (and ``skattn layer`` on the command line) reads a checkpoint
 folder (``model.safetensors``, ``config.json``, ``tokenizer.json``; by default the
@@ -326,7 +331,8 @@ def _checkpoint(checkpoint):
             f"{model_type!r} (architectures {architectures}); skattn runs the "
             f"text through a BERT encoder of its own (absolute positions from 0, "
             f"post-LayerNorm, GELU), so only BERT-style checkpoints (model_type "
-            f"'bert': BERT, MiniLM, ...) are supported."
+            f"'bert': BERT, MiniLM, ...) and the decoders {list(ARCHITECTURES)} "
+            f"are supported."
         )
     return folder, model, config
 
@@ -440,7 +446,7 @@ def _learn_decoder(
         "model_float32_tables_relative_difference": tables,
     }
     # what the module holds of it: values cut to head_dim directions per group
-    written = module_ranks(clone(learned), settings)
+    written = module_ranks(clone(learned), settings, X[fit])
     report["written_held_out_relative_error"] = prediction_gap(
         written, X[held], y[held]
     )
@@ -668,13 +674,41 @@ def learn_layer(
     architecture, the layer and heads it has, and that the text makes enough
     windows.
 
+    **Decoders.** A checkpoint whose ``config.json`` has ``model_type``
+    ``"gpt2"``, ``"llama"``, ``"mistral"`` or ``"qwen2"`` is checked from its
+    config and the safetensors headers alone
+    (:func:`skattn.datasets._decoder_checkpoint.check_decoder_checkpoint`:
+    sliding windows, RoPE scalings, partial rotary factors, soft-capping,
+    cross-attention, query/key norms, attention sinks, missing or misshapen
+    tensors are one-line errors), then run by transformers' own model
+    (``AutoModelForCausalLM``, float64, needs ``pip install
+    "skattn[transformers]"``): windows of ``n_tokens`` consecutive tokens (no
+    special tokens, positions from 0), X the inputs of layer ``layer``'s
+    attention module (after ``input_layernorm`` / ``ln_1``), y its outputs
+    (``o_proj`` / ``c_proj`` and biases included, before the residual), the
+    RoPE tables handed to it in float64 (transformers builds them in float32:
+    ``report["rope_tables"]`` says by how much that changes the outputs).  The
+    learner is ``MultiHeadAttentionRegressor(causal=True, rope=..., n_kv_heads=...,
+    head_rank=<head_dim>, fit_intercept=<the module has biases>)``
+    (:func:`~skattn.experiments._decoder_layer.decoder_learner`); the pre-fit
+    verdict is the count of output values against the layer's unknowns
+    (:func:`~skattn.experiments._decoder_layer.decoder_verdict`).  ``out``
+    receives ``layer.safetensors`` in the checkpoint's own tensor names
+    (``model.layers.L.self_attn.q_proj.weight``, ..., GPT-2's
+    ``transformer.h.L.attn.c_attn.weight``, ...; ``model.load_state_dict(
+    tensors, strict=False)`` loads it), which is loaded back into the model:
+    ``report["loaded_back_held_out_relative_error"]``.  ``n_heads``, ``plot``
+    and ``memory`` do not apply (the layer is learned whole, and the decoder
+    learner keeps no stages).
+
     Parameters
     ----------
     checkpoint : str or path-like, default=None
         A folder holding ``model.safetensors``, ``config.json`` (``model_type``
         ``"bert"``) and ``tokenizer.json``, or the ``.safetensors`` file of such
         a folder; ``None``: the packaged all-MiniLM-L6-v2
-        (:func:`skattn.datasets.minilm_checkpoint_path`).
+        (:func:`skattn.datasets.minilm_checkpoint_path`).  Or a decoder's
+        folder (above).
     layer : int
         The encoder layer to learn, from 0.
     texts : str, path-like or sequence of them
