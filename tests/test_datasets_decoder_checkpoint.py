@@ -346,3 +346,17 @@ def test_module_ranks_moves_what_the_data_leave_free_into_the_intercept(
     assert max(np.linalg.matrix_rank(w, tol=1e-10) for w in fixed.projection) == 8
     assert _rel(fixed.transform(flat), target) <= 1e-12
     write_decoder_layer(tmp_path / "layer.safetensors", fixed, checkpoint)
+
+
+def test_a_sharded_checkpoint_is_read_from_its_index(checkpoints, tmp_path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(checkpoints["llama"]), dtype=torch.float64
+    )
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    (tmp_path / "tokenizer.json").write_bytes(
+        (checkpoints["llama"] / "tokenizer.json").read_bytes()
+    )
+    assert not (tmp_path / "model.safetensors").exists()
+    checkpoint = check_decoder_checkpoint(tmp_path, layer=1, n_tokens=8)
+    assert len(checkpoint["weight_files"]) > 1
+    assert checkpoint["prefix"] == "model.layers.1.self_attn."
