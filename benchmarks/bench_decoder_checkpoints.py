@@ -12,7 +12,8 @@ loaded back into the transformers model; the wall and CPU seconds (on a
 shared machine the CPU seconds say what the run itself cost).
 
     python benchmarks/bench_decoder_checkpoints.py [--arch gpt2 llama qwen2]
-        [--n-windows 400] [--n-tokens 32] [--threads 2] [--out F.json]
+        [--n-windows 400] [--n-tokens 32] [--threads 2]
+        [--polish-max-iter I] [--restarts R] [--out F.json]
 """
 
 import argparse
@@ -35,6 +36,8 @@ from skattn.datasets._encoder import (  # noqa: E402
     _stdlib_root,
 )
 from skattn.experiments import learn_layer  # noqa: E402
+from skattn.experiments._decoder_layer import decoder_learner  # noqa: E402
+from skattn.layer._hf import decoder_settings  # noqa: E402
 
 MODULES = ("argparse", "collections", "email", "json", "logging", "pathlib", "typing")
 
@@ -52,6 +55,16 @@ def main(argv=None):
     parser.add_argument("--n-windows", type=int, default=400)
     parser.add_argument("--n-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--polish-max-iter",
+        type=int,
+        default=None,
+        help="cap the learner's polish iterations (a cap on the fit's time; "
+        "default: the learner's own)",
+    )
+    parser.add_argument(
+        "--restarts", type=int, default=None, help="the learner's n_restarts"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", type=int, default=0)
     parser.add_argument("--out", default=None)
@@ -74,6 +87,17 @@ def main(argv=None):
                 std=0.2,
                 random_state=args.seed,
             )
+            config = json.loads((folder / "config.json").read_text())
+            learner = decoder_learner(
+                decoder_settings(config, 1),
+                args.n_tokens,
+                random_state=args.seed,
+                verbose=args.verbose,
+            )
+            if args.polish_max_iter is not None:
+                learner.set_params(polish_max_iter=args.polish_max_iter)
+            if args.restarts is not None:
+                learner.set_params(n_restarts=args.restarts)
             start = time.perf_counter()
             cpu = _cpu_seconds()
             with threadpool_limits(args.threads):
@@ -84,6 +108,7 @@ def main(argv=None):
                     n_tokens=args.n_tokens,
                     n_windows=args.n_windows,
                     out=Path(tmp, f"out-{arch}"),
+                    estimator=learner,
                     random_state=args.seed,
                     verbose=args.verbose,
                 )
@@ -105,6 +130,7 @@ def main(argv=None):
                 "n_windows_fit": report["n_windows_fit"],
                 "n_windows_held_out": report["n_windows_held_out"],
                 "verdict": report["verdict"]["summary"],
+                "estimator": report["estimator"],
                 "warnings": report["warnings"],
             }
             rows.append(row)
