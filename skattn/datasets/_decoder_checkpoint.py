@@ -460,8 +460,11 @@ def _hull_normals(X, tol=1e-10):
     on the data.  LayerNorm's outputs (GPT-2) lie in such a hyperplane."""
     tokens = np.asarray(X, dtype=np.float64).reshape(-1, np.shape(X)[-1])
     mu = tokens.mean(axis=0)
-    _, s, Vt = np.linalg.svd(tokens - mu, full_matrices=True)
-    s = np.concatenate([s, np.zeros(Vt.shape[0] - s.size)])
+    d = tokens.shape[1]
+    centered = tokens - mu
+    if len(centered) < d:  # zero rows: the same row space, and all of Vt
+        centered = np.vstack([centered, np.zeros((d - len(centered), d))])
+    _, s, Vt = np.linalg.svd(centered, full_matrices=False)  # Vt: (d, d)
     return Vt[s <= tol * max(s[0], 1e-300)].T, mu
 
 
