@@ -821,7 +821,8 @@ def learn_layer(
     ImportError
         If ``tokenizers`` or ``safetensors`` (``pip install "skattn[pretrained]"``),
         with ``plot`` matplotlib (``skattn[plot]``), or with ``device`` torch
-        (``skattn[torch]``) is missing.
+        (``skattn[torch]``) is missing; for a decoder checkpoint, torch,
+        transformers or tokenizers (``pip install "skattn[transformers]"``).
 
     See Also
     --------
