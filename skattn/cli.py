@@ -16,8 +16,10 @@ writing one row per fit to the config's output file; rerun it to resume.  It exi
 with status 1 when a cell failed, printing each failed cell's reason.
 
 ``skattn layer [CHECKPOINT] --layer L --text FILE [FILE ...]`` learns layer L of a
-BERT-style checkpoint folder (by default the packaged all-MiniLM-L6-v2) back from the
-hidden states of the given text files entering it, and writes the learned layer
+BERT-style checkpoint folder (by default the packaged all-MiniLM-L6-v2), or of a
+GPT-2, Llama, Mistral or Qwen2 one (its examples from transformers' own model, the
+layer written in the checkpoint's own tensor names), back from the hidden states of
+the given text files entering it, and writes the learned layer
 (``layer.safetensors``), a JSON report (``report.json``: held-out error, per-head
 errors and sharpness, time, memory) and with ``--plot`` the real and learned
 attention patterns (``patterns.png``) into ``--out``: see
@@ -472,7 +474,8 @@ def _parser():
 
     layer = sub.add_parser(
         "layer",
-        help="learn a layer of a BERT-style model from your text files",
+        help="learn a layer of a BERT-style, GPT-2, Llama, Mistral or Qwen2 model "
+        "from your text files",
         description="Cut the text files into windows of --n-tokens tokens, compute "
         "the hidden states entering layer --layer of the checkpoint and that "
         "layer's attention output on them (the teacher), hold out a share of the "
@@ -482,7 +485,13 @@ def _parser():
         "key_bias, intercept), a JSON report (report.json: held-out relative "
         "error, per-head errors and sharpness, time, peak memory, windows, the "
         "arguments) and with --plot real vs learned attention patterns "
-        "(patterns.png). Every input is checked before the model is loaded.",
+        "(patterns.png). A GPT-2, Llama, Mistral or Qwen2 checkpoint is run by "
+        "transformers' own model (pip install skattn[transformers]): windows of "
+        "--n-tokens tokens without special tokens, the inputs and outputs of layer "
+        "--layer's attention module, a causal (rotary, grouped-query) learner, and "
+        "layer.safetensors in the checkpoint's own tensor names "
+        "(model.load_state_dict(..., strict=False) loads it). Every input is "
+        "checked before the model is loaded.",
         formatter_class=_HelpFormatter,
     )
     layer.add_argument(
@@ -490,7 +499,8 @@ def _parser():
         nargs="?",
         help="folder of a BERT-style model: model.safetensors, config.json "
         "(model_type 'bert'), tokenizer.json (default: the packaged "
-        "all-MiniLM-L6-v2)",
+        "all-MiniLM-L6-v2); or of a decoder (model_type gpt2, llama, mistral, "
+        "qwen2; model.safetensors or its shards)",
     )
     layer.add_argument(
         "--layer", type=_non_negative_int, required=True, help="encoder layer, from 0"

@@ -7,9 +7,9 @@
 * :func:`load_sweep_config`: the TOML config of ``skattn sweep CONFIG.toml``;
 * :class:`SweepCurveDisplay`, :class:`PhaseDiagramDisplay`: success rate or error
   against n, one curve per learner, and a value over two axes of the grid;
-* :func:`learn_layer`: learn layer L of a pretrained BERT-style model back from
-  its hidden states on your own text files (``skattn layer``), and write the
-  learned layer, a report and a plot.
+* :func:`learn_layer`: learn layer L of a pretrained BERT-style, GPT-2, Llama,
+  Mistral or Qwen2 model back from its hidden states on your own text files
+  (``skattn layer``), and write the learned layer, a report and a plot.
 
 pandas is needed for the results (``pip install skattn[sweep]``), dask and
 distributed for a cluster (``pip install skattn[dask]``); both are imported only

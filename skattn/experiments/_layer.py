@@ -1,4 +1,9 @@
-"""Learn one attention layer of a pretrained BERT-style model from your own text.
+"""Learn one attention layer of a pretrained model from your own text.
+
+Decoder checkpoints (GPT-2, Llama, Mistral, Qwen2) take another route, described
+in :func:`learn_layer` and :mod:`skattn.experiments._decoder_layer`: their
+examples come from transformers' own model, and the learned layer is written in
+the checkpoint's own tensor names.  What follows is the BERT-style route.
 
 :func:`learn_layer` (and ``skattn layer`` on the command line) reads a checkpoint
 folder (``model.safetensors``, ``config.json``, ``tokenizer.json``; by default the
@@ -28,10 +33,18 @@ from sklearn.base import clone
 from sklearn.utils import Bunch
 
 from ..datasets import BertEncoder, load_bert_attention, minilm_checkpoint_path
+from ..datasets._decoder_checkpoint import (
+    attention_module,
+    check_decoder_checkpoint,
+    decoder_examples,
+    module_ranks,
+    write_decoder_layer,
+)
 from ..datasets._encoder import _load_tokenizer, _text_windows
 from ..estimators import MultiHeadAttentionRegressor
 from ..layer import AttentionLayer, as_layer
 from ..layer._files import SAFETENSORS_FORMAT, write_safetensors
+from ..layer._hf import ARCHITECTURES
 from ..metrics import (
     AttentionPatternDisplay,
     attention_pattern_error,
@@ -43,6 +56,15 @@ from ..metrics import (
 )
 from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
+from ._decoder_layer import (
+    decoder_learner,
+    decoder_measure,
+    decoder_verdict,
+    decoder_windows,
+    load_back_error,
+    model_tables_difference,
+    prediction_gap,
+)
 
 __all__ = ["learn_layer"]
 
@@ -309,9 +331,182 @@ def _checkpoint(checkpoint):
             f"{model_type!r} (architectures {architectures}); skattn runs the "
             f"text through a BERT encoder of its own (absolute positions from 0, "
             f"post-LayerNorm, GELU), so only BERT-style checkpoints (model_type "
-            f"'bert': BERT, MiniLM, ...) are supported."
+            f"'bert': BERT, MiniLM, ...) and the decoders {list(ARCHITECTURES)} "
+            f"are supported."
         )
     return folder, model, config
+
+
+def _decoder_folder(checkpoint):
+    """The folder of a decoder checkpoint (``config.json``'s ``model_type`` one
+    of GPT-2, Llama, Mistral, Qwen2), else None (the BERT path checks the rest)."""
+    if checkpoint is None:
+        return None
+    folder = Path(checkpoint)
+    if folder.is_file() and folder.suffix == ".safetensors":
+        folder = folder.parent
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(config, dict) and config.get("model_type") in ARCHITECTURES:
+        return folder
+    return None
+
+
+def _learn_decoder(
+    folder,
+    *,
+    layer,
+    paths,
+    contents,
+    n_tokens,
+    n_windows,
+    held_out,
+    n_heads,
+    out,
+    plot,
+    estimator,
+    random_state,
+    device,
+    fit_anyway,
+    verbose,
+    arguments,
+    start,
+):
+    """``learn_layer`` on a decoder checkpoint: transformers' own model gives
+    the examples, the learner fits a causal (rotary, grouped) layer, and the
+    layer is written in the checkpoint's own tensor names and loaded back."""
+    checkpoint = check_decoder_checkpoint(folder, layer=layer, n_tokens=n_tokens)
+    settings = checkpoint["settings"]
+    if n_heads is not None and n_heads != settings["n_heads"]:
+        raise ValueError(
+            f"n_heads={n_heads}: a decoder layer is learned whole (its "
+            f"{settings['n_heads']} query heads share key/value heads); leave "
+            f"n_heads out."
+        )
+    if plot:
+        raise ValueError(
+            "plot=True: the pattern plot matches heads of position-free layers; "
+            "a decoder layer has none to draw yet (leave plot out)."
+        )
+    require("tokenizers", extra="transformers", feature="Decoder checkpoints")
+    require("transformers", extra="transformers", feature="Decoder checkpoints")
+    ids, n_held = decoder_windows(
+        checkpoint["tokenizer"], paths, contents, n_tokens, n_windows, held_out
+    )
+    n_available = len(ids)
+    rng = np.random.default_rng(random_state)
+    n_total = n_available if n_windows is None else n_windows
+    ids = ids[np.sort(rng.choice(n_available, size=n_total, replace=False))]
+    order = rng.permutation(n_total)
+    held, fit = np.sort(order[:n_held]), np.sort(order[n_held:])
+    intercept = bool(settings["biases"])
+    verdict = decoder_verdict(len(fit), n_tokens, settings, intercept)
+    if not verdict["determined"] and not fit_anyway:
+        raise UnidentifiableDataError(verdict["message"])
+    if not verdict["determined"]:
+        _say(verbose, verdict["message"])
+    _say(
+        verbose,
+        f"layer {layer} of a {settings['architecture']} checkpoint: "
+        f"{settings['n_heads']} query heads ({settings['n_kv_heads']} key/value) "
+        f"of dimension {settings['head_dim']} to fit on {len(fit)} windows of "
+        f"{n_tokens} tokens ({len(held)} held out).",
+    )
+
+    # -- transformers' own model: the examples ------------------------------------
+    X, y, model = decoder_examples(checkpoint, ids)
+    _, module = attention_module(model, checkpoint)
+    teacher = AttentionLayer.from_torch(module).set_params(n_tokens=n_tokens)
+    tables = model_tables_difference(model, module, ids[held], settings, y[held])
+    _say(verbose, f"layer {layer}'s attention inputs and outputs recorded.")
+
+    # -- the fit ------------------------------------------------------------------
+    if estimator is None:
+        learner = decoder_learner(
+            settings, n_tokens, random_state=random_state, verbose=verbose
+        )
+    else:
+        learner = clone(estimator)
+    fit_start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit_on(learner, X[fit], y[fit].reshape(len(fit), -1), device)
+    fit_seconds = time.perf_counter() - fit_start
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _say(verbose, f"fitted in {fit_seconds:.1f} s; measuring.")
+    learned = as_layer(learner, "estimator")
+    report = decoder_measure(
+        teacher, learned, X[fit], y[fit], X[held], y[held], verdict
+    )
+    report["rope_tables"] = {
+        "teacher": None if settings["rope_theta"] is None else "float64",
+        "model_float32_tables_relative_difference": tables,
+    }
+    # what the module holds of it: values cut to head_dim directions per group
+    written = module_ranks(clone(learned), settings, X[fit])
+    report["written_held_out_relative_error"] = prediction_gap(
+        written, X[held], y[held]
+    )
+    files = {}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        files = {role: out / LAYER_FILES[role] for role in ("layer", "report")}
+        tensors = write_decoder_layer(
+            files["layer"], written, checkpoint, {"n_tokens": str(n_tokens)}
+        )
+        report["loaded_back_held_out_relative_error"] = load_back_error(
+            model, checkpoint, tensors, ids[held], y[held]
+        )
+    report.update(
+        {
+            "fit_seconds": fit_seconds,
+            "resume": None,
+            "peak_memory_mb": _peak_memory_mb(),
+            "n_windows_fit": len(fit),
+            "n_windows_held_out": len(held),
+            "text": {
+                "files": [str(p) for p in paths],
+                "n_windows_available": n_available,
+                "n_distinct_windows_fit": len(np.unique(ids[fit], axis=0)),
+            },
+            "checkpoint": {
+                "folder": str(folder),
+                "model_type": settings["architecture"],
+                "n_layers": checkpoint["n_layers"],
+                "n_heads": settings["n_heads"],
+                "n_kv_heads": settings["n_kv_heads"],
+                "n_features": settings["n_features"],
+                "head_dim": settings["head_dim"],
+                "rope_theta": settings["rope_theta"],
+                "layer": layer,
+                "heads_learned": list(range(settings["n_heads"])),
+                "module": checkpoint["prefix"].rstrip("."),
+            },
+            "certificate": None,
+            "estimator": repr(learner),
+            "device": None if device is None else str(device),
+            "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+            "files": {role: str(path) for role, path in files.items()},
+            "arguments": arguments,
+        }
+    )
+    report["total_seconds"] = time.perf_counter() - start
+    report = _jsonable(report)
+    if out is not None:
+        files["report"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    _say(verbose, f"held-out relative error {report['held_out_relative_error']}.")
+    return Bunch(
+        report=report,
+        estimator=learner,
+        teacher=teacher,
+        learned=learned,
+        X_held_out=X[held].reshape(len(held), -1),
+        y_held_out=y[held].reshape(len(held), -1),
+        files=files,
+    )
 
 
 def _check_against_config(config, folder, layer, n_heads, n_tokens):
@@ -479,13 +674,41 @@ def learn_layer(
     architecture, the layer and heads it has, and that the text makes enough
     windows.
 
+    **Decoders.** A checkpoint whose ``config.json`` has ``model_type``
+    ``"gpt2"``, ``"llama"``, ``"mistral"`` or ``"qwen2"`` is checked from its
+    config and the safetensors headers alone
+    (:func:`skattn.datasets._decoder_checkpoint.check_decoder_checkpoint`:
+    sliding windows, RoPE scalings, partial rotary factors, soft-capping,
+    cross-attention, query/key norms, attention sinks, missing or misshapen
+    tensors are one-line errors), then run by transformers' own model
+    (``AutoModelForCausalLM``, float64, needs ``pip install
+    "skattn[transformers]"``): windows of ``n_tokens`` consecutive tokens (no
+    special tokens, positions from 0), X the inputs of layer ``layer``'s
+    attention module (after ``input_layernorm`` / ``ln_1``), y its outputs
+    (``o_proj`` / ``c_proj`` and biases included, before the residual), the
+    RoPE tables handed to it in float64 (transformers builds them in float32:
+    ``report["rope_tables"]`` says by how much that changes the outputs).  The
+    learner is ``MultiHeadAttentionRegressor(causal=True, rope=..., n_kv_heads=...,
+    head_rank=<head_dim>, fit_intercept=<the module has biases>)``
+    (:func:`~skattn.experiments._decoder_layer.decoder_learner`); the pre-fit
+    verdict is the count of output values against the layer's unknowns
+    (:func:`~skattn.experiments._decoder_layer.decoder_verdict`).  ``out``
+    receives ``layer.safetensors`` in the checkpoint's own tensor names
+    (``model.layers.L.self_attn.q_proj.weight``, ..., GPT-2's
+    ``transformer.h.L.attn.c_attn.weight``, ...; ``model.load_state_dict(
+    tensors, strict=False)`` loads it), which is loaded back into the model:
+    ``report["loaded_back_held_out_relative_error"]``.  ``n_heads``, ``plot``
+    and ``memory`` do not apply (the layer is learned whole, and the decoder
+    learner keeps no stages).
+
     Parameters
     ----------
     checkpoint : str or path-like, default=None
         A folder holding ``model.safetensors``, ``config.json`` (``model_type``
         ``"bert"``) and ``tokenizer.json``, or the ``.safetensors`` file of such
         a folder; ``None``: the packaged all-MiniLM-L6-v2
-        (:func:`skattn.datasets.minilm_checkpoint_path`).
+        (:func:`skattn.datasets.minilm_checkpoint_path`).  Or a decoder's
+        folder (above).
     layer : int
         The encoder layer to learn, from 0.
     texts : str, path-like or sequence of them
@@ -598,7 +821,8 @@ def learn_layer(
     ImportError
         If ``tokenizers`` or ``safetensors`` (``pip install "skattn[pretrained]"``),
         with ``plot`` matplotlib (``skattn[plot]``), or with ``device`` torch
-        (``skattn[torch]``) is missing.
+        (``skattn[torch]``) is missing; for a decoder checkpoint, torch,
+        transformers or tokenizers (``pip install "skattn[transformers]"``).
 
     See Also
     --------
@@ -661,6 +885,27 @@ def learn_layer(
         out = _check_out(out)
     if plot:
         require("matplotlib", extra="plot", feature="The pattern plot (plot=True)")
+    decoder = _decoder_folder(checkpoint)
+    if decoder is not None:
+        return _learn_decoder(
+            decoder,
+            layer=layer,
+            paths=paths,
+            contents=contents,
+            n_tokens=n_tokens,
+            n_windows=n_windows,
+            held_out=held_out,
+            n_heads=n_heads,
+            out=out,
+            plot=plot,
+            estimator=estimator,
+            random_state=random_state,
+            device=device,
+            fit_anyway=fit_anyway,
+            verbose=verbose,
+            arguments=arguments,
+            start=start,
+        )
     folder, model, config = _checkpoint(checkpoint)
     _check_against_config(config, folder, layer, n_heads, n_tokens)
     require("safetensors.numpy", extra="pretrained", feature="Reading checkpoints")

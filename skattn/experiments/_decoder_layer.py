@@ -1,0 +1,247 @@
+"""The steps of ``learn_layer`` for decoder checkpoints (GPT-2, Llama, Mistral, Qwen2).
+
+:func:`skattn.experiments.learn_layer` dispatches on ``config.json``'s
+``model_type``: a BERT-style encoder runs through skattn's own numpy encoder, a
+decoder through transformers' own model (:mod:`skattn.datasets._decoder_checkpoint`).
+For a decoder the text is cut into consecutive windows of ``n_tokens`` tokens
+(no special tokens, positions from 0), the learner is
+``MultiHeadAttentionRegressor(causal=True, rope=..., n_kv_heads=...,
+head_rank=<head_dim>)`` configured from the config (:func:`decoder_learner`),
+the count of equations against unknowns is the pre-fit verdict
+(:func:`decoder_verdict`), and the learned layer is measured against
+transformers' outputs (:func:`decoder_measure`), written in the checkpoint's
+own tensor names and loaded back into the model (:func:`load_back_error`).
+"""
+
+import numpy as np
+
+from ..datasets._decoder_checkpoint import attention_module, run_attention
+from ..datasets._encoder import _load_tokenizer, _text_windows
+from ..estimators import MultiHeadAttentionRegressor
+from ..metrics import data_verdict
+from ..metrics._identifiability import describe_verdict
+from ..utils._optional import require
+
+__all__ = [
+    "decoder_learner",
+    "decoder_measure",
+    "decoder_verdict",
+    "decoder_windows",
+    "load_back_error",
+    "model_tables_difference",
+    "prediction_gap",
+]
+
+# A layer whose held-out relative error is at most this is reported exact.
+EXACT_LAYER = 1e-6
+
+
+def decoder_windows(tokenizer, paths, contents, n_tokens, n_windows, held_out):
+    """Token-id windows of ``n_tokens`` consecutive tokens of one file (no
+    special tokens; a file's last incomplete window dropped), all of them,
+    and how many to hold out; one-line ValueErrors for too little text."""
+    tok = _load_tokenizer(tokenizer)
+    encodings = tok.encode_batch(contents, add_special_tokens=False)
+    tokens = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+    available = int(sum(len(t) // n_tokens for t in tokens))
+    wanted = available if n_windows is None else n_windows
+    if available < max(wanted, 2):
+        need = (
+            f"n_windows={n_windows} asks for more"
+            if n_windows is not None
+            else "at least 2 are needed (one to fit, one to hold out)"
+        )
+        raise ValueError(
+            f"the text is too short: {len(paths)} file(s) of "
+            f"{sum(map(len, tokens))} tokens make {available} windows of "
+            f"n_tokens={n_tokens}; {need}. Give more text, or ask for fewer or "
+            f"shorter windows."
+        )
+    n_held = round(held_out * wanted)
+    if not 1 <= n_held < wanted:
+        raise ValueError(
+            f"held_out={held_out} of {wanted} windows leaves "
+            f"{'none to hold out' if n_held < 1 else 'none to fit'}; use more "
+            f"windows or another held_out."
+        )
+    return _text_windows([t for t in tokens if len(t)], n_tokens), n_held
+
+
+def decoder_learner(settings, n_tokens, *, random_state=0, verbose=0):
+    """The learner of a decoder's attention, configured from its settings.
+
+    ``causal=True``; rotary positions (``rope``, ``rope_theta``, the
+    ``"half"`` layout of ``rotate_half``) for Llama, Mistral and Qwen2;
+    ``n_kv_heads`` for grouped-query heads; ``head_rank`` the head dimension
+    (the rank of each ``Q_i K_g^T`` and of each head's values); an intercept
+    (a constant coordinate of the tokens: query, key and value biases) when
+    the module has biases.
+
+    Examples
+    --------
+    >>> from skattn.layer._hf import decoder_settings
+    >>> s = decoder_settings({"model_type": "qwen2", "hidden_size": 64,
+    ...     "num_attention_heads": 4, "num_key_value_heads": 2})
+    >>> est = decoder_learner(s, 32)
+    >>> est.rope, est.n_kv_heads, est.head_rank, est.fit_intercept
+    (True, 2, 16, True)
+    """
+    rotary = settings["rope_theta"] is not None
+    m, m_kv = settings["n_heads"], settings["n_kv_heads"]
+    return MultiHeadAttentionRegressor(
+        n_heads=m,
+        n_tokens=n_tokens,
+        head_rank=settings["head_dim"],
+        fit_intercept=bool(settings["biases"]),
+        causal=True,
+        rope=rotary,
+        rope_theta=settings["rope_theta"] if rotary else 10000.0,
+        rope_layout="half",
+        n_kv_heads=None if m_kv == m else m_kv,
+        random_state=random_state,
+        verbose=verbose,
+    )
+
+
+def _unknowns(settings, n_in):
+    """Free parameters of a decoder attention on tokens of width ``n_in``: query
+    maps per query head, key and value maps per key/value group, output maps per
+    query head, less the gauge of each group (``A`` with ``K_g A``, ``Q_i
+    A^{-T}``: ``h^2``, or ``h`` with rotary positions, where ``A`` must commute
+    with the rotations; ``B`` with ``V_g B``, ``B^{-1} O_i``: ``h^2``)."""
+    d, m, m_kv, h = (
+        settings[key] for key in ("n_features", "n_heads", "n_kv_heads", "head_dim")
+    )
+    gauge = (h if settings["rope_theta"] is not None else h * h) + h * h
+    return (m + 2 * m_kv) * n_in * h + m * h * d - m_kv * gauge
+
+
+def decoder_verdict(n_fit, n_tokens, settings, intercept):
+    """What ``n_fit`` windows can pin, by counting: the equations ``n k d``
+    of the outputs against the layer's unknowns (:func:`_unknowns`), and the
+    rows ``n k`` against the counting bound of position-free heads of rank
+    ``head_dim`` (:func:`skattn.metrics.data_verdict`; a causal row ``l``
+    sees ``l + 1`` tokens, so the bound is a lower one here).
+
+    Examples
+    --------
+    >>> from skattn.layer._hf import decoder_settings
+    >>> s = decoder_settings({"model_type": "llama", "hidden_size": 64,
+    ...     "num_attention_heads": 4, "num_key_value_heads": 2})
+    >>> v = decoder_verdict(5, 32, s, intercept=False)
+    >>> v["determined"], v["count"]["samples_needed"]
+    (False, 6)
+    """
+    d, m, h = settings["n_features"], settings["n_heads"], settings["head_dim"]
+    n_in = d + 1 if intercept else d
+    count = data_verdict(n_fit, n_tokens, n_in, d, m, head_rank=h)
+    unknowns = _unknowns(settings, n_in)
+    equations = n_fit * n_tokens * d
+    needed = max(-(-unknowns // (n_tokens * d)), -(-count["rows_needed"] // n_tokens))
+    count.update(
+        unknowns=unknowns,
+        equations=equations,
+        samples_needed=int(needed),
+        determined=bool(
+            equations >= unknowns and count["rows"] >= count["rows_needed"]
+        ),
+        counted="decoder unknowns (shared key/value groups, gauges removed)",
+    )
+    message = ""
+    if not count["determined"]:
+        message = (
+            describe_verdict(count, "windows")
+            + " Give more text (or fit_anyway: fit all the same)."
+        )
+    heads = [
+        {"head": i, "pinned": count["determined"], "windows_needed": needed}
+        for i in range(m)
+    ]
+    return {
+        "determined": count["determined"],
+        "heads": heads,
+        "count": count,
+        "message": message,
+    }
+
+
+def _relative(predicted, target):
+    norm = np.linalg.norm(target)
+    return float(np.linalg.norm(predicted - target) / norm) if norm else 0.0
+
+
+def prediction_gap(layer, X, y):
+    """``||layer(X) - y||_F / ||y||_F`` on windows ``X`` ``(n, k, d)`` and
+    outputs ``y`` ``(n, k, d_out)``."""
+    n = len(X)
+    return _relative(layer.transform(X.reshape(n, -1)), y.reshape(n, -1))
+
+
+def decoder_measure(teacher, learned, X_fit, y_fit, X_held, y_held, verdict):
+    """The errors of the learned layer against transformers' outputs.
+
+    ``teacher`` is the module read as a skattn layer
+    (:meth:`~skattn.AttentionLayer.from_torch`): its agreement with the
+    outputs checks the data path.  Returns the report's entries
+    ``held_out_relative_error``, ``train_relative_error``,
+    ``teacher_agreement`` and ``verdict``."""
+    held = prediction_gap(learned, X_held, y_held)
+    train = prediction_gap(learned, X_fit, y_fit)
+    agreement = prediction_gap(teacher, X_held, y_held)
+    if not verdict["determined"]:
+        state = "not pinned by this data"
+    elif np.isfinite(held) and held <= EXACT_LAYER:
+        state = "exact"
+    else:
+        state = "not converged"
+    return {
+        "held_out_relative_error": held,
+        "train_relative_error": train,
+        "teacher_agreement": agreement,
+        "attention_pattern_error": None,
+        "parameter_errors": None,
+        "heads": [],
+        "verdict": {
+            "determined": verdict["determined"],
+            "heads": [{**h, "verdict": state} for h in verdict["heads"]],
+            "count": verdict["count"],
+            "summary": f"{len(verdict['heads'])} {state} (the layer as a whole)",
+            "message": verdict["message"],
+        },
+    }
+
+
+def model_tables_difference(model, module, ids, settings, y):
+    """The relative change of the module's outputs on ``ids`` when it gets the
+    model's own RoPE tables (float32) instead of float64 ones: the floor under
+    any float64 comparison with the model as it runs.  None for GPT-2."""
+    if settings["rope_theta"] is None:
+        return None
+    _, own = run_attention(model, module, ids, settings=settings, rope="model")
+    return _relative(own, y)
+
+
+def load_back_error(model, checkpoint, tensors, ids, y):
+    """Load the written ``tensors`` (the checkpoint's own names) into the
+    transformers ``model`` with ``load_state_dict(strict=False)`` and return
+    the relative error of layer L's attention outputs on ``ids`` against
+    ``y``; a ValueError if a key is not the model's."""
+    torch = require("torch", extra="transformers", feature="Decoder checkpoints")
+    state = model.state_dict()
+    keys = [key for key in tensors if key not in state]
+    if keys:
+        raise ValueError(f"the written tensors {keys} are not keys of the model.")
+    result = model.load_state_dict(
+        {
+            key: torch.as_tensor(value, dtype=state[key].dtype)
+            for key, value in tensors.items()
+        },
+        strict=False,
+    )
+    if result.unexpected_keys:
+        raise ValueError(
+            f"the model did not take the tensors {result.unexpected_keys}."
+        )
+    _, module = attention_module(model, checkpoint)
+    _, back = run_attention(model, module, ids, settings=checkpoint["settings"])
+    return _relative(back, y)
