@@ -96,7 +96,6 @@ except ImportError:
 adam_trace = []
 if torch is not None:
     torch.manual_seed(0)
-    torch.set_num_threads(1)
 
     class DecoderAttention(torch.nn.Module):
         def __init__(self, theta=10000.0):
