@@ -136,3 +136,25 @@ def test_no_joint_polish_where_a_head_stayed_unconverged(monkeypatch):
     assert not info["converged"] and info["stop_reason"] == "heads_unconverged"
     assert info["unconverged_heads"] == [1]
     assert 1e-10 < info["relative_residual"] < 1e-3
+
+
+def test_auto_search_where_the_heads_are_refined_alone():
+    from skattn.solvers._driver import _plan
+
+    starts = RandomStartOptions()
+
+    def plan(m, d, r, d_out):
+        return _plan(m, d, d_out, starts, PolishOptions(head_rank=r))
+
+    # factored values: the search, as before (12 heads of MiniLM's shape)
+    assert plan(12, 385, 32, 384) == (True, True, True)
+    # above 16 features, m r <= d_out: searched, then refined alone
+    assert plan(2, 32, 16, 32) == (False, True, True)
+    assert plan(2, 17, 4, 17) == (False, True, True)
+    # m r > d_out (no refinement alone), few features, full-rank heads: no search
+    assert plan(4, 32, 16, 32) == (False, False, False)
+    assert plan(2, 8, 2, 8) == (False, False, False)
+    assert plan(2, 32, None, 32) == (False, False, False)
+    # the user's choice stands
+    none = RandomStartOptions(start_search="none")
+    assert _plan(2, 32, 32, none, PolishOptions(head_rank=16))[1] is False

@@ -274,6 +274,13 @@ def _whiten(X, sample_weight, whiten):
     return X @ A, A, record
 
 
+# Features per token from which start_search='auto' searches low-rank heads that
+# are refined alone even when the polish does not factor the values: above the 16
+# where init='auto' starts from the phases (a tiny planted layer, d = 8, k = 4,
+# 300 warm-up sequences, was found by the polish and not by the search)
+_SEARCH_MIN_FEATURES = 17
+
+
 def _plan(n_heads, n_features, n_outputs, starts, polish):
     """``(factored, search, decouple)``: whether the polish factors the values,
     whether the minibatch search runs, whether the heads are refined alone."""
@@ -282,8 +289,18 @@ def _plan(n_heads, n_features, n_outputs, starts, polish):
     if factored == "auto":
         factored = choose_factor_values(n_heads, n_features, head_rank)
     search = starts.start_search
-    if search == "auto":
-        search = "minibatch" if factored else "none"
+    if search == "auto":  # the search pays where the values are factored, or
+        # where the heads are then refined alone (a 2-5x shorter fit than the
+        # polish from a random start, which crawls on a sharp head for an hour:
+        # benchmarks/HISTORY.md, the planted previous-token head); not on the
+        # few features where the phases start the fits of init='auto'
+        low_rank = head_rank is not None and head_rank < n_features
+        refined = (
+            low_rank
+            and n_features >= _SEARCH_MIN_FEATURES
+            and can_decouple(n_heads, head_rank, n_outputs)
+        )
+        search = "minibatch" if factored or refined else "none"
     if search == "minibatch" and (head_rank is None or head_rank >= n_features):
         raise ValueError(
             "start_search='minibatch' needs low-rank heads (head_rank < d)."

@@ -76,7 +76,9 @@ class RandomStartOptions:
         when their second moment is ill-conditioned or singular.
     start_search : {"auto", "minibatch", "none"}, default="auto"
         ``start_search``: the minibatch search before the polish (low-rank
-        heads); ``"auto"`` when the polish factors the values (many heads).
+        heads); ``"auto"`` when the polish factors the values (many heads) or,
+        above 16 features, the searched heads are then refined alone
+        (``m r <= d_out``).
     decouple : {"auto", True, False}, default="auto"
         After the search, refine every head on its own one-head problem;
         ``"auto"``: when the heads' output factors fit in the outputs.  Not an
