@@ -378,3 +378,12 @@ def test_text_takes_folders_and_glob_patterns(tmp_path):
     assert paths == [corpus / "sub" / "b.md"]
     with pytest.raises(FileNotFoundError, match="no text file matches"):
         layer_module._read_texts([str(corpus / "*.rst")])
+
+
+def test_the_rough_time_reads_as_english():
+    from skattn.experiments._layer import _rough_minutes
+
+    assert _rough_minutes(40, 12, 16, 384, 32).startswith("under a minute")
+    one = _rough_minutes(4000 / 8.6, 12, 16, 384, 32)  # 1.0 minute
+    assert one.startswith("1 minute on 2 cores"), one
+    assert _rough_minutes(4000, 12, 16, 384, 32).startswith("9 minutes on 2 cores")

@@ -1269,9 +1269,10 @@ def _rough_minutes(n_windows, n_heads, n_tokens, n_features, head_rank):
     minutes = 8.6 * scale
     if minutes < 1:
         return "under a minute on 2 cores (sharp heads take several times longer)"
+    whole = round(minutes)
     return (
-        f"{minutes:.0f} minutes on 2 cores (a scaling of MiniLM layer 3's 8.6; "
-        "sharp heads take several times longer)"
+        f"{whole} minute{'' if whole == 1 else 's'} on 2 cores (a scaling of MiniLM "
+        "layer 3's 8.6; sharp heads take several times longer)"
     )
 
 
