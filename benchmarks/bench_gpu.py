@@ -121,6 +121,7 @@ CASES = {
     "planted128": {"kind": "planted", "d": 128, "m": 4, "r": 16},
     "planted256": {"kind": "planted", "d": 256, "m": 4, "r": 32},
     "planted768": {"kind": "planted", "d": 768, "m": 12, "r": 64},
+    "gpt2small": {"kind": "planted", "d": 768, "m": 12, "r": 64, "causal": True},
     **{
         f"minilm{layer}": {"kind": "text", "layer": layer, "heads": None, "r": 32}
         for layer in range(1, 6)
@@ -135,9 +136,10 @@ SMOKE_SIZES = {"planted": (500, 100), "text": (200, 50), "random": (200, 50)}
 # ------------------------------------------------------------------------- the data
 
 
-def planted_case(d, m, r, n, n_test, seed, k=K):
-    """A planted layer with key biases and an intercept, on Gaussian tokens."""
-    base = make_attention_layer(m, d, head_rank=r, random_state=seed)
+def planted_case(d, m, r, n, n_test, seed, k=K, causal=False):
+    """A planted layer with key biases and an intercept, on Gaussian tokens
+    (``causal``: a decoder's, GPT-2 style: a causal mask, no positions)."""
+    base = make_attention_layer(m, d, head_rank=r, random_state=seed, causal=causal)
     rng = np.random.default_rng(seed + 1)
     # key biases u_i = Theta_i^T v_i, in the span of the keys as in a transformer
     # (b_q^T W_k x): the augmented heads [Theta_i; u_i^T] keep rank r; scaled to
@@ -150,6 +152,7 @@ def planted_case(d, m, r, n, n_test, seed, k=K):
         key_bias=key_bias,
         intercept=rng.normal(size=d),
         n_tokens=k,
+        causal=causal,
     )
     dist = GaussianTokens(k, d)
     X = dist.sample(n, random_state=seed)
@@ -165,10 +168,13 @@ def make_data(name, spec, args):
     n_test = args.n_test or n_test
     if kind == "planted":
         d, m, r, k = spec["d"], spec["m"], spec["r"], K
+        causal = spec.get("causal", False)
         if args.smoke:  # one a numpy fit solves in about 0.5 s
-            d, m, r, k = 8, 1, 4, 4
-        teacher, X, X_test = planted_case(d, m, r, n, n_test, args.seed, k)
+            d, m, r, k = (8, 2, 4, 4) if causal else (8, 1, 4, 4)
+        teacher, X, X_test = planted_case(d, m, r, n, n_test, args.seed, k, causal)
         what = f"planted, Gaussian tokens, d={d}, m={m}, r={r}, biases"
+        if causal:
+            what = "GPT-2 style " + what + ", causal, no positions"
     else:
         if not args.data:
             raise SystemExit(f"case {name} needs --data DIR (gpu/pack_minilm.py)")
@@ -207,6 +213,7 @@ def make_data(name, spec, args):
             "r": r,
         },
         "what": what,
+        "causal": bool(teacher.causal),
     }
 
 
@@ -215,7 +222,8 @@ def teacher_outputs(teacher, X, device, chunk=512):
 
     The same function as skattn's transform (softmax over keys of
     ``x_a^T Theta_i x_b + u_i^T x_b``, values ``X W_i``, plus the intercept),
-    seconds on a GPU where numpy takes minutes at d = 768.
+    seconds on a GPU where numpy takes minutes at d = 768; a causal teacher's
+    logits of keys after the query are masked (``-inf``).
     """
     torch = _torch()
     k, d = teacher.n_tokens, teacher.n_features
@@ -226,6 +234,8 @@ def teacher_outputs(teacher, X, device, chunk=512):
     Theta, W = on(teacher.attention), on(teacher.projection)
     u, c = on(teacher.key_bias), on(teacher.intercept)
     out = np.empty((len(X), k * teacher.n_outputs))
+    # later[l, a]: key a comes after query l
+    later = torch.ones(k, k, dtype=torch.bool, device=device).triu(1)
     with torch.no_grad():
         for s in range(0, len(X), chunk):
             Z = on(X[s : s + chunk]).reshape(-1, k, d)
@@ -234,6 +244,8 @@ def teacher_outputs(teacher, X, device, chunk=512):
             )
             if u is not None:
                 logits = logits + torch.einsum("md,nbd->nmb", u, Z)[:, :, None, :]
+            if teacher.causal:
+                logits = logits.masked_fill(later, float("-inf"))
             values = torch.einsum("nbd,mdo->nmbo", Z, W)
             Y = (torch.softmax(logits, dim=-1) @ values).sum(dim=1)
             if c is not None:
@@ -319,6 +331,7 @@ def run_skattn(data, args):
         n_tokens=s["k"],
         head_rank=s["r"],
         fit_intercept=True,
+        causal=data.get("causal", False),
         init="random",
         random_state=args.seed,
         verbose=args.verbose,
@@ -423,6 +436,69 @@ def run_anchor(name, data, module, args):
     return row
 
 
+def gpt2_attention(d, m, r, d_out):
+    """A causal layer of ``m`` heads of dim ``r`` with biases, no positions:
+    transformers' ``GPT2Attention`` (its ``Conv1D`` init, ``N(0, 0.02)`` weights,
+    zero biases; SDPA) where ``d == m r == d_out`` and transformers imports, else
+    ``causal_mha_shaped``: the same maps by hand."""
+    torch = _torch()
+    if d == m * r and d_out == d:
+        try:
+            import transformers
+            from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+        except ImportError:
+            pass
+        else:
+            config = transformers.GPT2Config(
+                n_embd=d,
+                n_head=m,
+                n_layer=1,
+                n_positions=max(K, 1024),
+                attn_pdrop=0.0,
+                resid_pdrop=0.0,
+                attn_implementation="sdpa",
+            )
+
+            class Decoder(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.attn = GPT2Attention(config, layer_idx=0)
+
+                def forward(self, X):
+                    # attention_mask=None: SDPA's is_causal (the causal mask)
+                    return self.attn(X)[0]
+
+            what = f"transformers {transformers.__version__} GPT2Attention (causal)"
+            return Decoder(), what
+    return causal_mha_shaped(d, m, r, d_out)
+
+
+def causal_mha_shaped(d, m, r, d_out):
+    """``bench_torch_anchors.mha_shaped``'s hand-built maps (and
+    ``nn.MultiheadAttention``'s init) with a causal mask."""
+    torch = _torch()
+
+    class Causal(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * m * r, d))
+            self.in_proj_bias = torch.nn.Parameter(torch.zeros(3 * m * r))
+            self.out_proj = torch.nn.Linear(m * r, d_out)
+            torch.nn.init.xavier_uniform_(self.in_proj_weight)
+            torch.nn.init.zeros_(self.out_proj.bias)
+
+        def forward(self, X):
+            n, k, _ = X.shape
+            qkv = torch.nn.functional.linear(X, self.in_proj_weight, self.in_proj_bias)
+            q, key, v = qkv.view(n, k, 3, m, r).permute(2, 0, 3, 1, 4)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, key, v, is_causal=True
+            )
+            return self.out_proj(out.transpose(1, 2).reshape(n, k, m * r))
+
+    return Causal(), f"hand-built causal nn.MultiheadAttention maps (d={d})"
+
+
 def warm_up(args):
     """Every learner once on a tiny problem, untimed.
 
@@ -470,7 +546,10 @@ def run_case(name, spec, args):
         flush=True,
     )
     torch.manual_seed(args.seed)
-    module = anchors.mha_shaped(s["d"], s["m"], s["r"], s["d_out"])
+    if data["causal"]:
+        module = gpt2_attention(s["d"], s["m"], s["r"], s["d_out"])
+    else:
+        module = anchors.mha_shaped(s["d"], s["m"], s["r"], s["d_out"])
     for learner in args.learners:
         _reset_peak(args.device)
         if learner == "skattn":

@@ -29,6 +29,14 @@
 # Other cases (planted64 planted128 planted256 minilm0):
 #
 #     CASES="planted64 minilm0" LONG_CASES="" bash benchmarks/gpu/run_on_device.sh
+#
+# Optional, not in the default lists (issue 50): gpt2small, the GPT-2-small-sized
+# decoder layer (causal, 12 heads of rank 64 at d = 768, biases), skattn beside
+# torch Adam and L-BFGS on transformers' GPT2Attention; no --data needed
+# (3 x 120 s + data and warm-up fit the call's --max-total; 150 s would not):
+#
+#     CASES="gpt2small" LONG_CASES="" LEARNERS="skattn adam lbfgs" BUDGET=120 \
+#         bash benchmarks/gpu/run_on_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
