@@ -234,7 +234,7 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         searched heads are then refined each on its own one-head problem
         (:func:`skattn.solvers.decoupled_refine`).  ``"auto"``: when the polish
         factors the values (:func:`skattn.solvers.choose_factor_values`) or,
-        above 16 features per token (where ``init="auto"`` starts from random
+        above 16 features per token (where ``init="auto"`` takes random
         starts), the heads are then refined alone: that fit is 2-5 times
         shorter than the polish from a random start on planted layers of 2-4
         heads (d = 24-32), and a planted previous-token head beside an ordinary
