@@ -440,7 +440,7 @@ def gpt2_attention(d, m, r, d_out):
     """A causal layer of ``m`` heads of dim ``r`` with biases, no positions:
     transformers' ``GPT2Attention`` (its ``Conv1D`` init, ``N(0, 0.02)`` weights,
     zero biases; SDPA) where ``d == m r == d_out`` and transformers imports, else
-    ``causal_mha_shaped``: the same maps by hand."""
+    ``bench_torch_anchors.mha_shaped(causal=True)``: the same maps by hand."""
     torch = _torch()
     if d == m * r and d_out == d:
         try:
@@ -470,33 +470,7 @@ def gpt2_attention(d, m, r, d_out):
 
             what = f"transformers {transformers.__version__} GPT2Attention (causal)"
             return Decoder(), what
-    return causal_mha_shaped(d, m, r, d_out)
-
-
-def causal_mha_shaped(d, m, r, d_out):
-    """``bench_torch_anchors.mha_shaped``'s hand-built maps (and
-    ``nn.MultiheadAttention``'s init) with a causal mask."""
-    torch = _torch()
-
-    class Causal(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * m * r, d))
-            self.in_proj_bias = torch.nn.Parameter(torch.zeros(3 * m * r))
-            self.out_proj = torch.nn.Linear(m * r, d_out)
-            torch.nn.init.xavier_uniform_(self.in_proj_weight)
-            torch.nn.init.zeros_(self.out_proj.bias)
-
-        def forward(self, X):
-            n, k, _ = X.shape
-            qkv = torch.nn.functional.linear(X, self.in_proj_weight, self.in_proj_bias)
-            q, key, v = qkv.view(n, k, 3, m, r).permute(2, 0, 3, 1, 4)
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, key, v, is_causal=True
-            )
-            return self.out_proj(out.transpose(1, 2).reshape(n, k, m * r))
-
-    return Causal(), f"hand-built causal nn.MultiheadAttention maps (d={d})"
+    return anchors.mha_shaped(d, m, r, d_out, causal=True)
 
 
 def warm_up(args):

@@ -168,10 +168,11 @@ def _import_tlm():
 # --------------------------------------------------------------------------- modules
 
 
-def mha_shaped(d, m, r, d_out):
-    """``nn.MultiheadAttention``'s maps and default init for m heads of dim r."""
+def mha_shaped(d, m, r, d_out, causal=False):
+    """``nn.MultiheadAttention``'s maps and default init for m heads of dim r
+    (``causal``: by hand, with a causal mask)."""
     torch = _import_torch()
-    if d == m * r and d_out == d:
+    if d == m * r and d_out == d and not causal:
         mha = torch.nn.MultiheadAttention(d, m, bias=True, batch_first=True)
 
         class SelfAttention(torch.nn.Module):
@@ -198,9 +199,13 @@ def mha_shaped(d, m, r, d_out):
             n, k, _ = X.shape
             qkv = torch.nn.functional.linear(X, self.in_proj_weight, self.in_proj_bias)
             q, key, v = qkv.view(n, k, 3, m, r).permute(2, 0, 3, 1, 4)
-            out = torch.nn.functional.scaled_dot_product_attention(q, key, v)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, key, v, is_causal=causal
+            )
             return self.out_proj(out.transpose(1, 2).reshape(n, k, m * r))
 
+    if causal:
+        return MHAShaped(), f"hand-built causal nn.MultiheadAttention maps (d={d})"
     return MHAShaped(), f"hand-built nn.MultiheadAttention maps (d={d} != m r)"
 
 

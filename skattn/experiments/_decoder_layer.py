@@ -36,6 +36,19 @@ __all__ = [
 EXACT_LAYER = 1e-6
 
 
+def _held_out_count(held_out, wanted):
+    """Windows held out of ``wanted``: ``round(held_out * wanted)``, at least one
+    and fewer than ``wanted`` (a one-line error otherwise)."""
+    n_held = round(held_out * wanted)
+    if not 1 <= n_held < wanted:
+        raise ValueError(
+            f"held_out={held_out} of {wanted} windows leaves "
+            f"{'none to hold out' if n_held < 1 else 'none to fit'}; use more "
+            f"windows or another held_out."
+        )
+    return n_held
+
+
 def decoder_windows(tokenizer, paths, contents, n_tokens, n_windows, held_out):
     """Token-id windows of ``n_tokens`` consecutive tokens of one file (no
     special tokens; a file's last incomplete window dropped), all of them,
@@ -57,13 +70,7 @@ def decoder_windows(tokenizer, paths, contents, n_tokens, n_windows, held_out):
             f"n_tokens={n_tokens}; {need}. Give more text, or ask for fewer or "
             f"shorter windows."
         )
-    n_held = round(held_out * wanted)
-    if not 1 <= n_held < wanted:
-        raise ValueError(
-            f"held_out={held_out} of {wanted} windows leaves "
-            f"{'none to hold out' if n_held < 1 else 'none to fit'}; use more "
-            f"windows or another held_out."
-        )
+    n_held = _held_out_count(held_out, wanted)
     return _text_windows([t for t in tokens if len(t)], n_tokens), n_held
 
 

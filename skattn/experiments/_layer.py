@@ -57,6 +57,7 @@ from ..metrics import (
 from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
 from ._decoder_layer import (
+    _held_out_count,
     decoder_learner,
     decoder_measure,
     decoder_verdict,
@@ -396,11 +397,7 @@ def _learn_decoder(
         checkpoint["tokenizer"], paths, contents, n_tokens, n_windows, held_out
     )
     n_available = len(ids)
-    rng = np.random.default_rng(random_state)
-    n_total = n_available if n_windows is None else n_windows
-    ids = ids[np.sort(rng.choice(n_available, size=n_total, replace=False))]
-    order = rng.permutation(n_total)
-    held, fit = np.sort(order[:n_held]), np.sort(order[n_held:])
+    ids, fit, held = _sample_windows(ids, n_windows, n_held, random_state)
     intercept = bool(settings["biases"])
     verdict = decoder_verdict(len(fit), n_tokens, settings, intercept)
     if not verdict["determined"] and not fit_anyway:
@@ -460,19 +457,17 @@ def _learn_decoder(
         report["loaded_back_held_out_relative_error"] = load_back_error(
             model, checkpoint, tensors, ids[held], y[held]
         )
+    report["certificate"] = None
     report.update(
-        {
-            "fit_seconds": fit_seconds,
-            "resume": None,
-            "peak_memory_mb": _peak_memory_mb(),
-            "n_windows_fit": len(fit),
-            "n_windows_held_out": len(held),
-            "text": {
-                "files": [str(p) for p in paths],
-                "n_windows_available": n_available,
-                "n_distinct_windows_fit": len(np.unique(ids[fit], axis=0)),
-            },
-            "checkpoint": {
+        _run_record(
+            fit_seconds=fit_seconds,
+            resume=None,
+            fit=fit,
+            held=held,
+            paths=paths,
+            n_available=n_available,
+            ids=ids,
+            checkpoint={
                 "folder": str(folder),
                 "model_type": settings["architecture"],
                 "n_layers": checkpoint["n_layers"],
@@ -485,19 +480,14 @@ def _learn_decoder(
                 "heads_learned": list(range(settings["n_heads"])),
                 "module": checkpoint["prefix"].rstrip("."),
             },
-            "certificate": None,
-            "estimator": repr(learner),
-            "device": None if device is None else str(device),
-            "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
-            "files": {role: str(path) for role, path in files.items()},
-            "arguments": arguments,
-        }
+            learner=learner,
+            device=device,
+            caught=caught,
+            files=files,
+            arguments=arguments,
+        )
     )
-    report["total_seconds"] = time.perf_counter() - start
-    report = _jsonable(report)
-    if out is not None:
-        files["report"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
-    _say(verbose, f"held-out relative error {report['held_out_relative_error']}.")
+    report = _finish_report(report, files, start, verbose)
     return Bunch(
         report=report,
         estimator=learner,
@@ -559,14 +549,19 @@ def _windows(texts, contents, tokenizer, n_tokens, n_windows, held_out):
             f"([CLS], {inner} tokens of one file, [SEP]); {need}. Give more text, "
             f"or ask for fewer or shorter windows."
         )
-    n_held = round(held_out * wanted)
-    if not 1 <= n_held < wanted:
-        raise ValueError(
-            f"held_out={held_out} of {wanted} windows leaves "
-            f"{'none to hold out' if n_held < 1 else 'none to fit'}; use more "
-            f"windows or another held_out."
-        )
+    n_held = _held_out_count(held_out, wanted)
     return _text_windows([t for t in tokens if len(t)], n_tokens, special), n_held
+
+
+def _sample_windows(ids, n_windows, n_held, random_state):
+    """``(ids, fit, held)``: ``n_windows`` of the windows ``ids`` (all when None)
+    drawn at random, kept in text order, and ``n_held`` of them held out."""
+    rng = np.random.default_rng(random_state)
+    n_available = len(ids)
+    n_total = n_available if n_windows is None else n_windows
+    ids = ids[np.sort(rng.choice(n_available, size=n_total, replace=False))]
+    order = rng.permutation(n_total)
+    return ids, np.sort(order[n_held:]), np.sort(order[:n_held])
 
 
 def _peak_memory_mb():
@@ -629,6 +624,56 @@ def _certificate_summary(cert):
         "sharp_head_verdicts": list(cert.sharp_head_verdicts),
         "text": str(cert),
     }
+
+
+def _run_record(
+    *,
+    fit_seconds,
+    resume,
+    fit,
+    held,
+    paths,
+    n_available,
+    ids,
+    checkpoint,
+    learner,
+    device,
+    caught,
+    files,
+    arguments,
+):
+    """The report's record of a run, the same for every checkpoint: time, memory,
+    windows, text, the checkpoint's facts, the learner, its warnings, files and
+    the arguments."""
+    return {
+        "fit_seconds": fit_seconds,
+        "resume": resume,
+        "peak_memory_mb": _peak_memory_mb(),
+        "n_windows_fit": len(fit),
+        "n_windows_held_out": len(held),
+        "text": {
+            "files": [str(p) for p in paths],
+            "n_windows_available": n_available,
+            "n_distinct_windows_fit": len(np.unique(ids[fit], axis=0)),
+        },
+        "checkpoint": checkpoint,
+        "estimator": repr(learner),
+        "device": None if device is None else str(device),
+        "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+        "files": {role: str(path) for role, path in files.items()},
+        "arguments": arguments,
+    }
+
+
+def _finish_report(report, files, start, verbose):
+    """The report with its total time, as JSON values, written to
+    ``files["report"]`` when there is one, and its held-out error said."""
+    report["total_seconds"] = time.perf_counter() - start
+    report = _jsonable(report)
+    if "report" in files:
+        files["report"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    _say(verbose, f"held-out relative error {report['held_out_relative_error']}.")
+    return report
 
 
 def _say(verbose, message):
@@ -913,11 +958,7 @@ def learn_layer(
         paths, contents, folder / "tokenizer.json", n_tokens, n_windows, held_out
     )
     n_available = len(ids)
-    rng = np.random.default_rng(random_state)
-    n_total = n_available if n_windows is None else n_windows
-    ids = ids[np.sort(rng.choice(n_available, size=n_total, replace=False))]
-    order = rng.permutation(n_total)
-    held, fit = np.sort(order[:n_held]), np.sort(order[n_held:])
+    ids, fit, held = _sample_windows(ids, n_windows, n_held, random_state)
     d_model = int(config["hidden_size"])
     n_fit_heads = int(config["num_attention_heads"]) if n_heads is None else n_heads
     rank = d_model // int(config["num_attention_heads"])
@@ -988,18 +1029,15 @@ def learn_layer(
         if plot:
             files["plot"] = out / LAYER_FILES["plot"]
     report.update(
-        {
-            "fit_seconds": fit_seconds,
-            "resume": _resume_record(learner, pieces, fit_seconds),
-            "peak_memory_mb": _peak_memory_mb(),
-            "n_windows_fit": len(fit),
-            "n_windows_held_out": len(held),
-            "text": {
-                "files": [str(p) for p in paths],
-                "n_windows_available": n_available,
-                "n_distinct_windows_fit": len(np.unique(ids[fit], axis=0)),
-            },
-            "checkpoint": {
+        _run_record(
+            fit_seconds=fit_seconds,
+            resume=_resume_record(learner, pieces, fit_seconds),
+            fit=fit,
+            held=held,
+            paths=paths,
+            n_available=n_available,
+            ids=ids,
+            checkpoint={
                 "folder": str(folder),
                 "model_type": config.get("model_type"),
                 "n_layers": encoder.n_layers,
@@ -1009,23 +1047,19 @@ def learn_layer(
                 "layer": layer,
                 "heads_learned": list(range(n_heads)),
             },
-            "estimator": repr(learner),
-            "device": None if device is None else str(device),
-            "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
-            "files": {role: str(path) for role, path in files.items()},
-            "arguments": arguments,
-        }
+            learner=learner,
+            device=device,
+            caught=caught,
+            files=files,
+            arguments=arguments,
+        )
     )
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         _write_layer(learned, files["layer"], n_tokens, layer, folder)
         if plot:
             _plot(teacher, learned, X_held, files["plot"], layer)
-    report["total_seconds"] = time.perf_counter() - start
-    report = _jsonable(report)
-    if out is not None:
-        files["report"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
-    _say(verbose, f"held-out relative error {report['held_out_relative_error']}.")
+    report = _finish_report(report, files, start, verbose)
     return Bunch(
         report=report,
         estimator=learner,
