@@ -4,11 +4,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.exceptions import NotFittedError
 
 from skattn import AttentionLayer
-from skattn.datasets import make_attention_layer, sample_inputs
+from skattn.datasets import (
+    make_attention_layer,
+    make_attention_regression,
+    sample_inputs,
+)
 from skattn.metrics import attention_pattern_error, parameter_error, prediction_error
 
 
@@ -236,3 +240,21 @@ def test_pattern_error_more_learned_heads(true_layer, X):
     assert attention_pattern_error(true_layer, learned, X) == 0.0
     with pytest.raises(ValueError, match="at least as many learned heads"):
         attention_pattern_error(learned, true_layer, X)
+
+
+def test_prediction_and_pattern_errors_compare_decoder_layers():
+    X, _, true = make_attention_regression(
+        40, 6, 8, 2, head_rank=2, causal=True, rope=True, n_kv_heads=1,
+        random_state=0, return_layer=True,
+    )  # fmt: skip
+    assert prediction_error(true, true, X) == 0.0
+    assert attention_pattern_error(true, true, X) == 0.0
+    unmasked = clone(true).set_params(causal=False)  # the same maps, no mask
+    Y, Y_hat = true.transform(X), unmasked.transform(X)
+    expected = np.linalg.norm(Y_hat - Y) / np.linalg.norm(Y)
+    assert prediction_error(true, unmasked, X) == pytest.approx(expected, rel=1e-12)
+    patterns = true.attention_patterns(X), unmasked.attention_patterns(X)
+    tv = 0.5 * np.abs(patterns[0] - patterns[1]).sum(-1).mean(axis=(0, 2))
+    assert attention_pattern_error(true, unmasked, X) == pytest.approx(tv.mean())
+    with pytest.raises(ValueError, match="prediction_error or attention_pattern_error"):
+        parameter_error(true, unmasked)

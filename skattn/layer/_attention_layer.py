@@ -382,8 +382,9 @@ default=None
             raise ValueError(
                 f"this is a decoder layer ({' and '.join(sorted(decoder))}): its "
                 f"function is not attention and projection alone, and this part of "
-                f"skattn supports position-free, unmasked layers only; use "
-                f"transform / attention_patterns."
+                f"skattn supports position-free, unmasked layers only; compare "
+                f"decoder layers with skattn.metrics.prediction_error or "
+                f"attention_pattern_error, or use transform / attention_patterns."
             )
         m, d, d_out = projection.shape
         return (

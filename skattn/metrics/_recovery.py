@@ -11,7 +11,6 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.utils import Bunch, check_array
 
 from ..layer import AttentionLayer, as_layer
-from ..layer._math import attention_patterns, forward
 from ..utils._validation import flatten_tokens, layer_sequences
 
 
@@ -85,6 +84,11 @@ def _check_compatible(true, learned, *, outputs=True):
             f"{th.shape[0]}; head-matched errors need at least as many learned heads "
             f"as true ones. Compare the functions with prediction_error instead."
         )
+
+
+def _n_tokens(layer):
+    """A layer's tokens per sequence: ``n_tokens_`` once fitted, else ``n_tokens``."""
+    return getattr(layer, "n_tokens_", None) or layer.n_tokens
 
 
 def _ratio(num, den):
@@ -284,7 +288,9 @@ def prediction_error(true_layer, learned, X):
     >>> prediction_error(true, other, X) > 0.5
     True
     """
-    th, W, u, c, k_true = as_layer(true_layer, "true_layer")._arrays()
+    true = as_layer(true_layer, "true_layer")
+    th, W = true._parameters()[:2]
+    k_true = _n_tokens(true)
     predict_only = not (
         isinstance(learned, AttentionLayer)
         or isinstance(getattr(learned, "layer_", None), AttentionLayer)
@@ -310,16 +316,18 @@ def prediction_error(true_layer, learned, X):
                 f"has n_outputs={W.shape[2]}."
             )
     else:
-        th_hat, W_hat, u_hat, c_hat, k_est = as_layer(learned, "learned")._arrays()
+        layer = as_layer(learned, "learned")
+        th_hat, W_hat = layer._parameters()[:2]
         if th_hat.shape[1:] != th.shape[1:] or W_hat.shape[1:] != W.shape[1:]:
             raise ValueError(
                 f"learned has heads of shapes Theta {th_hat.shape[1:]}, W "
                 f"{W_hat.shape[1:]} but true_layer has Theta {th.shape[1:]}, W "
                 f"{W.shape[1:]}; both layers need the same n_features and n_outputs."
             )
-        X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
-        Y_hat = forward(X3, th_hat, W_hat, key_bias=u_hat, intercept=c_hat)
-    Y = forward(X3, th, W, key_bias=u, intercept=c)
+        X3 = _sequences(X, _common_n_tokens(k_true, _n_tokens(layer)), th.shape[1])
+        Y_hat = layer.transform(X3).reshape(X3.shape[0], X3.shape[1], -1)
+    # each layer's own forward: a decoder's mask and rotary positions included
+    Y = true.transform(X3).reshape(Y_hat.shape)
     return float(_ratio(np.linalg.norm(Y_hat - Y), np.linalg.norm(Y)))
 
 
@@ -357,12 +365,13 @@ def attention_pattern_error(true_layer, learned, X):
     >>> attention_pattern_error(true, true, X)
     0.0
     """
-    th, W, u, _, k_true = as_layer(true_layer, "true_layer")._arrays()
-    th_hat, W_hat, u_hat, _, k_est = as_layer(learned, "learned")._arrays()
-    _check_compatible((th, W), (th_hat, W_hat), outputs=False)
-    X3 = _sequences(X, _common_n_tokens(k_true, k_est), th.shape[1])
-    P = attention_patterns(X3, th, u)  # (n, m, k, k)
-    P_hat = attention_patterns(X3, th_hat, u_hat)  # (n, m', k, k)
+    true, layer = as_layer(true_layer, "true_layer"), as_layer(learned, "learned")
+    th, W = true._parameters()[:2]
+    _check_compatible((th, W), layer._parameters()[:2], outputs=False)
+    X3 = _sequences(X, _common_n_tokens(_n_tokens(true), _n_tokens(layer)), th.shape[1])
+    # each layer's own patterns: a decoder's mask and rotary positions included
+    P = true.attention_patterns(X3)  # (n, m, k, k)
+    P_hat = layer.attention_patterns(X3)  # (n, m', k, k)
     cost = _pattern_distances(P, P_hat)
     rows, cols = linear_sum_assignment(cost)
     return float(cost[rows, cols].mean())
