@@ -17,7 +17,8 @@ start:
 3. **joint polish**: matrix-free Levenberg-Marquardt on the variable-projection
    problem (:func:`~skattn.solvers.optimizers._lm_matrix_free.
    varpro_least_squares`), first on a random subset (the warm-up), then on all
-   examples unless the warm-up's fit is realisable on them already.
+   examples unless the warm-up's fit is realisable on them already.  Rotary
+   heads' steps are solved closely from the start (no loose stage).
 
 The tokens may be of any array-API namespace: every stage runs in it, the factors
 come back in it, the record holds Python numbers.
@@ -38,6 +39,15 @@ from .optimizers._lm_matrix_free import varpro_least_squares
 from .stages._common import _blas_limits, _on_accelerator, _take, _threads
 from .stages._polish import choose_factor_values, warmup_size
 from .stages._search import minibatch_search
+
+# The polish of rotary heads solves every step to LSMR's default tolerance, at
+# most this many LSMR iterations a step: loose steps (the coarse stage's) crawl
+# there.  On a planted layer of the tiny checkpoints' shape (4 query heads
+# sharing 2 key heads, d = 64, head dimension 16, k = 32, 160 sequences, from
+# the search's end at 2 %), 60 evaluations took the cost from 0.58 to 0.20
+# with loose steps (22 s), to 7.2e-3 with at most 40 iterations a step (130 s)
+# and to 2.0e-3 with at most 200 (over 400 s); benchmarks/HISTORY.md.
+ROTARY_LSMR_PRODUCTS = 40
 
 
 def random_decoder_start(parametrization, random_state=None):
@@ -211,6 +221,8 @@ def fit_decoder_from_random_starts(
             "stop_below": REALISABLE_RESIDUAL,
             "verbose": int(verbose > 1),
         }
+        if rope_theta is not None:  # steps solved closely, see ROTARY_LSMR_PRODUCTS
+            options.update(coarse=False, max_products=ROTARY_LSMR_PRODUCTS)
         warmup_info, final_stage = None, "ran"
         if warm is not None:
             say(f"decoder start {start}: polish on {len(warm)} examples")
