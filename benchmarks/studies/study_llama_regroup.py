@@ -11,6 +11,7 @@ over that gauge, pairs the heads into groups.
 Usage: python study_llama_regroup.py DATA.npz MODE N seed=S [fit=1]
 (MODE real | gauss as study_llama_search.py.)
 """
+
 import itertools
 import os
 import sys
@@ -20,8 +21,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 import skattn.solvers._decoder as decoder_module
-from skattn.solvers.kernels._parametrization import FactoredHeads
 from skattn.solvers._decoder import random_decoder_start
+from skattn.solvers.kernels._parametrization import FactoredHeads
 from skattn.solvers.stages._search import minibatch_search
 
 
@@ -29,7 +30,11 @@ def _gauge_fit(Kj, Ki, layout="half"):
     """min over M (a scaled rotation per frequency pair) of ||Kj M - Ki||, and M."""
     d, r = Ki.shape
     h = r // 2
-    pairs = [(p, p + h) for p in range(h)] if layout == "half" else [(2 * p, 2 * p + 1) for p in range(h)]
+    pairs = (
+        [(p, p + h) for p in range(h)]
+        if layout == "half"
+        else [(2 * p, 2 * p + 1) for p in range(h)]
+    )
     M = np.zeros((r, r))
     cost = 0.0
     for a_, b_ in pairs:
@@ -41,7 +46,7 @@ def _gauge_fit(Kj, Ki, layout="half"):
         Mf = coef[0] * np.eye(2) + coef[1] * J
         cost += ((A @ Mf - B) ** 2).sum()
         M[np.ix_([a_, b_], [a_, b_])] = Mf
-    return cost / max((Ki ** 2).sum(), 1e-300), M
+    return cost / max((Ki**2).sum(), 1e-300), M
 
 
 def _partitions(items, size):
@@ -68,8 +73,10 @@ def tie_keys(params, ungrouped, grouped):
         for j in range(m):
             if i != j:
                 cost[i, j], gauges[i, j] = _gauge_fit(K[j], K[i], grouped.rope_layout)
-    best = min(_partitions(list(range(m)), s),
-               key=lambda part: sum(cost[g[0], j] for g in part for j in g[1:]))
+    best = min(
+        _partitions(list(range(m)), s),
+        key=lambda part: sum(cost[g[0], j] for g in part for j in g[1:]),
+    )
     Qn, Kn, Vn = [], [], []
     for g in best:
         Kn.append(K[g[0]])
@@ -88,20 +95,40 @@ _original_search = minibatch_search
 def regrouping_search(X, Y, params, par, *, random_state=None, verbose=0, **kw):
     """minibatch_search, grouped heads searched ungrouped first then tied."""
     if par.n_kv_heads == par.n_heads:
-        return _original_search(X, Y, params, par, random_state=random_state, verbose=verbose, **kw)
+        return _original_search(
+            X, Y, params, par, random_state=random_state, verbose=verbose, **kw
+        )
     rng = random_state
-    free = FactoredHeads(par.n_heads, par.n_features, par.rank, causal=par.causal,
-                         rope_theta=par.rope_theta, rope_layout=par.rope_layout)
+    free = FactoredHeads(
+        par.n_heads,
+        par.n_features,
+        par.rank,
+        causal=par.causal,
+        rope_theta=par.rope_theta,
+        rope_layout=par.rope_layout,
+    )
     Q, K, V = par.factors(params)  # the grouped start: each query head its group's key
-    start = np.concatenate([np.ravel(Q), np.ravel(K[np.arange(par.n_heads) // (par.n_heads // par.n_kv_heads)]),
-                            np.ravel(V)])
+    start = np.concatenate(
+        [
+            np.ravel(Q),
+            np.ravel(K[np.arange(par.n_heads) // (par.n_heads // par.n_kv_heads)]),
+            np.ravel(V),
+        ]
+    )
     start = start + 0  # same start as the grouped search (keys duplicated)
     start = random_decoder_start(free, rng)
-    p1, info1 = _original_search(X, Y, start, free, random_state=rng, verbose=verbose, **kw)
+    p1, info1 = _original_search(
+        X, Y, start, free, random_state=rng, verbose=verbose, **kw
+    )
     tied, groups, cost = tie_keys(p1, free, par)
-    p2, info2 = _original_search(X, Y, tied, par, random_state=rng, verbose=verbose, **kw)
-    print(f"REGROUP ungrouped {info1['residual']:.4f} ({info1['n_steps']} steps) groups {groups} "
-          f"tied start {info2['residuals'][0]:.4f} -> {info2['residual']:.4f} ({info2['n_steps']} steps)")
+    p2, info2 = _original_search(
+        X, Y, tied, par, random_state=rng, verbose=verbose, **kw
+    )
+    print(
+        f"REGROUP ungrouped {info1['residual']:.4f} ({info1['n_steps']} steps) "
+        f"groups {groups} tied start {info2['residuals'][0]:.4f} -> "
+        f"{info2['residual']:.4f} ({info2['n_steps']} steps)"
+    )
     info2["n_steps"] += info1["n_steps"]
     return p2, info2
 
@@ -115,32 +142,62 @@ if __name__ == "__main__":
     N, k, d = X.shape
     Qt, Kt, Wt = D["rotary_query"], D["rotary_key"], D["projection"]
     m, r, m_kv = Qt.shape[0], Qt.shape[2], int(D["n_kv_heads"])
-    par = FactoredHeads(m, d, r, causal=True, rope_theta=float(D["rope_theta"]),
-                        rope_layout=str(D["rope_layout"]), n_kv_heads=m_kv)
+    par = FactoredHeads(
+        m,
+        d,
+        r,
+        causal=True,
+        rope_theta=float(D["rope_theta"]),
+        rope_layout=str(D["rope_layout"]),
+        n_kv_heads=m_kv,
+    )
     if mode == "gauss":
         from skattn.layer._math import softmax
+
         Vt = np.linalg.svd(Wt, full_matrices=False)[0][:, :, :r]
         teacher = np.concatenate([Qt.ravel(), Kt.ravel(), Vt.ravel()])
         rng = np.random.default_rng(1)
-        X = rng.normal(size=X.shape) * np.sqrt((X ** 2).sum(-1).mean() / d)
+        X = rng.normal(size=X.shape) * np.sqrt((X**2).sum(-1).mean() / d)
         P = softmax(par.logits(X, teacher, par.cache(X, teacher)), axis=-1)
         Y = np.einsum("nhab,nbd,hde->nae", P, X, Wt)
-    Xf, Yf, Xh, Yh = X[:n], Y[:n], X[n:n + 200], Y[n:n + 200]
+    Xf, Yf, Xh, Yh = X[:n], Y[:n], X[n : n + 200], Y[n : n + 200]
     if opt.get("fit", "0") == "1":
         from skattn import MultiHeadAttentionRegressor
+
         if opt.get("regroup", "1") == "1":
             decoder_module.minibatch_search = regrouping_search
         est = MultiHeadAttentionRegressor(
-            n_heads=m, n_tokens=k, head_rank=r, causal=True, rope=True,
-            rope_theta=float(D["rope_theta"]), rope_layout="half", n_kv_heads=m_kv,
-            random_state=seed, n_restarts=int(opt.get("restarts", 1)), verbose=1)
+            n_heads=m,
+            n_tokens=k,
+            head_rank=r,
+            causal=True,
+            rope=True,
+            rope_theta=float(D["rope_theta"]),
+            rope_layout="half",
+            n_kv_heads=m_kv,
+            random_state=seed,
+            n_restarts=int(opt.get("restarts", 1)),
+            verbose=1,
+        )
         t = time.time()
         est.fit(Xf.reshape(n, -1), Yf.reshape(n, -1))
         Ph = est.predict(Xh.reshape(len(Xh), -1))
-        print(f"FIT held out {np.linalg.norm(Ph - Yh.reshape(len(Xh), -1)) / np.linalg.norm(Yh):.4f}"
-              f" seconds {time.time() - t:.1f}")
+        print(
+            "FIT held out "
+            f"{np.linalg.norm(Ph - Yh.reshape(len(Xh), -1)) / np.linalg.norm(Yh):.4f}"
+            f" seconds {time.time() - t:.1f}"
+        )
     else:
         t = time.time()
-        p, info = regrouping_search(Xf, Yf, random_decoder_start(par, np.random.RandomState(seed)), par,
-                                    n_replacements=0, random_state=np.random.RandomState(seed))
-        print(f"SEARCH end residual {info['residual']:.4f} steps {info['n_steps']} seconds {time.time() - t:.1f}")
+        p, info = regrouping_search(
+            Xf,
+            Yf,
+            random_decoder_start(par, np.random.RandomState(seed)),
+            par,
+            n_replacements=0,
+            random_state=np.random.RandomState(seed),
+        )
+        print(
+            f"SEARCH end residual {info['residual']:.4f} steps {info['n_steps']} "
+            f"seconds {time.time() - t:.1f}"
+        )
