@@ -6,7 +6,12 @@ import pytest
 from skattn.datasets import make_attention_regression
 from skattn.layer._math import forward
 from skattn.layer._positions import Rotary
-from skattn.solvers._decoder import fit_decoder_from_random_starts, random_decoder_start
+from skattn.solvers._decoder import (
+    _rotary_pairs,
+    fit_decoder_from_random_starts,
+    random_decoder_start,
+    tie_key_heads,
+)
 from skattn.solvers.kernels._parametrization import FactoredHeads, LowRank
 
 
@@ -64,3 +69,58 @@ def test_planted_grouped_decoder_is_learned_to_rounding(decoder):
     held = forward(X[1200:], attention, W, causal=True, rotary=rotary)
     error = np.linalg.norm(held - Y[1200:]) / np.linalg.norm(Y[1200:])
     assert error <= 1e-8
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved", None])
+def test_tie_key_heads_recovers_the_groups_and_the_logits(layout):
+    """Ungrouped heads that are a grouped layer in disguise (each query head's
+    own key map its group's, moved by a random gauge; heads shuffled) are tied
+    back: the true groups, and the same logits head by head."""
+    rng = np.random.default_rng(3)
+    m, m_kv, d, r = 6, 2, 7, 4
+    rope = {} if layout is None else {"rope_theta": 100.0, "rope_layout": layout}
+    free = FactoredHeads(m, d, r, causal=True, **rope)
+    grouped = FactoredHeads(m, d, r, causal=True, n_kv_heads=m_kv, **rope)
+    Q, K, V = (rng.normal(size=(h, d, r)) for h in (m, m_kv, m))
+    shuffle = rng.permutation(m)
+    group_of = (np.arange(m) // (m // m_kv))[shuffle]
+    pairs = None if layout is None else _rotary_pairs(r, layout)
+    Qs, Ks = [], []
+    for i in range(m):
+        if pairs is None:
+            M = rng.normal(size=(r, r)) + 3 * np.eye(r)
+        else:
+            M = np.zeros((r, r))
+            for pair in pairs:
+                a, b = rng.normal(size=2)
+                M[np.ix_(pair, pair)] = [[a, -b], [b, a]]
+        Ks.append(K[group_of[i]] @ M)
+        Qs.append(Q[shuffle[i]] @ np.linalg.inv(M).T)
+    params = np.concatenate([np.ravel(Qs), np.ravel(Ks), V[shuffle].ravel()])
+    tied, groups = tie_key_heads(params, free, grouped)
+    true_groups = [sorted(np.flatnonzero(group_of == g).tolist()) for g in range(m_kv)]
+    assert sorted(sorted(group) for group in groups) == sorted(true_groups)
+    order = [j for group in groups for j in group]
+    X = rng.normal(size=(4, 5, d))
+    np.testing.assert_allclose(
+        grouped.logits(X, tied), free.logits(X, params)[:, order], atol=1e-10
+    )
+
+
+def test_grouped_search_is_regrouped_and_recorded():
+    X, y = make_attention_regression(
+        300, 6, 8, 4, head_rank=2, causal=True, rope=True, rope_theta=100.0,
+        n_kv_heads=2, distribution="gaussian", random_state=0,
+    )  # fmt: skip
+    X, Y = X.reshape(300, 6, 8), y.reshape(300, 6, 8)
+    options = dict(causal=True, rope_theta=100.0, n_kv_heads=2, n_starts=1)
+    *_, info = fit_decoder_from_random_starts(
+        X, Y, 4, 2, random_state=0, max_iter=2, **options
+    )
+    regrouped = info["start_search"]["regrouped"]
+    assert sorted(j for group in regrouped["groups"] for j in group) == [0, 1, 2, 3]
+    assert regrouped["n_steps"] > 0 and regrouped["residual"] < 1
+    *_, info = fit_decoder_from_random_starts(
+        X, Y, 4, 2, random_state=0, max_iter=2, regroup_keys=False, **options
+    )
+    assert info["start_search"]["regrouped"] is None

@@ -11,7 +11,10 @@ start:
 
 1. **search** (:func:`~skattn.solvers.minibatch_search`): Adam on minibatches,
    the output factors eliminated on each batch; no weakest-head replacement (it
-   searches position-free single heads);
+   searches position-free single heads).  Grouped key heads are searched with a
+   key head per query head first, then grouped by their key maps
+   (:func:`tie_key_heads`) and searched grouped: from a random grouping the
+   search stalls when query heads sit in the wrong groups;
 2. no per-head refinement: grouped heads share their key maps, so the heads do
    not decouple (and a rotary head's one-head problem is not written yet);
 3. **joint polish**: matrix-free Levenberg-Marquardt on the variable-projection
@@ -82,6 +85,153 @@ def random_decoder_start(parametrization, random_state=None):
     return np.concatenate([part.ravel() for part in parts])
 
 
+def _rotary_pairs(rank, layout):
+    """The rotary pairs' dimensions ``(r / 2, 2)`` in ``layout``."""
+    half = rank // 2
+    if layout == "half":
+        return np.stack([np.arange(half), np.arange(half) + half], axis=1)
+    return np.arange(rank).reshape(half, 2)
+
+
+def key_gauge(K_from, K_to, rotary_pairs=None):
+    """The map ``M`` minimising ``||K_from M - K_to||_F`` among the gauges of a
+    key head, and the relative misfit ``||K_from M - K_to||^2 / ||K_to||^2``.
+
+    Without rotary positions a key map ``K`` and ``K M`` (with queries ``Q M^-T``)
+    give the same logits for any invertible ``M``; with them, for ``M`` a scaled
+    rotation of each rotary pair (it commutes with the position's rotation).
+
+    Parameters
+    ----------
+    K_from, K_to : ndarray of shape (d, r)
+    rotary_pairs : ndarray of shape (r / 2, 2) or None
+        The pairs' dimensions (:func:`_rotary_pairs`); None: any ``M``.
+
+    Returns
+    -------
+    M : ndarray of shape (r, r)
+    misfit : float
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> K = np.random.default_rng(0).normal(size=(5, 2))
+    >>> turn = np.array([[0.0, -2.0], [2.0, 0.0]])  # a quarter turn, scaled by 2
+    >>> M, misfit = key_gauge(K, K @ turn, np.array([[0, 1]]))
+    >>> bool(np.allclose(M, turn)), misfit < 1e-24
+    (True, True)
+    """
+    K_from, K_to = np.asarray(K_from, float), np.asarray(K_to, float)
+    r = K_to.shape[1]
+    if rotary_pairs is None:
+        M = np.linalg.lstsq(K_from, K_to, rcond=None)[0]
+    else:
+        M = np.zeros((r, r))
+        turn = np.array([[0.0, -1.0], [1.0, 0.0]])
+        for pair in rotary_pairs:
+            A, B = K_from[:, pair], K_to[:, pair]
+            basis = np.stack([A.ravel(), (A @ turn).ravel()], axis=1)
+            a, b = np.linalg.lstsq(basis, B.ravel(), rcond=None)[0]
+            M[np.ix_(pair, pair)] = a * np.eye(2) + b * turn
+    scale = float(np.sum(K_to**2))
+    misfit = float(np.sum((K_from @ M - K_to) ** 2)) / (scale if scale > 0 else 1.0)
+    return M, misfit
+
+
+def group_query_heads(key, n_kv_heads, rotary_pairs=None):
+    """Query heads searched with a key head each, put into ``n_kv_heads`` groups
+    of heads whose key maps agree up to the gauge (:func:`key_gauge`).
+
+    Greedy: while heads are left, the head whose ``s - 1`` nearest other heads
+    (``s = m / n_kv_heads``; by the symmetric misfit) are nearest in sum leads a
+    group of them.
+
+    Parameters
+    ----------
+    key : ndarray of shape (m, d, r)
+        Each query head's own key map.
+    n_kv_heads : int
+    rotary_pairs : ndarray of shape (r / 2, 2) or None
+
+    Returns
+    -------
+    groups : list of lists of int
+        ``n_kv_heads`` groups, each led by its first head.
+    misfit : ndarray of shape (m, m)
+        ``misfit[i, j]``: of head ``j``'s key mapped onto head ``i``'s.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> K = rng.normal(size=(2, 6, 2))
+    >>> key = np.stack([K[0], K[1], 3 * K[0], -K[1]])
+    >>> sorted(sorted(group) for group in group_query_heads(key, 2)[0])
+    [[0, 2], [1, 3]]
+    """
+    m = key.shape[0]
+    size = m // int(n_kv_heads)
+    misfit = np.zeros((m, m))
+    for i in range(m):
+        for j in range(m):
+            if i != j:
+                misfit[i, j] = key_gauge(key[j], key[i], rotary_pairs)[1]
+    apart = np.minimum(misfit, misfit.T)
+    left, groups = list(range(m)), []
+    while left:
+        best = None
+        for i in left:
+            others = sorted((j for j in left if j != i), key=lambda j: apart[i, j])
+            chosen = others[: size - 1]
+            total = float(sum(apart[i, j] for j in chosen))
+            if best is None or total < best[0]:
+                best = (total, [i, *sorted(chosen)])
+        groups.append(best[1])
+        left = [j for j in left if j not in best[1]]
+    return groups, misfit
+
+
+def tie_key_heads(params, ungrouped, grouped):
+    """Grouped :class:`FactoredHeads` parameters from ungrouped ones: the query
+    heads grouped by :func:`group_query_heads` and reordered group by group, each
+    group's key map its first head's, the other heads' queries mapped through
+    their keys' gauge onto it (``Q_j M^-T`` where ``K_j M ~ K_i``); host arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> free = FactoredHeads(4, 6, 2)
+    >>> tied = FactoredHeads(4, 6, 2, n_kv_heads=2)
+    >>> rng = np.random.default_rng(0)
+    >>> Q, K, V = (rng.normal(size=(h, 6, 2)) for h in (4, 2, 4))
+    >>> p = np.concatenate([Q.ravel(), K[[0, 1, 0, 1]].ravel(), V.ravel()])
+    >>> q, groups = tie_key_heads(p, free, tied)
+    >>> sorted(sorted(group) for group in groups)
+    [[0, 2], [1, 3]]
+    >>> order = [j for group in groups for j in group]
+    >>> X = rng.normal(size=(3, 5, 6))
+    >>> bool(np.allclose(tied.logits(X, q), free.logits(X, p)[:, order]))
+    True
+    """
+    query, key, value = (np.asarray(f) for f in ungrouped.factors(to_numpy(params)))
+    pairs = None
+    if grouped.rope_theta is not None:
+        pairs = _rotary_pairs(grouped.rank, grouped.rope_layout)
+    groups, _ = group_query_heads(key, grouped.n_kv_heads, pairs)
+    queries, keys, values = [], [], []
+    for group in groups:
+        leader = group[0]
+        keys.append(key[leader])
+        for j in group:
+            M = np.eye(grouped.rank)
+            if j != leader:
+                M = key_gauge(key[j], key[leader], pairs)[0]
+            queries.append(query[j] @ np.linalg.inv(M).T)
+            values.append(value[j])
+    tied = np.concatenate([np.ravel(queries), np.ravel(keys), np.ravel(values)])
+    return tied, groups
+
+
 def fit_decoder_from_random_starts(
     X,
     Y,
@@ -101,6 +251,7 @@ def fit_decoder_from_random_starts(
     n_polish_samples=None,
     n_warmup_samples="auto",
     intercept=False,
+    regroup_keys=True,
     verbose=0,
 ):
     """Learn decoder heads from random starts: search, then joint polish.
@@ -135,6 +286,13 @@ def fit_decoder_from_random_starts(
     intercept : bool, default=False
         The tokens carry a constant coordinate (``[x, 1]``): with factored values
         an intercept column is eliminated too.
+    regroup_keys : bool, default=True
+        With grouped key heads (``n_kv_heads < n_heads``): search each query
+        head with a key head of its own first, then group the heads by their
+        key maps (:func:`tie_key_heads`) and search grouped from there.  A
+        grouped search from a random start stalls when it puts query heads in
+        the wrong groups (no step moves a head to another group): on a tiny
+        Llama layer, 3 starts of 6 (benchmarks/HISTORY.md).
     verbose : int, default=0
         1 prints a line per stage, 2 also the search's checks and the polish's
         iterations.
@@ -149,9 +307,11 @@ def fit_decoder_from_random_starts(
     info : dict
         Python numbers: ``relative_residual``, ``converged``, ``stop_reason``,
         ``n_iter``, ``n_products`` of the best start's polish, ``factored_values``,
-        ``start_search`` (the search's info or None), ``warmup`` (the warm-up's
-        polish info or None), ``final_stage`` (``"ran"``, ``"skipped:
-        realisable"``), ``decoupled`` (None and why in ``decoupled_note``),
+        ``start_search`` (the search's info or None; its ``regrouped``: the
+        groups, the ungrouped search's residual and steps, or None),
+        ``warmup`` (the warm-up's polish info or None), ``final_stage``
+        (``"ran"``, ``"skipped: realisable"``), ``decoupled`` (None and why in
+        ``decoupled_note``),
         ``n_starts_run``, ``start_residuals``, ``seconds``.
 
     Examples
@@ -193,25 +353,48 @@ def fit_decoder_from_random_starts(
     warm = None
     if n_warmup_samples is not None and n > n_warmup_samples:
         warm = np.sort(rng.choice(n, size=n_warmup_samples, replace=False))
+    search_options = {
+        "intercept_direction": direction,
+        "sample_weight": sample_weight,
+        "n_replacements": 0,
+        "n_jobs": n_jobs,
+        "random_state": rng,
+        "verbose": int(verbose > 1),
+    }
+    ungrouped = FactoredHeads(
+        m, d, r, causal=causal, rope_theta=rope_theta, rope_layout=rope_layout
+    )
     best, residuals = None, []
     for start in range(1, n_starts + 1):
-        params = to_namespace(random_decoder_start(searched, rng), xp, device(X))
-        search_info = None
+        search_info = regrouped = None
+        if search and regroup_keys and searched.n_kv_heads < m:
+            # grouped heads searched from a random grouping can stall with query
+            # heads in the wrong key groups: search them ungrouped, then group
+            say(f"decoder start {start}: minibatch search, a key head per query head")
+            with _blas_limits(xp):
+                free, free_info = minibatch_search(
+                    X,
+                    Y,
+                    to_namespace(random_decoder_start(ungrouped, rng), xp, device(X)),
+                    ungrouped,
+                    **search_options,
+                )
+            tied, groups = tie_key_heads(free, ungrouped, searched)
+            params = to_namespace(tied, xp, device(X))
+            regrouped = {
+                "groups": groups,
+                "residual": free_info["residual"],
+                "n_steps": free_info["n_steps"],
+            }
+        else:
+            params = to_namespace(random_decoder_start(searched, rng), xp, device(X))
         if search:
             say(f"decoder start {start}: minibatch search")
             with _blas_limits(xp):
                 params, search_info = minibatch_search(
-                    X,
-                    Y,
-                    params,
-                    searched,
-                    intercept_direction=direction,
-                    sample_weight=sample_weight,
-                    n_replacements=0,
-                    n_jobs=n_jobs,
-                    random_state=rng,
-                    verbose=int(verbose > 1),
+                    X, Y, params, searched, **search_options
                 )
+            search_info["regrouped"] = regrouped
         if not factored:  # the polish eliminates whole W_i: Q and K only
             params = params[: polished.size]
         options = {
