@@ -226,7 +226,7 @@ def tie_key_heads(params, ungrouped, grouped):
             M = np.eye(grouped.rank)
             if j != leader:
                 M = key_gauge(key[j], key[leader], pairs)[0]
-            queries.append(query[j] @ np.linalg.inv(M).T)
+            queries.append(query[j] @ np.linalg.pinv(M).T)
             values.append(value[j])
     tied = np.concatenate([np.ravel(queries), np.ravel(keys), np.ravel(values)])
     return tied, groups
