@@ -5,9 +5,8 @@ import pytest
 
 from skattn.datasets import make_attention_regression
 from skattn.layer._math import forward
-from skattn.layer._positions import Rotary
+from skattn.layer._positions import Rotary, rotary_pairs
 from skattn.solvers._decoder import (
-    _rotary_pairs,
     fit_decoder_from_random_starts,
     random_decoder_start,
     tie_key_heads,
@@ -84,7 +83,7 @@ def test_tie_key_heads_recovers_the_groups_and_the_logits(layout):
     Q, K, V = (rng.normal(size=(h, d, r)) for h in (m, m_kv, m))
     shuffle = rng.permutation(m)
     group_of = (np.arange(m) // (m // m_kv))[shuffle]
-    pairs = None if layout is None else _rotary_pairs(r, layout)
+    pairs = None if layout is None else rotary_pairs(r, layout)
     Qs, Ks = [], []
     for i in range(m):
         if pairs is None:

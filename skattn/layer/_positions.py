@@ -97,12 +97,28 @@ def rotary_tables(n_tokens, rotary_dim, base, like=None):
     )
 
 
-def layout_permutation(rotary_dim, source, target):
-    """Column order that takes rotary dimensions from layout ``source`` to
-    ``target``: ``factors[..., perm]`` in the ``target`` layout.
+def rotary_pairs(rotary_dim, layout):
+    """The dimensions of each rotary pair in ``layout``: ``(r / 2, 2)``.
 
     Pair ``p`` (frequency ``omega_p``) is dimensions ``(p, p + r/2)`` in
     ``"half"`` and ``(2p, 2p + 1)`` in ``"interleaved"``.
+
+    Examples
+    --------
+    >>> rotary_pairs(4, "half").tolist(), rotary_pairs(4, "interleaved").tolist()
+    ([[0, 2], [1, 3]], [[0, 1], [2, 3]])
+    """
+    half = rotary_dim // 2
+    pair = np.arange(half, dtype=np.intp)
+    if layout == "half":
+        return np.stack([pair, pair + half], axis=1)
+    return np.stack([2 * pair, 2 * pair + 1], axis=1)
+
+
+def layout_permutation(rotary_dim, source, target):
+    """Column order that takes rotary dimensions from layout ``source`` to
+    ``target``: ``factors[..., perm]`` in the ``target`` layout (pairs as
+    :func:`rotary_pairs` places them).
 
     Examples
     --------
@@ -111,16 +127,8 @@ def layout_permutation(rotary_dim, source, target):
     >>> layout_permutation(4, "half", "interleaved")
     array([0, 2, 1, 3])
     """
-    half = rotary_dim // 2
-    # position of (pair p, member s) in each layout
-    where = {
-        "half": lambda p, s: p + s * half,
-        "interleaved": lambda p, s: 2 * p + s,
-    }
     perm = np.empty(rotary_dim, dtype=np.intp)
-    for p in range(half):
-        for s in (0, 1):
-            perm[where[target](p, s)] = where[source](p, s)
+    perm[rotary_pairs(rotary_dim, target)] = rotary_pairs(rotary_dim, source)
     return perm
 
 

@@ -33,6 +33,7 @@ import time
 import numpy as np
 from sklearn.utils import check_random_state
 
+from ..layer._positions import rotary_pairs
 from ..utils._array_api import device, einsum, namespace, to_namespace, to_numpy
 from ..utils._validation import _normalized_weights
 from .kernels._loss import REALISABLE_RESIDUAL
@@ -85,15 +86,7 @@ def random_decoder_start(parametrization, random_state=None):
     return np.concatenate([part.ravel() for part in parts])
 
 
-def _rotary_pairs(rank, layout):
-    """The rotary pairs' dimensions ``(r / 2, 2)`` in ``layout``."""
-    half = rank // 2
-    if layout == "half":
-        return np.stack([np.arange(half), np.arange(half) + half], axis=1)
-    return np.arange(rank).reshape(half, 2)
-
-
-def key_gauge(K_from, K_to, rotary_pairs=None):
+def key_gauge(K_from, K_to, pairs=None):
     """The map ``M`` minimising ``||K_from M - K_to||_F`` among the gauges of a
     key head, and the relative misfit ``||K_from M - K_to||^2 / ||K_to||^2``.
 
@@ -104,8 +97,9 @@ def key_gauge(K_from, K_to, rotary_pairs=None):
     Parameters
     ----------
     K_from, K_to : ndarray of shape (d, r)
-    rotary_pairs : ndarray of shape (r / 2, 2) or None
-        The pairs' dimensions (:func:`_rotary_pairs`); None: any ``M``.
+    pairs : ndarray of shape (r / 2, 2) or None
+        The rotary pairs' dimensions
+        (:func:`~skattn.layer._positions.rotary_pairs`); None: any ``M``.
 
     Returns
     -------
@@ -123,12 +117,12 @@ def key_gauge(K_from, K_to, rotary_pairs=None):
     """
     K_from, K_to = np.asarray(K_from, float), np.asarray(K_to, float)
     r = K_to.shape[1]
-    if rotary_pairs is None:
+    if pairs is None:
         M = np.linalg.lstsq(K_from, K_to, rcond=None)[0]
     else:
         M = np.zeros((r, r))
         turn = np.array([[0.0, -1.0], [1.0, 0.0]])
-        for pair in rotary_pairs:
+        for pair in pairs:
             A, B = K_from[:, pair], K_to[:, pair]
             basis = np.stack([A.ravel(), (A @ turn).ravel()], axis=1)
             a, b = np.linalg.lstsq(basis, B.ravel(), rcond=None)[0]
@@ -138,7 +132,7 @@ def key_gauge(K_from, K_to, rotary_pairs=None):
     return M, misfit
 
 
-def group_query_heads(key, n_kv_heads, rotary_pairs=None):
+def group_query_heads(key, n_kv_heads, pairs=None):
     """Query heads searched with a key head each, put into ``n_kv_heads`` groups
     of heads whose key maps agree up to the gauge (:func:`key_gauge`).
 
@@ -151,7 +145,7 @@ def group_query_heads(key, n_kv_heads, rotary_pairs=None):
     key : ndarray of shape (m, d, r)
         Each query head's own key map.
     n_kv_heads : int
-    rotary_pairs : ndarray of shape (r / 2, 2) or None
+    pairs : ndarray of shape (r / 2, 2) or None
 
     Returns
     -------
@@ -175,7 +169,7 @@ def group_query_heads(key, n_kv_heads, rotary_pairs=None):
     for i in range(m):
         for j in range(m):
             if i != j:
-                misfit[i, j] = key_gauge(key[j], key[i], rotary_pairs)[1]
+                misfit[i, j] = key_gauge(key[j], key[i], pairs)[1]
     apart = np.minimum(misfit, misfit.T)
     left, groups = list(range(m)), []
     while left:
@@ -216,7 +210,7 @@ def tie_key_heads(params, ungrouped, grouped):
     query, key, value = (np.asarray(f) for f in ungrouped.factors(to_numpy(params)))
     pairs = None
     if grouped.rope_theta is not None:
-        pairs = _rotary_pairs(grouped.rank, grouped.rope_layout)
+        pairs = rotary_pairs(grouped.rank, grouped.rope_layout)
     groups, _ = group_query_heads(key, grouped.n_kv_heads, pairs)
     queries, keys, values = [], [], []
     for group in groups:
