@@ -72,6 +72,12 @@ def main(argv=None):
     )
     parser.add_argument("--mode", choices=["joint", "groups"], default="joint")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-products", type=int, default=None)
+    parser.add_argument("--verbose", type=int, default=0)
+    parser.add_argument(
+        "--near-gauge", choices=["auto", "off"], default="auto",
+        help="lift the slow rotary pairs' mixings (varpro_least_squares' near_gauge)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     n, m, m_kv, d, k, r = args.n, args.m, args.kv, args.d, args.k, args.r
     X, y, layer = make_attention_regression(
@@ -104,8 +110,10 @@ def main(argv=None):
     print(f"start: relative residual {rel:.3e}  {time.perf_counter() - began:.0f} s")
     if args.mode == "joint":
         params, _, info = varpro_least_squares(
-            X, Y, params, par, max_iter=args.iters, coarse=False
-        )
+            X, Y, params, par, max_iter=args.iters, coarse=False,
+            max_products=args.max_products, verbose=args.verbose,
+            near_gauge="auto" if args.near_gauge == "auto" else False,
+        )  # fmt: skip
         heads, rel = contributions(X, Y, par, params)
         print(
             f"joint polish: {info['n_iter']} iterations, {info['n_products']} "

@@ -37,6 +37,7 @@ from ..layer._positions import rotary_pairs
 from ..utils._array_api import device, einsum, namespace, to_namespace, to_numpy
 from ..utils._validation import _normalized_weights
 from .kernels._loss import REALISABLE_RESIDUAL
+from .kernels._near_gauge import reflect_slow_dims, slow_rotary_dims
 from .kernels._parametrization import FactoredHeads, LowRank
 from .kernels._varpro import VarproProblem, _intercept_direction
 from .optimizers._lm_matrix_free import varpro_least_squares
@@ -52,6 +53,11 @@ from .stages._search import minibatch_search
 # with loose steps (22 s), to 7.2e-3 with at most 40 iterations a step (130 s)
 # and to 2.0e-3 with at most 200 (over 400 s); benchmarks/HISTORY.md.
 ROTARY_LSMR_PRODUCTS = 40
+
+# Residual evaluations of the polish of a key group's reflected slow block
+# (:func:`_reorient`): on the planted layer of ROTARY_LSMR_PRODUCTS' note, the
+# right reflection reached 8e-17 in 6, the wrong one stayed above the start.
+ORIENTATION_EVALUATIONS = 16
 
 
 def random_decoder_start(parametrization, random_state=None):
@@ -303,7 +309,9 @@ def fit_decoder_from_random_starts(
         ``n_iter``, ``n_products`` of the best start's polish, ``factored_values``,
         ``start_search`` (the search's info or None; its ``regrouped``: the
         groups, the ungrouped search's residual and steps, or None),
-        ``warmup`` (the warm-up's polish info or None), ``final_stage``
+        ``warmup`` (the warm-up's polish info or None), ``orientations`` (the
+        reflections of key groups' slow rotary blocks tried after a polish
+        that stopped short, :func:`_reorient`, or None), ``final_stage``
         (``"ran"``, ``"skipped: realisable"``), ``decoupled`` (None and why in
         ``decoupled_note``),
         ``n_starts_run``, ``start_residuals``, ``seconds``.
@@ -423,12 +431,21 @@ def fit_decoder_from_random_starts(
                 X, Y, params, polished, sample_weight, **options
             )
             residual = _relative(problem, params, Y, sample_weight)
+        orientations = None
+        if residual > REALISABLE_RESIDUAL and rope_theta is not None:
+            params, residual, orientations = _reorient(
+                (X, Y, sample_weight), params, residual, problem, options, say
+            )
         projection = problem.projection  # W* on all examples, at params
         info = {key: value for key, value in info.items() if key != "stages"}
         if warmup_info is not None and final_stage == "ran":
             info["n_iter"] += warmup_info["n_iter"]
             info["n_products"] += warmup_info["n_products"]
+        if orientations is not None:
+            info["n_iter"] += orientations.pop("n_iter")
+            info["n_products"] += orientations.pop("n_products")
         info.update(
+            orientations=orientations,
             relative_residual=residual,
             warmup=warmup_info,
             final_stage=final_stage,
@@ -454,6 +471,59 @@ def fit_decoder_from_random_starts(
         seconds=time.perf_counter() - began,
     )
     return query, key, projection, info
+
+
+def _reorient(data, params, residual, problem, options, say):
+    """Try the other orientation of each key group's slow rotary block.
+
+    The polish lifts the slow pairs' mixings as ``expm(E)``, which keeps the
+    orientation (the sign of the mixing's determinant) that the search left:
+    where it is the wrong one, the polish stops at a stationary point.  Each
+    key group in turn is reflected (:func:`~skattn.solvers.kernels._near_gauge.
+    reflect_slow_dims`) and polished for ``ORIENTATION_EVALUATIONS``; a
+    reflection is kept when it lowers the residual, and the kept point is then
+    polished as the polish was.  ``data``: ``(X, Y, sample_weight)``;
+    ``problem``: their :class:`VarproProblem`.  Returns ``(params, residual,
+    record)``, ``record`` None where no dimension is slow, else a dict of
+    ``tried`` (``(key head, residual)``), ``kept`` (key heads), ``n_iter``,
+    ``n_products``.
+    """
+    X, Y, sample_weight = data
+    par = problem.par
+    dims = slow_rotary_dims(par.rank, par.rope_theta, par.rope_layout, X.shape[1])
+    if not len(dims):
+        return params, residual, None
+    record = {"tried": [], "kept": [], "n_iter": 0, "n_products": 0}
+    trial_options = {**options, "max_iter": ORIENTATION_EVALUATIONS}
+    for key_head in range(par.n_kv_heads):
+        if residual <= REALISABLE_RESIDUAL:
+            break
+        say(f"decoder: key head {key_head}'s slow block reflected, polished")
+        trial, _, info = varpro_least_squares(
+            X,
+            Y,
+            reflect_slow_dims(params, par, key_head, dims),
+            par,
+            sample_weight,
+            **trial_options,
+        )
+        record["n_iter"] += info["n_iter"]
+        record["n_products"] += info["n_products"]
+        trial_residual = _relative(problem, trial, Y, sample_weight)
+        record["tried"].append((key_head, trial_residual))
+        if trial_residual < residual:
+            params, residual = trial, trial_residual
+            record["kept"].append(key_head)
+    if record["kept"] and residual > REALISABLE_RESIDUAL:
+        params, _, info = varpro_least_squares(
+            X, Y, params, par, sample_weight, **options
+        )
+        record["n_iter"] += info["n_iter"]
+        record["n_products"] += info["n_products"]
+        residual = _relative(problem, params, Y, sample_weight)
+    # leave the problem's projection at the returned point
+    residual = _relative(problem, params, Y, sample_weight)
+    return params, residual, record
 
 
 def _relative(problem, params, Y, sample_weight):

@@ -29,6 +29,8 @@ import numpy as np
 from ...utils._array_api import device, einsum, namespace, to_namespace, to_numpy
 from ...utils._progress import _Silent, iteration_bar
 from ...utils._validation import _normalized_weights
+from ..kernels._near_gauge import SlowMixing, lift_near_gauge, slow_rotary_dims
+from ..kernels._parametrization import _group_index
 from ..kernels._varpro import VarproProblem
 from ._trf import trf
 
@@ -81,6 +83,7 @@ def varpro_least_squares(
     fixed_columns=None,
     stop_below=None,
     n_jobs=1,
+    near_gauge="auto",
     verbose=0,
     memory=None,
 ):
@@ -136,6 +139,13 @@ def varpro_least_squares(
         that the step is negligible.
     n_jobs : int, default=1
         Threads of the Jacobian products (see :class:`VarproProblem`).
+    near_gauge : bool or "auto", default="auto"
+        Solve the steps of rotary heads with their slow pairs' mixings as
+        variables of their own (:func:`~skattn.solvers.kernels._near_gauge.
+        lift_near_gauge`): without them the steps, truncated at
+        ``max_products``, miss those nearly flat directions and the polish
+        converges linearly.  ``"auto"``: when the parametrization has rotary
+        heads with slow pairs over the window.
     verbose : int, default=0
         Passed to :func:`~skattn.solvers.optimizers._trf.trf`: 2 prints one line
         per iteration.
@@ -208,6 +218,7 @@ def varpro_least_squares(
         "verbose": verbose,
     }
     n_iter = n_evaluations = n_coarse = 0
+    options["slow_dims"] = _slow_dims(parametrization, X.shape[1], near_gauge)
     omega = _normalized_weights(X.shape[0], to_numpy(sample_weight))
     omega = to_namespace(omega, xp, device(Y), dtype=xp.float64)
     target = math.sqrt(float(omega @ einsum(xp, "nkj,nkj->n", Y, Y)))
@@ -260,19 +271,25 @@ def varpro_least_squares(
     if n_evaluations < max_iter and finish:
         if not _same_dtype(jacobian_dtype, problem.dtype):
             products = make(dtype=jacobian_dtype)
-        x, result = _stage(
-            xp,
-            problem,
-            x,
-            {"maxiter": max_products},
-            max_iter - n_evaluations,
-            products=products,
-            keep=None if memory is None else (memory, f"{name}-iterate"),
-            **options,
-        )
-        n_iter += int(result.njev)
-        n_evaluations += int(result.nfev)
-        status = result.status
+        # lifted slow mixings are whitened at a stage's start: stages of
+        # LIFT_REFRESH evaluations, each lifted afresh
+        chunk = max_iter if options["slow_dims"] is None else LIFT_REFRESH
+        part = 0
+        while status in (None, 0, -2) and n_evaluations < max_iter:
+            suffix = "" if part == 0 else f"-{part}"
+            x, result = _stage(
+                xp,
+                problem,
+                x,
+                {"maxiter": max_products},
+                min(chunk, max_iter - n_evaluations),
+                products=products,
+                keep=None if memory is None else (memory, f"{name}-iterate{suffix}"),
+                **options,
+            )
+            n_iter += int(result.njev)
+            n_evaluations += int(result.nfev)
+            status, part = result.status, part + 1
     final = problem.residual(x)
     info = {
         "method": "matrix-free",
@@ -296,6 +313,12 @@ def varpro_least_squares(
     return x, problem.projection, info
 
 
+# Evaluations of a stage whose slow rotary mixings are lifted
+# (:func:`~skattn.solvers.kernels._near_gauge.lift_near_gauge`) before they
+# are lifted again at its end: the lift is whitened at the stage's start.
+LIFT_REFRESH = 8
+
+
 def _stage(
     xp,
     problem,
@@ -305,6 +328,7 @@ def _stage(
     callback=None,
     products=None,
     keep=None,
+    slow_dims=None,
     **options,
 ):
     """One run of :func:`~skattn.solvers.optimizers._trf.trf` (LSMR steps) from
@@ -318,6 +342,9 @@ def _stage(
     ``problem``, which gives the residuals.  Returns the final ``p`` and the
     solver's result.  ``keep=(memory, name)`` keeps the iterates at intervals
     (``memory.iterate_interval`` seconds) and goes on from a kept one.
+    ``slow_dims``: the rotary heads' slow dimensions whose mixings are lifted
+    into variables of their own (:func:`~skattn.solvers.kernels._near_gauge.
+    lift_near_gauge`), or None.
     """
     products = problem if products is None else products
     resume = None
@@ -332,22 +359,33 @@ def _stage(
         problem.residual(params)
         params = problem.par.regauge(params, problem.output_factors)
     precond = problem.par.preconditioner(params)
-    if precond is None:
-        apply = transpose = _identity
-        z0 = params
+    lift = None
+    if slow_dims is not None:
+        lift = _lifted(problem, products, params, precond, slow_dims)
+    if lift is not None:
+        point, push, pull, z0 = lift.point, lift.push, lift.pull, lift.start(params)
     else:
-        apply, transpose, inverse = precond
-        z0 = inverse(params)
+        if precond is None:
+            apply = transpose = _identity
+            z0 = params
+        else:
+            apply, transpose, inverse = precond
+            z0 = inverse(params)
+        last = [None, None]  # (z, p): the point of the last residual
 
-    last = [None, None]  # (z, p): the point of the last residual
+        def point(z):
+            """``p = M z``: the same array for the same ``z``, so that the problem
+            knows the point of its last residual when the Jacobian there is asked
+            for (trf passes the accepted ``x_new`` itself to both)."""
+            if z is not last[0]:
+                last[0], last[1] = z, apply(z)
+            return last[1]
 
-    def point(z):
-        """``p = M z``: the same array for the same ``z``, so that the problem
-        knows the point of its last residual when the Jacobian there is asked
-        for (trf passes the accepted ``x_new`` itself to both)."""
-        if z is not last[0]:
-            last[0], last[1] = z, apply(z)
-        return last[1]
+        def push(z, v):
+            return apply(v)
+
+        def pull(z, g):
+            return transpose(g)
 
     def residual(z):
         return problem.residual(point(z))
@@ -358,10 +396,10 @@ def _stage(
         # LSMR's left vectors stay orthogonal to the design (they are built from
         # the residual at W* and from J v): the cheaper adjoint is exact there
         def matvec(v):
-            return products.matvec(p, apply(v))
+            return products.matvec(p, push(z, v))
 
         def rmatvec(u):
-            return transpose(products.rmatvec(p, u, orthogonal=True))
+            return pull(z, products.rmatvec(p, u, orthogonal=True))
 
         return matvec, rmatvec
 
@@ -376,7 +414,42 @@ def _stage(
         resume=resume,
         **options,
     )
-    return apply(result.x), result
+    return point(result.x), result
+
+
+def _slow_dims(parametrization, n_tokens, near_gauge):
+    """The slow rotary dimensions to lift (``near_gauge``), or None."""
+    theta = getattr(parametrization, "rope_theta", None)
+    if near_gauge is False or theta is None:
+        return None
+    dims = slow_rotary_dims(
+        parametrization.rank, theta, parametrization.rope_layout, n_tokens
+    )
+    return dims if len(dims) else None
+
+
+def _lifted(problem, products, params, precond, slow_dims):
+    """The solver's variables with the slow dimensions' mixings lifted
+    (:class:`~skattn.solvers.kernels._near_gauge.NearGaugeLift`) at ``params``,
+    or None when all of them are exact gauge."""
+    par = problem.par
+    orbit = SlowMixing(
+        par.n_heads,
+        par.n_kv_heads,
+        par.n_features,
+        par.rank,
+        slow_dims,
+        _group_index(par),
+        params,
+    )
+    return lift_near_gauge(
+        lambda v: products.matvec(params, v),
+        lambda u: products.rmatvec(params, u, orthogonal=True),
+        params,
+        precond,
+        orbit,
+        random_state=0,
+    )
 
 
 def _ticking(bar, callback):

@@ -1,0 +1,361 @@
+"""Rotary heads' near-gauge directions, and a preconditioner that lifts them.
+
+A rotary head's logits ``x_i^T Q R(j - i) K^T x_j`` do not change when
+``Q -> Q G`` and ``K -> K G^{-T}`` for a ``G`` that commutes with every rotation
+``R(t)`` (a scaled rotation in each pair: the gauge).  A pair whose angle stays
+small across the window (``omega_p (k - 1)`` small: RoPE's slow pairs, base
+10 000 and up) has ``R(t)`` close to the identity, and any mixing ``G = I + E``
+of the slow pairs' dimensions is *nearly* a gauge: it changes the logits by
+``Q [E, R(t)] K^T``, of the order of ``omega_p t |E|``.  The Gauss-Newton
+systems of the polish then have singular values that small; truncated LSMR
+(tens of iterations a step) does not resolve them and the polish converges
+linearly, a few per cent an evaluation, even next to the truth (a planted
+layer of 4 query heads sharing 2 key heads, d = 64, head dimension 16, k = 32:
+40 LSMR iterations a step, cost 3e-6 after 40 evaluations from 1 % noise in
+the slow pairs; 1500 iterations, 9e-9 after 5; benchmarks/HISTORY.md).
+
+:func:`lift_near_gauge` adds the mixings as variables of their own: the
+parameters become ``p(z, e) = act(M z, expm(E))``, ``M`` the parametrization's
+own right preconditioner, ``E_g = (S e)_g`` and ``act`` the exact orbit
+``Q_i -> Q_i G_g``, ``K_g -> K_g G_g^{-T}`` on the slow dimensions, so that a
+mixing, however large, leaves the logits at equal positions as they were.
+``S`` whitens the mixings' Jacobian columns at the stage's start (their Gram
+matrix's inverse root) and scales them to the Jacobian's typical singular
+value: the near-gauge directions no longer sit at the bottom of the spectrum.
+The variables are redundant, which the least-squares steps allow (LSMR's
+minimum-norm solution).  A first-order lift ``p = M z + B S e`` does not do:
+along ``B`` the slow block's logits change by ``-Q E^2 K^T`` at second order
+and the trust region shrinks to the first order's reach.
+"""
+
+import math
+
+import numpy as np
+import scipy.linalg
+from sklearn.utils import check_random_state
+
+from ...layer._positions import key_head_index, rotary_frequencies, rotary_pairs
+from ...utils._array_api import device, is_numpy, namespace, to_namespace, to_numpy
+
+# A rotary pair is slow, and its dimensions take part in the near-gauge mixing,
+# when its angle over the window, omega_p (k - 1), is at most this.
+SLOW_ANGLE = math.pi / 2
+
+# Mixings whose Jacobian columns' Gram eigenvalue is below this fraction of the
+# largest are exact gauge (zero up to rounding): left out.
+GAUGE_EIGENVALUE = 1e-13
+
+# Random probes of the Jacobian's typical singular value.
+N_PROBES = 4
+
+
+def slow_rotary_dims(rank, rope_theta, layout, n_tokens, max_angle=SLOW_ANGLE):
+    """The head dimensions of the rotary pairs that turn by at most ``max_angle``
+    over a window of ``n_tokens`` tokens, sorted.
+
+    Examples
+    --------
+    >>> slow_rotary_dims(8, 10000.0, "half", 32).tolist()
+    [2, 3, 6, 7]
+    >>> slow_rotary_dims(8, 10000.0, "interleaved", 200).tolist()
+    [6, 7]
+    """
+    omega = rotary_frequencies(rank, rope_theta)
+    slow = omega * max(int(n_tokens) - 1, 0) <= max_angle
+    return np.sort(rotary_pairs(rank, layout)[slow].ravel())
+
+
+class SlowMixing:
+    """The orbit of the slow dimensions' mixings on flat ``[Q, K, rest]``
+    parameters: ``act(p, G, H)`` maps ``Q_i`` to ``Q_i (I + P (G_g - I) P^T)``
+    and ``K_g`` to ``K_g (I + P (H_g - I) P^T)`` (``P`` the ``(r, s)``
+    selection of ``dims``, ``g`` query head i's key head; ``H = G^{-T}`` on the
+    orbit), the rest of ``p`` as it is.
+
+    Parameters
+    ----------
+    n_heads, n_kv_heads, n_features, rank : int
+        ``m``, ``m_kv``, ``d``, ``r``.
+    dims : array of int of shape (s,)
+    index : array of int of shape (m,) or None
+        Each query head's key head (None: head i's is i).
+    like : array
+        The parameters' namespace and device.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> orbit = SlowMixing(2, 1, 3, 4, np.array([1, 3]), [0, 0], np.zeros(1))
+    >>> p, g = rng.normal(size=(2, 36))
+    >>> dG, dH = rng.normal(size=(2, 1, 2, 2))
+    >>> A_Q, A_K = orbit.derivative_transpose(p, g)
+    >>> bool(np.isclose(orbit.derivative(p, dG, dH) @ g,
+    ...                 np.sum(A_Q * dG) + np.sum(A_K * dH)))
+    True
+    """
+
+    def __init__(self, n_heads, n_kv_heads, n_features, rank, dims, index, like):
+        self.m, self.m_kv, self.d, self.r = n_heads, n_kv_heads, n_features, rank
+        self.s = len(dims)
+        xp = self.xp = namespace(like)
+        on = device(like)
+        index = np.arange(n_heads) if index is None else np.asarray(index)
+        select = np.zeros((rank, self.s))
+        select[np.asarray(dims), np.arange(self.s)] = 1.0
+        members = np.zeros((n_kv_heads, n_heads))  # each key head's query heads
+        members[index, np.arange(n_heads)] = 1.0
+        self.select = to_namespace(select, xp, on, dtype=xp.float64)
+        self.members = to_namespace(members, xp, on, dtype=xp.float64)
+        self.index = index if is_numpy(xp) else xp.asarray(index, device=on)
+        self.n_q, self.n_k = n_heads * n_features * rank, n_kv_heads * n_features * rank
+
+    def _split(self, p):
+        xp = self.xp
+        Q = xp.reshape(p[: self.n_q], (self.m, self.d, self.r))
+        K = xp.reshape(p[self.n_q : self.n_q + self.n_k], (self.m_kv, self.d, self.r))
+        return Q, K, p[self.n_q + self.n_k :]
+
+    def _join(self, Q, K, rest):
+        xp = self.xp
+        return xp.concat([xp.reshape(Q, (-1,)), xp.reshape(K, (-1,)), rest])
+
+    def _full(self, A):
+        """``(m_kv, s, s) -> (m_kv, r, r)``: ``P A P^T``."""
+        return self.select @ A @ self.select.T
+
+    def act(self, p, G, H):
+        """``p`` moved by the mixings ``G``, ``H`` ``(m_kv, s, s)``; with their
+        transposes, the transpose of that linear map of ``p``."""
+        xp = self.xp
+        Q, K, rest = self._split(p)
+        eye = xp.eye(self.s, dtype=xp.float64, device=device(p))
+        G, H = self._full(G - eye), self._full(H - eye)
+        return self._join(Q + Q @ xp.take(G, self.index, axis=0), K + K @ H, rest)
+
+    def derivative(self, p, dG, dH):
+        """The derivative of ``act(p, G, H)`` along ``dG``, ``dH``."""
+        xp = self.xp
+        Q, K, rest = self._split(p)
+        dQ = Q @ xp.take(self._full(dG), self.index, axis=0)
+        return self._join(dQ, K @ self._full(dH), xp.zeros_like(rest))
+
+    def derivative_transpose(self, p, g):
+        """The transpose of :meth:`derivative` at ``p``: ``(A_Q, A_K)``, each
+        ``(m_kv, s, s)``."""
+        xp = self.xp
+        Q, K, _ = self._split(p)
+        gQ, gK, _ = self._split(g)
+        per_query = xp.reshape(xp.matrix_transpose(Q) @ gQ, (self.m, -1))
+        A_Q = xp.reshape(self.members @ per_query, (self.m_kv, self.r, self.r))
+        A_K = xp.matrix_transpose(K) @ gK
+        select = self.select
+        return select.T @ A_Q @ select, select.T @ A_K @ select
+
+
+class NearGaugeLift:
+    """The parameters ``p(z, e) = act(M z, expm(E), expm(-E^T))``,
+    ``E = (S e)`` per key head, as the trust-region solver's variables.
+
+    ``point(z)``, ``push(z, v)`` (the map's derivative: a direction in ``p``),
+    ``pull(z, g)`` (its transpose: a gradient in ``z``) and ``start(p)`` (a
+    ``z`` of ``p``).  Built by :func:`lift_near_gauge`.
+    """
+
+    def __init__(self, orbit, scale, apply, transpose, inverse, size):
+        self.orbit, self.scale = orbit, scale  # numpy (m_kv s^2, q)
+        self.apply, self.transpose, self.inverse = apply, transpose, inverse
+        self.size, self.n_lifted = size, scale.shape[1]
+        self._at = (None, None)
+
+    def _state(self, z):
+        """At ``z``: ``M z``, ``G``, ``H`` and the Frechet derivatives of expm
+        at ``E`` and at ``-E^T`` as ``(m_kv, s^2, s^2)`` matrices."""
+        if self._at[0] is z:
+            return self._at[1]
+        orbit = self.orbit
+        m_kv, s = orbit.m_kv, orbit.s
+        E = np.reshape(self.scale @ to_numpy(z[self.size :]), (m_kv, s, s))
+        G, L_G = _expm_and_derivative(E)
+        H, L_H = _expm_and_derivative(-np.swapaxes(E, 1, 2))
+        like = z
+        state = (
+            self.apply(z[: self.size]),
+            *(_as(a, like) for a in (G, H, L_G, L_H)),
+        )
+        self._at = (z, state)
+        return state
+
+    def point(self, z):
+        base, G, H, _, _ = self._state(z)
+        return self.orbit.act(base, G, H)
+
+    def push(self, z, v):
+        orbit, xp = self.orbit, self.orbit.xp
+        base, G, H, L_G, L_H = self._state(z)
+        m_kv, s = orbit.m_kv, orbit.s
+        dE = xp.reshape(_as(self.scale, v) @ v[self.size :], (m_kv, s * s, 1))
+        dE_T = xp.reshape(
+            xp.matrix_transpose(xp.reshape(dE, (m_kv, s, s))), (m_kv, s * s, 1)
+        )
+        dG = xp.reshape(L_G @ dE, (m_kv, s, s))
+        dH = -xp.reshape(L_H @ dE_T, (m_kv, s, s))
+        return orbit.act(self.apply(v[: self.size]), G, H) + orbit.derivative(
+            base, dG, dH
+        )
+
+    def pull(self, z, g):
+        orbit, xp = self.orbit, self.orbit.xp
+        base, G, H, L_G, L_H = self._state(z)
+        m_kv, s = orbit.m_kv, orbit.s
+        moved_back = orbit.act(g, xp.matrix_transpose(G), xp.matrix_transpose(H))
+        A_G, A_H = orbit.derivative_transpose(base, g)
+        vec = (m_kv, s * s, 1)
+        from_G = xp.matrix_transpose(L_G) @ xp.reshape(A_G, vec)
+        from_H = xp.matrix_transpose(L_H) @ xp.reshape(A_H, vec)
+        from_H = xp.matrix_transpose(xp.reshape(from_H, (m_kv, s, s)))
+        dE = xp.reshape(from_G, (-1,)) - xp.reshape(from_H, (-1,))
+        return xp.concat([self.transpose(moved_back), _as(self.scale, g).T @ dE])
+
+    def start(self, p):
+        xp = namespace(p)
+        zeros = xp.zeros(self.n_lifted, dtype=xp.float64, device=device(p))
+        return xp.concat([_as(self.inverse(p), p), zeros])
+
+
+def lift_near_gauge(jvp, vjp, params, preconditioner, orbit, random_state=None):
+    """The trust-region variables with the slow dimensions' mixings lifted.
+
+    Parameters
+    ----------
+    jvp, vjp : callable
+        The Jacobian's products at ``params``: ``J v`` (a direction in ``p``
+        to residuals) and ``J^T u``.
+    params : array of shape (p,)
+        The stage's start.
+    preconditioner : (apply, transpose, inverse) or None
+        The parametrization's own right preconditioner (``p = M z``); None: the
+        identity.
+    orbit : SlowMixing
+    random_state : int, RandomState instance or None
+        The probes of the typical singular value.
+
+    Returns
+    -------
+    NearGaugeLift or None
+        None when every mixing is exact gauge (nothing to lift).  Its scale
+        ``S`` (``(m_kv s^2, q)``) makes the columns of ``J B S`` orthogonal,
+        each of the root-mean-square singular value of ``J M``; ``q`` leaves
+        out the exact gauge (Gram eigenvalues below ``GAUGE_EIGENVALUE`` of the
+        largest).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> A = rng.normal(size=(40, 16))  # a linear "Jacobian" of Q, K (1, 2, 4)
+    >>> orbit = SlowMixing(1, 1, 2, 4, np.array([1, 3]), None, np.zeros(1))
+    >>> p = rng.normal(size=16)
+    >>> lift = lift_near_gauge(lambda v: A @ v, lambda u: A.T @ u, p, None, orbit)
+    >>> z = lift.start(p)
+    >>> z.shape, bool(np.allclose(lift.point(z), p))
+    ((20,), True)
+    """
+    if preconditioner is None:
+        apply = transpose = inverse = _identity
+    else:
+        apply, transpose, inverse = preconditioner
+    rng = check_random_state(random_state)
+    m_kv, s = orbit.m_kv, orbit.s
+    n_mixings = m_kv * s * s
+    if n_mixings == 0:
+        return None
+    # Gram of J B, a column a product pair: B^T J^T J (B e_i); B e_i moves one
+    # mixing's G by e_i and H by -e_i^T
+    columns = []
+    for i in range(n_mixings):
+        dE = np.zeros(n_mixings)
+        dE[i] = 1.0
+        dE = _as(np.reshape(dE, (m_kv, s, s)), params)
+        direction = orbit.derivative(params, dE, -orbit.xp.matrix_transpose(dE))
+        A_G, A_H = orbit.derivative_transpose(params, vjp(jvp(direction)))
+        columns.append(to_numpy(A_G - orbit.xp.matrix_transpose(A_H)).ravel())
+    gram = np.stack(columns, axis=1)
+    gram = 0.5 * (gram + gram.T)
+    values, vectors = np.linalg.eigh(gram)
+    keep = values > GAUGE_EIGENVALUE * max(values[-1], np.finfo(float).tiny)
+    if not keep.any():
+        return None
+    # the typical singular value of J M: ||J M||_F^2 / size by Gaussian probes
+    size = params.shape[0]
+    probes = [
+        to_numpy(jvp(apply(_as(rng.standard_normal(size), params))))
+        for _ in range(N_PROBES)
+    ]
+    typical = math.sqrt(np.mean([probe @ probe for probe in probes]) / size)
+    scale = vectors[:, keep] * (typical / np.sqrt(values[keep]))
+    return NearGaugeLift(orbit, scale, apply, transpose, inverse, size)
+
+
+def _expm_and_derivative(E):
+    """``expm(E_g)`` and its Frechet derivative as ``(s^2, s^2)`` matrices (row-major
+    vectorisation), for a stack ``E`` ``(m_kv, s, s)``: the upper right block of
+    ``expm([[E, B], [0, E]])`` is the derivative along ``B``, one basis ``B`` a
+    column."""
+    m_kv, s, _ = E.shape
+    blocks = np.zeros((m_kv, s * s, 2 * s, 2 * s))
+    blocks[:, :, :s, :s] = E[:, None]
+    blocks[:, :, s:, s:] = E[:, None]
+    basis = np.eye(s * s).reshape(s * s, s, s)
+    blocks[:, :, :s, s:] = basis[None]
+    exp = scipy.linalg.expm(blocks)
+    derivative = exp[:, :, :s, s:].reshape(m_kv, s * s, s * s)
+    return exp[:, 0, :s, :s], np.swapaxes(derivative, 1, 2)
+
+
+def _identity(v):
+    return v
+
+
+def _as(x, like):
+    """``x`` in ``like``'s namespace and device, float64."""
+    xp = namespace(like)
+    return to_namespace(x, xp, device(like), dtype=xp.float64)
+
+
+def reflect_slow_dims(params, parametrization, key_head, dims):
+    """``params`` with the last of the slow dimensions ``dims`` negated in key
+    head ``key_head`` and in the query heads of its group.
+
+    The logits at equal positions do not change (``Q D D K^T``, ``D`` the
+    reflection), but the orientation of the slow block does: the lifted mixings
+    ``expm(E)`` (determinant positive) cannot reach a start whose slow block is
+    mixed by a matrix of negative determinant, and the polish stops at a
+    stationary point there (a planted layer of 4 query heads sharing 2 key
+    heads, d = 64, head dimension 16, k = 32: stalled at 7.0e-5; reflected in
+    the wrong group's block, 8.4e-17 after 6 evaluations).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.solvers.kernels._parametrization import LowRank
+    >>> par = LowRank(2, 3, 4, n_kv_heads=1, rope_theta=100.0)
+    >>> p = np.random.default_rng(0).normal(size=par.size)
+    >>> q = reflect_slow_dims(p, par, 0, np.array([1, 3]))
+    >>> bool(np.allclose(par.attention(p), par.attention(q))), bool(np.allclose(p, q))
+    (True, False)
+    """
+    xp = namespace(params)
+    m, m_kv, d, r = (
+        parametrization.n_heads,
+        parametrization.n_kv_heads,
+        parametrization.n_features,
+        parametrization.rank,
+    )
+    sign = np.ones((m + m_kv, 1, r))
+    members = key_head_index(m, m_kv)
+    flipped = np.concatenate([members == key_head, np.arange(m_kv) == key_head])
+    sign[flipped, :, int(np.asarray(dims)[-1])] = -1.0
+    n_qk = (m + m_kv) * d * r
+    head = xp.reshape(params[:n_qk], (m + m_kv, d, r)) * _as(sign, params)
+    return xp.concat([xp.reshape(head, (-1,)), params[n_qk:]])
