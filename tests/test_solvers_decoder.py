@@ -7,11 +7,17 @@ from skattn.datasets import make_attention_regression
 from skattn.layer._math import forward
 from skattn.layer._positions import Rotary, rotary_pairs
 from skattn.solvers._decoder import (
+    _relative,
+    _reorient,
     fit_decoder_from_random_starts,
     random_decoder_start,
     tie_key_heads,
 )
+from skattn.solvers.kernels._loss import REALISABLE_RESIDUAL
+from skattn.solvers.kernels._near_gauge import reflect_slow_dims, slow_rotary_dims
 from skattn.solvers.kernels._parametrization import FactoredHeads, LowRank
+from skattn.solvers.kernels._varpro import VarproProblem
+from skattn.solvers.optimizers._lm_matrix_free import varpro_least_squares
 
 
 def test_random_decoder_start_has_the_scale_of_random_attention():
@@ -123,3 +129,38 @@ def test_grouped_search_is_regrouped_and_recorded():
         X, Y, 4, 2, random_state=0, max_iter=2, regroup_keys=False, **options
     )
     assert info["start_search"]["regrouped"] is None
+
+
+def test_a_key_group_with_its_slow_block_reflected_is_reoriented():
+    # a planted causal rotary layer (base 10 000, k = 32: pairs 2-3 of 4 slow);
+    # the start: 1 % noise in the slow dimensions, then key group 1's slow
+    # block reflected, an orientation the lifted polish cannot leave
+    n, m, m_kv, d, k, r = 40, 4, 2, 12, 32, 8
+    X, y, layer = make_attention_regression(
+        n, k, d, m, head_rank=r, causal=True, rope=True, n_kv_heads=m_kv,
+        distribution="gaussian", random_state=0, return_layer=True,
+    )  # fmt: skip
+    X, Y = X.reshape(n, k, d), y.reshape(n, k, -1)
+    par = LowRank(m, d, r, n_kv_heads=m_kv, causal=True, rope_theta=layer.rope_theta)
+    truth = np.concatenate([layer.rotary_query.ravel(), layer.rotary_key.ravel()])
+    dims = slow_rotary_dims(r, layer.rope_theta, "half", k)
+    noise = np.zeros((m + m_kv, d, r))
+    noise[..., dims] = np.random.default_rng(1).normal(size=noise[..., dims].shape)
+    start = truth + 0.01 * np.sqrt(np.mean(truth**2)) * noise.ravel()
+    options = {"max_iter": 16, "stop_below": REALISABLE_RESIDUAL, "coarse": False}
+    start, _, _ = varpro_least_squares(
+        X, Y, reflect_slow_dims(start, par, 1, dims), par, **{**options, "max_iter": 6}
+    )
+    problem = VarproProblem(X, Y, None, par)
+    residual = _relative(problem, start, Y, None)
+    params, end, record = _reorient(
+        (X, Y, None), start, residual, problem, options, lambda *a: None
+    )
+    assert residual > 1e-4 and end < 1e-10, record
+    assert record["kept"] == [1] and [g for g, _ in record["tried"]] == [0, 1]
+    assert record["tried"][0][1] > 1e-4  # group 0 reflected too: still wrong
+    np.testing.assert_allclose(
+        par.attention(params),
+        par.attention(truth),
+        atol=1e-8 * np.abs(par.attention(truth)).max(),
+    )
