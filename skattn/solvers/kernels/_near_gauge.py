@@ -223,7 +223,9 @@ class NearGaugeLift:
         return xp.concat([_as(self.inverse(p), p), zeros])
 
 
-def lift_near_gauge(jvp, vjp, params, preconditioner, orbit, random_state=None):
+def lift_near_gauge(
+    jvp, vjp, params, preconditioner, orbit, scale=None, random_state=None
+):
     """The trust-region variables with the slow dimensions' mixings lifted.
 
     Parameters
@@ -237,6 +239,9 @@ def lift_near_gauge(jvp, vjp, params, preconditioner, orbit, random_state=None):
         The parametrization's own right preconditioner (``p = M z``); None: the
         identity.
     orbit : SlowMixing
+    scale : array of shape (m_kv s^2, q) or None
+        A lift's ``scale`` to use again (an earlier stage's, at a point close
+        by): no products are spent on the Gram matrix and the probes.
     random_state : int, RandomState instance or None
         The probes of the typical singular value.
 
@@ -265,6 +270,8 @@ def lift_near_gauge(jvp, vjp, params, preconditioner, orbit, random_state=None):
         apply = transpose = inverse = _identity
     else:
         apply, transpose, inverse = preconditioner
+    if scale is not None:
+        return NearGaugeLift(orbit, scale, apply, transpose, inverse, params.shape[0])
     rng = check_random_state(random_state)
     m_kv, s = orbit.m_kv, orbit.s
     n_mixings = m_kv * s * s

@@ -274,7 +274,7 @@ def varpro_least_squares(
         # lifted slow mixings are whitened at a stage's start: stages of
         # LIFT_REFRESH evaluations, each lifted afresh
         chunk = max_iter if options["slow_dims"] is None else LIFT_REFRESH
-        part = 0
+        part, whitening = 0, {}
         while status in (None, 0, -2) and n_evaluations < max_iter:
             suffix = "" if part == 0 else f"-{part}"
             x, result = _stage(
@@ -285,6 +285,7 @@ def varpro_least_squares(
                 min(chunk, max_iter - n_evaluations),
                 products=products,
                 keep=None if memory is None else (memory, f"{name}-iterate{suffix}"),
+                whitening=whitening,
                 **options,
             )
             n_iter += int(result.njev)
@@ -329,6 +330,7 @@ def _stage(
     products=None,
     keep=None,
     slow_dims=None,
+    whitening=None,
     **options,
 ):
     """One run of :func:`~skattn.solvers.optimizers._trf.trf` (LSMR steps) from
@@ -344,7 +346,8 @@ def _stage(
     (``memory.iterate_interval`` seconds) and goes on from a kept one.
     ``slow_dims``: the rotary heads' slow dimensions whose mixings are lifted
     into variables of their own (:func:`~skattn.solvers.kernels._near_gauge.
-    lift_near_gauge`), or None.
+    lift_near_gauge`), or None; ``whitening``: a dict that keeps the lift's
+    scale from one stage to the next (computed where it has none).
     """
     products = problem if products is None else products
     resume = None
@@ -361,7 +364,7 @@ def _stage(
     precond = problem.par.preconditioner(params)
     lift = None
     if slow_dims is not None:
-        lift = _lifted(problem, products, params, precond, slow_dims)
+        lift = _lifted(problem, products, params, precond, slow_dims, whitening)
     if lift is not None:
         point, push, pull, z0 = lift.point, lift.push, lift.pull, lift.start(params)
     else:
@@ -428,7 +431,7 @@ def _slow_dims(parametrization, n_tokens, near_gauge):
     return dims if len(dims) else None
 
 
-def _lifted(problem, products, params, precond, slow_dims):
+def _lifted(problem, products, params, precond, slow_dims, whitening=None):
     """The solver's variables with the slow dimensions' mixings lifted
     (:class:`~skattn.solvers.kernels._near_gauge.NearGaugeLift`) at ``params``,
     or None when all of them are exact gauge."""
@@ -442,14 +445,19 @@ def _lifted(problem, products, params, precond, slow_dims):
         _group_index(par),
         params,
     )
-    return lift_near_gauge(
+    whitening = {} if whitening is None else whitening
+    lift = lift_near_gauge(
         lambda v: products.matvec(params, v),
         lambda u: products.rmatvec(params, u, orthogonal=True),
         params,
         precond,
         orbit,
+        scale=whitening.get("scale"),
         random_state=0,
     )
+    if lift is not None:
+        whitening["scale"] = lift.scale
+    return lift
 
 
 def _ticking(bar, callback):
