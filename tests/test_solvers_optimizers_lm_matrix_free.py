@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from _helpers import array_namespaces, factored_planted, planted, refine_planted
 
+from skattn.datasets import make_attention_regression
 from skattn.layer._math import forward
 from skattn.solvers import (
     FactoredHeads,
@@ -208,6 +209,21 @@ def _namespace_cases():
         "fixed_columns",
         (X, shares[:, :, 1], start, LowRank(1, 7, 2)),
         {"fixed_columns": fixed},
+    )
+    # rotary heads (base 10 000, k = 32: two slow pairs of four), their slow
+    # mixings lifted into the solver's variables
+    X, y, layer = make_attention_regression(
+        30, 32, 8, 2, head_rank=8, causal=True, rope=True, n_kv_heads=1,
+        distribution="gaussian", random_state=0, return_layer=True,
+    )  # fmt: skip
+    par = LowRank(2, 8, 8, n_kv_heads=1, causal=True, rope_theta=layer.rope_theta)
+    truth = np.concatenate([layer.rotary_query.ravel(), layer.rotary_key.ravel()])
+    noise = np.random.default_rng(1).normal(size=truth.size)
+    start = truth + 0.01 * np.sqrt(np.mean(truth**2)) * noise
+    yield (
+        "rotary_lifted",
+        (X.reshape(30, 32, 8), y.reshape(30, 32, 8), start, par),
+        {"coarse": False, "max_products": 40, "tol": 1e-13},
     )
 
 

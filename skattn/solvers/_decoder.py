@@ -447,6 +447,8 @@ def fit_decoder_from_random_starts(
         if orientations is not None:
             info["n_iter"] += orientations.pop("n_iter")
             info["n_products"] += orientations.pop("n_products")
+            if orientations["kept"]:  # the run ends with the kept one's polish
+                info["converged"], info["stop_reason"] = orientations.pop("stop")
         info.update(
             orientations=orientations,
             relative_residual=residual,
@@ -489,7 +491,8 @@ def _reorient(data, params, residual, problem, options, say):
     ``data``: ``(X, Y, sample_weight)``; ``problem``: their
     :class:`VarproProblem`.  Returns ``(params, residual, record)``, ``record``
     None where no dimension is slow, else a dict of ``tried`` (``(key head,
-    residual)``), ``kept`` (key heads), ``n_iter``, ``n_products``.
+    residual)``), ``kept`` (key heads), ``n_iter``, ``n_products`` and, where
+    one was kept, ``stop``: the last polish's ``(converged, stop_reason)``.
     """
     X, Y, sample_weight = data
     par = problem.par
@@ -517,13 +520,14 @@ def _reorient(data, params, residual, problem, options, say):
         if trial_residual < ORIENTATION_GAIN * residual:
             params, residual = trial, trial_residual
             record["kept"].append(key_head)
+            record["stop"] = (info["converged"], info["stop_reason"])
     if record["kept"] and residual > REALISABLE_RESIDUAL:
         params, _, info = varpro_least_squares(
             X, Y, params, par, sample_weight, **options
         )
         record["n_iter"] += info["n_iter"]
         record["n_products"] += info["n_products"]
-        residual = _relative(problem, params, Y, sample_weight)
+        record["stop"] = (info["converged"], info["stop_reason"])
     # leave the problem's projection at the returned point
     residual = _relative(problem, params, Y, sample_weight)
     return params, residual, record

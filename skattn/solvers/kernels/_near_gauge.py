@@ -167,6 +167,7 @@ class NearGaugeLift:
         self.apply, self.transpose, self.inverse = apply, transpose, inverse
         self.size, self.n_lifted = size, scale.shape[1]
         self._at = (None, None)
+        self._scale = None  # in the variables' namespace, once seen
 
     def _state(self, z):
         """At ``z``: ``M z``, ``G``, ``H`` and the Frechet derivatives of expm
@@ -178,11 +179,9 @@ class NearGaugeLift:
         E = np.reshape(self.scale @ to_numpy(z[self.size :]), (m_kv, s, s))
         G, L_G = _expm_and_derivative(E)
         H, L_H = _expm_and_derivative(-np.swapaxes(E, 1, 2))
-        like = z
-        state = (
-            self.apply(z[: self.size]),
-            *(_as(a, like) for a in (G, H, L_G, L_H)),
-        )
+        if self._scale is None:
+            self._scale = _as(self.scale, z)
+        state = (self.apply(z[: self.size]), *(_as(a, z) for a in (G, H, L_G, L_H)))
         self._at = (z, state)
         return state
 
@@ -194,7 +193,7 @@ class NearGaugeLift:
         orbit, xp = self.orbit, self.orbit.xp
         base, G, H, L_G, L_H = self._state(z)
         m_kv, s = orbit.m_kv, orbit.s
-        dE = xp.reshape(_as(self.scale, v) @ v[self.size :], (m_kv, s * s, 1))
+        dE = xp.reshape(self._scale @ v[self.size :], (m_kv, s * s, 1))
         dE_T = xp.reshape(
             xp.matrix_transpose(xp.reshape(dE, (m_kv, s, s))), (m_kv, s * s, 1)
         )
@@ -215,7 +214,7 @@ class NearGaugeLift:
         from_H = xp.matrix_transpose(L_H) @ xp.reshape(A_H, vec)
         from_H = xp.matrix_transpose(xp.reshape(from_H, (m_kv, s, s)))
         dE = xp.reshape(from_G, (-1,)) - xp.reshape(from_H, (-1,))
-        return xp.concat([self.transpose(moved_back), _as(self.scale, g).T @ dE])
+        return xp.concat([self.transpose(moved_back), self._scale.T @ dE])
 
     def start(self, p):
         xp = namespace(p)
