@@ -157,7 +157,7 @@ def test_a_key_group_with_its_slow_block_reflected_is_reoriented():
         (X, Y, None), start, residual, problem, options, lambda *a: None
     )
     assert residual > 1e-4 and end < 1e-10, record
-    assert record["kept"] == [1] and [g for g, _ in record["tried"]] == [0, 1]
+    assert record["kept"] == [1] and [g for g, _ in record["tried"]] == [[0], [1]]
     assert record["tried"][0][1] > 1e-4  # group 0 reflected too: still wrong
     np.testing.assert_allclose(
         par.attention(params),

@@ -27,6 +27,7 @@ The tokens may be of any array-API namespace: every stage runs in it, the factor
 come back in it, the record holds Python numbers.
 """
 
+import itertools
 import math
 import time
 
@@ -61,6 +62,10 @@ ORIENTATION_EVALUATIONS = 16
 # ... and kept when it divides the residual by more than this (the wrong one,
 # polished as long, can end a little below the start: 6.5e-5 against 7.0e-5).
 ORIENTATION_GAIN = 0.5
+# Up to this many key heads every set of them is tried reflected (2^m_kv - 1
+# sets: an orientation can be wrong in several groups at once); beyond, each
+# key head alone.
+ORIENTATION_ALL_SETS = 3
 
 
 def random_decoder_start(parametrization, random_state=None):
@@ -484,15 +489,18 @@ def _reorient(data, params, residual, problem, options, say):
     The polish lifts the slow pairs' mixings as ``expm(E)``, which keeps the
     orientation (the sign of the mixing's determinant) that the search left:
     where it is the wrong one, the polish stops at a stationary point.  Each
-    key group in turn is reflected (:func:`~skattn.solvers.kernels._near_gauge.
-    reflect_slow_dims`) and polished for ``ORIENTATION_EVALUATIONS``; a
-    reflection is kept when it takes the residual below ``ORIENTATION_GAIN``
-    of the last, and the kept point is then polished as the polish was.
+    set of key groups (each group alone beyond ``ORIENTATION_ALL_SETS`` groups)
+    is reflected (:func:`~skattn.solvers.kernels._near_gauge.
+    reflect_slow_dims`) and polished for ``ORIENTATION_EVALUATIONS``, until
+    one fits to rounding; the best is kept when it takes the residual below
+    ``ORIENTATION_GAIN`` of the polish's, and then polished as the polish
+    was.
     ``data``: ``(X, Y, sample_weight)``; ``problem``: their
     :class:`VarproProblem`.  Returns ``(params, residual, record)``, ``record``
-    None where no dimension is slow, else a dict of ``tried`` (``(key head,
-    residual)``), ``kept`` (key heads), ``n_iter``, ``n_products`` and, where
-    one was kept, ``stop``: the last polish's ``(converged, stop_reason)``.
+    None where no dimension is slow, else a dict of ``tried`` (``(key heads,
+    residual)``), ``kept`` (the key heads reflected), ``n_iter``,
+    ``n_products`` and, where one was kept, ``stop``: the last polish's
+    ``(converged, stop_reason)``.
     """
     X, Y, sample_weight = data
     par = problem.par
@@ -501,14 +509,19 @@ def _reorient(data, params, residual, problem, options, say):
         return params, residual, None
     record = {"tried": [], "kept": [], "n_iter": 0, "n_products": 0}
     trial_options = {**options, "max_iter": ORIENTATION_EVALUATIONS}
-    for key_head in range(par.n_kv_heads):
-        if residual <= REALISABLE_RESIDUAL:
-            break
-        say(f"decoder: key head {key_head}'s slow block reflected, polished")
+    groups = range(par.n_kv_heads)
+    sizes = range(
+        1, par.n_kv_heads + 1 if par.n_kv_heads <= ORIENTATION_ALL_SETS else 2
+    )
+    best = None
+    for flipped in itertools.chain.from_iterable(
+        itertools.combinations(groups, size) for size in sizes
+    ):
+        say(f"decoder: key head(s) {list(flipped)}: slow block reflected, polished")
         trial, _, info = varpro_least_squares(
             X,
             Y,
-            reflect_slow_dims(params, par, key_head, dims),
+            reflect_slow_dims(params, par, flipped, dims),
             par,
             sample_weight,
             **trial_options,
@@ -516,11 +529,14 @@ def _reorient(data, params, residual, problem, options, say):
         record["n_iter"] += info["n_iter"]
         record["n_products"] += info["n_products"]
         trial_residual = _relative(problem, trial, Y, sample_weight)
-        record["tried"].append((key_head, trial_residual))
-        if trial_residual < ORIENTATION_GAIN * residual:
-            params, residual = trial, trial_residual
-            record["kept"].append(key_head)
-            record["stop"] = (info["converged"], info["stop_reason"])
+        record["tried"].append((list(flipped), trial_residual))
+        if best is None or trial_residual < best[1]:
+            best = (trial, trial_residual, list(flipped), info)
+        if trial_residual <= REALISABLE_RESIDUAL:
+            break
+    if best[1] < ORIENTATION_GAIN * residual:
+        params, residual, record["kept"], info = best
+        record["stop"] = (info["converged"], info["stop_reason"])
     if record["kept"] and residual > REALISABLE_RESIDUAL:
         params, _, info = varpro_least_squares(
             X, Y, params, par, sample_weight, **options

@@ -329,9 +329,10 @@ def _as(x, like):
     return to_namespace(x, xp, device(like), dtype=xp.float64)
 
 
-def reflect_slow_dims(params, parametrization, key_head, dims):
-    """``params`` with the last of the slow dimensions ``dims`` negated in key
-    head ``key_head`` and in the query heads of its group.
+def reflect_slow_dims(params, parametrization, key_heads, dims):
+    """``params`` with the last of the slow dimensions ``dims`` negated in the
+    key heads ``key_heads`` (an int or a sequence) and in the query heads of
+    their groups.
 
     The logits at equal positions do not change (``Q D D K^T``, ``D`` the
     reflection), but the orientation of the slow block does: the lifted mixings
@@ -360,7 +361,10 @@ def reflect_slow_dims(params, parametrization, key_head, dims):
     )
     sign = np.ones((m + m_kv, 1, r))
     members = key_head_index(m, m_kv)
-    flipped = np.concatenate([members == key_head, np.arange(m_kv) == key_head])
+    key_heads = np.atleast_1d(np.asarray(key_heads))
+    flipped = np.concatenate(
+        [np.isin(members, key_heads), np.isin(np.arange(m_kv), key_heads)]
+    )
     sign[flipped, :, int(np.asarray(dims)[-1])] = -1.0
     n_qk = (m + m_kv) * d * r
     head = xp.reshape(params[:n_qk], (m + m_kv, d, r)) * _as(sign, params)
