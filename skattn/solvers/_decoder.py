@@ -21,7 +21,13 @@ start:
    problem (:func:`~skattn.solvers.optimizers._lm_matrix_free.
    varpro_least_squares`), first on a random subset (the warm-up), then on all
    examples unless the warm-up's fit is realisable on them already.  Rotary
-   heads' steps are solved closely from the start (no loose stage).
+   heads' steps are solved closely from the start (no loose stage), with the
+   slow rotary pairs' mixings as variables of their own
+   (:mod:`.kernels._near_gauge`);
+4. **reorientation** of rotary heads whose polish stopped short: each set of
+   key groups with its slow block reflected, polished briefly, the best kept
+   (:func:`_reorient`): the lifted mixings cannot change the block's
+   orientation.
 
 The tokens may be of any array-API namespace: every stage runs in it, the factors
 come back in it, the record holds Python numbers.
