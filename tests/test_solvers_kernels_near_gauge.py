@@ -162,3 +162,42 @@ def test_a_reflected_slow_block_is_a_stationary_point_the_lift_cannot_leave():
         X, Y, reflected, par, max_iter=12, coarse=False, max_products=40
     )
     assert np.sqrt(2 * info["loss"]) / scale > 1e-4
+
+
+def test_key_shifts_along_a_constant_coordinate_are_lifted_with_exact_derivatives():
+    # tokens [x, 1]: the key maps' shifts along the constant coordinate change
+    # the slow block's logits only through the rotation (near-gauge too)
+    X, Y, par, truth = _planted(n=20, d=8)
+    X[..., -1] = 1.0
+    constant = np.zeros(par.n_features)
+    constant[-1] = 1.0
+    p = truth + 0.01 * np.random.default_rng(1).normal(size=truth.size)
+    problem = VarproProblem(X, Y, None, par)
+    dims = slow_rotary_dims(par.rank, par.rope_theta, "half", X.shape[1])
+    orbit = SlowMixing(
+        par.n_heads, 2, par.n_features, par.rank, dims, [0, 0, 1, 1], p, constant
+    )
+    rng = np.random.default_rng(4)
+    raw = rng.normal(size=orbit.n_mixings + orbit.n_shifts)
+    g = rng.normal(size=par.size)
+    assert orbit.n_shifts == 2 * len(dims)
+    assert np.isclose(
+        orbit.directions(p, raw) @ g, raw @ orbit.directions_transpose(p, g)
+    )
+    lift = lift_near_gauge(
+        lambda v: problem.matvec(p, v),
+        lambda u: problem.rmatvec(p, u, orthogonal=True),
+        p,
+        par.preconditioner(p),
+        orbit,
+        random_state=0,
+    )
+    assert lift.n_lifted > orbit.n_mixings - 2 * len(dims)  # the shifts among them
+    z = lift.start(p)
+    z[par.size :] = 1e-3 * rng.normal(size=lift.n_lifted)
+    v = rng.normal(size=z.size)
+    h = 1e-7  # the shifts' scale is large: a smaller step
+    central = (lift.point(z + h * v) - lift.point(z - h * v)) / (2 * h)
+    pushed = lift.push(z, v)
+    np.testing.assert_allclose(pushed, central, atol=1e-6 * np.abs(pushed).max())
+    assert np.isclose(pushed @ g, v @ lift.pull(z, g), rtol=1e-10)

@@ -81,6 +81,12 @@ class SlowMixing:
         Each query head's key head (None: head i's is i).
     like : array
         The parameters' namespace and device.
+    constant : array of shape (d,) or None
+        A token-space vector ``c`` with ``x^T c = 1`` on every token (the
+        ``[x, 1]`` tokens of an intercept): then the key maps' shifts
+        ``K_g + c u_g^T P^T`` (:meth:`shift`) are near-gauge too, the slow
+        block's logits ``x_i^T Q_i R(t) P u_g`` nearly constant across keys,
+        which the softmax does not see.
 
     Examples
     --------
@@ -95,7 +101,9 @@ class SlowMixing:
     True
     """
 
-    def __init__(self, n_heads, n_kv_heads, n_features, rank, dims, index, like):
+    def __init__(
+        self, n_heads, n_kv_heads, n_features, rank, dims, index, like, constant=None
+    ):
         self.m, self.m_kv, self.d, self.r = n_heads, n_kv_heads, n_features, rank
         self.s = len(dims)
         xp = self.xp = namespace(like)
@@ -109,6 +117,11 @@ class SlowMixing:
         self.members = to_namespace(members, xp, on, dtype=xp.float64)
         self.index = index if is_numpy(xp) else xp.asarray(index, device=on)
         self.n_q, self.n_k = n_heads * n_features * rank, n_kv_heads * n_features * rank
+        self.n_mixings = n_kv_heads * self.s * self.s
+        self.constant = None
+        if constant is not None:
+            self.constant = to_namespace(constant, xp, on, dtype=xp.float64)
+        self.n_shifts = 0 if constant is None else n_kv_heads * self.s
 
     def _split(self, p):
         xp = self.xp
@@ -152,10 +165,45 @@ class SlowMixing:
         select = self.select
         return select.T @ A_Q @ select, select.T @ A_K @ select
 
+    def shift(self, p, U):
+        """The direction of the key maps' shifts ``c u_g^T P^T`` (``U`` of
+        shape ``(m_kv, s)``) in the parameters of ``p``'s size."""
+        xp = self.xp
+        Q, K, rest = self._split(p)
+        dK = self.constant[None, :, None] * (U @ self.select.T)[:, None, :]
+        return self._join(xp.zeros_like(Q), dK, xp.zeros_like(rest))
+
+    def shift_transpose(self, g):
+        """The transpose of :meth:`shift`: ``(m_kv, s)``."""
+        _, gK, _ = self._split(g)
+        return (self.constant @ gK) @ self.select
+
+    def directions(self, p, raw):
+        """``B raw``: mixings (``m_kv s^2``, first) and shifts as directions at
+        ``p``; each mixing moves ``G`` by ``dE`` and ``H`` by ``-dE^T``."""
+        xp = self.xp
+        dE = xp.reshape(raw[: self.n_mixings], (self.m_kv, self.s, self.s))
+        out = self.derivative(p, dE, -xp.matrix_transpose(dE))
+        if self.n_shifts:
+            out = out + self.shift(
+                p, xp.reshape(raw[self.n_mixings :], (self.m_kv, self.s))
+            )
+        return out
+
+    def directions_transpose(self, p, g):
+        """``B^T g``: ``(m_kv s^2 + m_kv s,)``."""
+        xp = self.xp
+        A_G, A_H = self.derivative_transpose(p, g)
+        out = [xp.reshape(A_G - xp.matrix_transpose(A_H), (-1,))]
+        if self.n_shifts:
+            out.append(xp.reshape(self.shift_transpose(g), (-1,)))
+        return xp.concat(out)
+
 
 class NearGaugeLift:
     """The parameters ``p(z, e) = act(M z, expm(E), expm(-E^T))``,
-    ``E = (S e)`` per key head, as the trust-region solver's variables.
+    ``E = (S e)`` per key head, as the trust-region solver's variables (with
+    the orbit's ``constant``, ``M z`` also shifted by ``S e``'s shifts).
 
     ``point(z)``, ``push(z, v)`` (the map's derivative: a direction in ``p``),
     ``pull(z, g)`` (its transpose: a gradient in ``z``) and ``start(p)`` (a
@@ -176,12 +224,17 @@ class NearGaugeLift:
             return self._at[1]
         orbit = self.orbit
         m_kv, s = orbit.m_kv, orbit.s
-        E = np.reshape(self.scale @ to_numpy(z[self.size :]), (m_kv, s, s))
+        raw = self.scale @ to_numpy(z[self.size :])
+        E = np.reshape(raw[: orbit.n_mixings], (m_kv, s, s))
         G, L_G = _expm_and_derivative(E)
         H, L_H = _expm_and_derivative(-np.swapaxes(E, 1, 2))
         if self._scale is None:
             self._scale = _as(self.scale, z)
-        state = (self.apply(z[: self.size]), *(_as(a, z) for a in (G, H, L_G, L_H)))
+        base = self.apply(z[: self.size])
+        if orbit.n_shifts:
+            shifts = np.reshape(raw[orbit.n_mixings :], (m_kv, s))
+            base = base + orbit.shift(base, _as(shifts, z))
+        state = (base, *(_as(a, z) for a in (G, H, L_G, L_H)))
         # the same point array for the same z: the problem knows it again
         # without comparing values (a host read on a device)
         self._at = (z, state, self.orbit.act(state[0], state[1], state[2]))
@@ -195,15 +248,19 @@ class NearGaugeLift:
         orbit, xp = self.orbit, self.orbit.xp
         base, G, H, L_G, L_H = self._state(z)
         m_kv, s = orbit.m_kv, orbit.s
-        dE = xp.reshape(self._scale @ v[self.size :], (m_kv, s * s, 1))
+        raw = self._scale @ v[self.size :]
+        dE = xp.reshape(raw[: orbit.n_mixings], (m_kv, s * s, 1))
         dE_T = xp.reshape(
             xp.matrix_transpose(xp.reshape(dE, (m_kv, s, s))), (m_kv, s * s, 1)
         )
         dG = xp.reshape(L_G @ dE, (m_kv, s, s))
         dH = -xp.reshape(L_H @ dE_T, (m_kv, s, s))
-        return orbit.act(self.apply(v[: self.size]), G, H) + orbit.derivative(
-            base, dG, dH
-        )
+        moved = self.apply(v[: self.size])
+        if orbit.n_shifts:
+            moved = moved + orbit.shift(
+                moved, xp.reshape(raw[orbit.n_mixings :], (m_kv, s))
+            )
+        return orbit.act(moved, G, H) + orbit.derivative(base, dG, dH)
 
     def pull(self, z, g):
         orbit, xp = self.orbit, self.orbit.xp
@@ -215,8 +272,11 @@ class NearGaugeLift:
         from_G = xp.matrix_transpose(L_G) @ xp.reshape(A_G, vec)
         from_H = xp.matrix_transpose(L_H) @ xp.reshape(A_H, vec)
         from_H = xp.matrix_transpose(xp.reshape(from_H, (m_kv, s, s)))
-        dE = xp.reshape(from_G, (-1,)) - xp.reshape(from_H, (-1,))
-        return xp.concat([self.transpose(moved_back), self._scale.T @ dE])
+        raw = [xp.reshape(from_G, (-1,)) - xp.reshape(from_H, (-1,))]
+        if orbit.n_shifts:
+            raw.append(xp.reshape(orbit.shift_transpose(moved_back), (-1,)))
+        raw = xp.concat(raw)
+        return xp.concat([self.transpose(moved_back), self._scale.T @ raw])
 
     def start(self, p):
         xp = namespace(p)
@@ -240,7 +300,7 @@ def lift_near_gauge(
         The parametrization's own right preconditioner (``p = M z``); None: the
         identity.
     orbit : SlowMixing
-    scale : array of shape (m_kv s^2, q) or None
+    scale : array of shape (m_kv s^2 [+ m_kv s], q) or None
         A lift's ``scale`` to use again (an earlier stage's, at a point close
         by): no products are spent on the Gram matrix and the probes.
     random_state : int, RandomState instance or None
@@ -274,20 +334,18 @@ def lift_near_gauge(
     if scale is not None:
         return NearGaugeLift(orbit, scale, apply, transpose, inverse, params.shape[0])
     rng = check_random_state(random_state)
-    m_kv, s = orbit.m_kv, orbit.s
-    n_mixings = m_kv * s * s
-    if n_mixings == 0:
+    n_raw = orbit.n_mixings + orbit.n_shifts
+    if n_raw == 0:
         return None
-    # Gram of J B, a column a product pair: B^T J^T J (B e_i); B e_i moves one
-    # mixing's G by e_i and H by -e_i^T
+    # Gram of J B, a column a product pair: B^T J^T J (B e_i)
     columns = []
-    for i in range(n_mixings):
-        dE = np.zeros(n_mixings)
-        dE[i] = 1.0
-        dE = _as(np.reshape(dE, (m_kv, s, s)), params)
-        direction = orbit.derivative(params, dE, -orbit.xp.matrix_transpose(dE))
-        A_G, A_H = orbit.derivative_transpose(params, vjp(jvp(direction)))
-        columns.append(to_numpy(A_G - orbit.xp.matrix_transpose(A_H)).ravel())
+    for i in range(n_raw):
+        unit = np.zeros(n_raw)
+        unit[i] = 1.0
+        direction = orbit.directions(params, _as(unit, params))
+        columns.append(
+            to_numpy(orbit.directions_transpose(params, vjp(jvp(direction))))
+        )
     gram = np.stack(columns, axis=1)
     gram = 0.5 * (gram + gram.T)
     values, vectors = np.linalg.eigh(gram)

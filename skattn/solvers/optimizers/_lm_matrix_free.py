@@ -31,7 +31,7 @@ from ...utils._progress import _Silent, iteration_bar
 from ...utils._validation import _normalized_weights
 from ..kernels._near_gauge import SlowMixing, lift_near_gauge, slow_rotary_dims
 from ..kernels._parametrization import _group_index
-from ..kernels._varpro import VarproProblem
+from ..kernels._varpro import VarproProblem, _intercept_direction
 from ._trf import trf
 
 
@@ -347,7 +347,8 @@ def _stage(
     ``slow_dims``: the rotary heads' slow dimensions whose mixings are lifted
     into variables of their own (:func:`~skattn.solvers.kernels._near_gauge.
     lift_near_gauge`), or None; ``whitening``: a dict that keeps the lift's
-    scale from one stage to the next (computed where it has none).
+    scale and the tokens' constant direction from one stage to the next
+    (computed where it has none).
     """
     products = problem if products is None else products
     resume = None
@@ -436,6 +437,12 @@ def _lifted(problem, products, params, precond, slow_dims, whitening=None):
     (:class:`~skattn.solvers.kernels._near_gauge.NearGaugeLift`) at ``params``,
     or None when all of them are exact gauge."""
     par = problem.par
+    whitening = {} if whitening is None else whitening
+    if "constant" not in whitening:  # the tokens' constant coordinate, if any
+        try:
+            whitening["constant"] = _intercept_direction(problem.X)
+        except ValueError:
+            whitening["constant"] = None
     orbit = SlowMixing(
         par.n_heads,
         par.n_kv_heads,
@@ -444,8 +451,8 @@ def _lifted(problem, products, params, precond, slow_dims, whitening=None):
         slow_dims,
         _group_index(par),
         params,
+        constant=whitening["constant"],
     )
-    whitening = {} if whitening is None else whitening
     lift = lift_near_gauge(
         lambda v: products.matvec(params, v),
         lambda u: products.rmatvec(params, u, orthogonal=True),
