@@ -516,9 +516,8 @@ def _reorient(data, params, residual, problem, options, say):
     record = {"tried": [], "kept": [], "n_iter": 0, "n_products": 0}
     trial_options = {**options, "max_iter": ORIENTATION_EVALUATIONS}
     groups = range(par.n_kv_heads)
-    sizes = range(
-        1, par.n_kv_heads + 1 if par.n_kv_heads <= ORIENTATION_ALL_SETS else 2
-    )
+    largest = par.n_kv_heads if par.n_kv_heads <= ORIENTATION_ALL_SETS else 1
+    sizes = range(1, largest + 1)
     best = None
     for flipped in itertools.chain.from_iterable(
         itertools.combinations(groups, size) for size in sizes
@@ -540,8 +539,9 @@ def _reorient(data, params, residual, problem, options, say):
             best = (trial, trial_residual, list(flipped), info)
         if trial_residual <= REALISABLE_RESIDUAL:
             break
-    if best[1] < ORIENTATION_GAIN * residual:
-        params, residual, record["kept"], info = best
+    trial, trial_residual, flipped, info = best
+    if trial_residual < ORIENTATION_GAIN * residual:
+        params, residual, record["kept"] = trial, trial_residual, flipped
         record["stop"] = (info["converged"], info["stop_reason"])
     if record["kept"] and residual > REALISABLE_RESIDUAL:
         params, _, info = varpro_least_squares(

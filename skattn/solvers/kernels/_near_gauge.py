@@ -19,13 +19,23 @@ parameters become ``p(z, e) = act(M z, expm(E))``, ``M`` the parametrization's
 own right preconditioner, ``E_g = (S e)_g`` and ``act`` the exact orbit
 ``Q_i -> Q_i G_g``, ``K_g -> K_g G_g^{-T}`` on the slow dimensions, so that a
 mixing, however large, leaves the logits at equal positions as they were.
-``S`` whitens the mixings' Jacobian columns at the stage's start (their Gram
-matrix's inverse root) and scales them to the Jacobian's typical singular
-value: the near-gauge directions no longer sit at the bottom of the spectrum.
+``S`` whitens the mixings' Jacobian columns at the polish's first stage (their
+Gram matrix's inverse root; later stages re-base the orbit and keep ``S``) and
+scales them to the Jacobian's typical singular value: the near-gauge
+directions no longer sit at the bottom of the spectrum.
 The variables are redundant, which the least-squares steps allow (LSMR's
 minimum-norm solution).  A first-order lift ``p = M z + B S e`` does not do:
 along ``B`` the slow block's logits change by ``-Q E^2 K^T`` at second order
 and the trust region shrinks to the first order's reach.
+
+With a constant coordinate in the tokens (``[x, 1]``, an intercept: query and
+key biases), the key maps' shifts along it in the slow dimensions are
+near-gauge too: the logits ``x_i^T Q R(j - i) P u`` they add hardly depend on
+the key ``j``, and the softmax ignores what does not.  They are lifted with the
+mixings (:meth:`SlowMixing.shift`; Qwen2's biases stalled the polish without
+them).  What the lift cannot do is change the orientation of a slow block
+(``expm(E)`` has a positive determinant): :func:`reflect_slow_dims` gives the
+other one.
 """
 
 import math
