@@ -16,6 +16,15 @@ groups' outputs fixed, ``--iters`` evaluations each, Gauss-Seidel).
     python benchmarks/studies/study_decoder_polish.py --n 1000 --m 4 --kv 2 \
         --d 32 --k 16 --r 8 --start search --mode joint --iters 30
 
+The polish lifts the slow rotary pairs' mixings (and, with an ``[x, 1]``
+coordinate, the key shifts) into its variables unless ``--near-gauge off``;
+``--max-products`` caps its LSMR iterations a step, ``--verbose 2`` prints
+its iterations:
+
+    python benchmarks/studies/study_decoder_polish.py --n 160 --m 4 --kv 2 \
+        --d 64 --k 32 --r 16 --start perturbed --eps 0.01 --pairs 4 5 6 7 \
+        --iters 30 --max-products 40 --near-gauge off
+
 Prints the relative residual (``||F - Y|| / ||Y||`` on the training sequences)
 after each stage or round, and the seconds.
 """
