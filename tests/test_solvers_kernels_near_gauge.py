@@ -30,6 +30,18 @@ def _planted(n=40, m=4, m_kv=2, d=12, k=32, r=8, seed=0):
     return X.reshape(n, k, d), y.reshape(n, k, -1), par, truth
 
 
+def _lift(problem, par, p, orbit):
+    """The lifted variables of ``problem`` at ``p``."""
+    return lift_near_gauge(
+        lambda v: problem.matvec(p, v),
+        lambda u: problem.rmatvec(p, u, orthogonal=True),
+        p,
+        par.preconditioner(p),
+        orbit,
+        random_state=0,
+    )
+
+
 def _equal_position_forms(par, p):
     Q, K = par.factors(p)
     return Q @ np.swapaxes(K[key_head_index(par.n_heads, par.n_kv_heads)], 1, 2)
@@ -76,14 +88,7 @@ def lifted():
     problem = VarproProblem(X, Y, None, par)
     dims = slow_rotary_dims(par.rank, par.rope_theta, "half", X.shape[1])
     orbit = SlowMixing(par.n_heads, 2, par.n_features, par.rank, dims, [0, 0, 1, 1], p)
-    lift = lift_near_gauge(
-        lambda v: problem.matvec(p, v),
-        lambda u: problem.rmatvec(p, u, orthogonal=True),
-        p,
-        par.preconditioner(p),
-        orbit,
-        random_state=0,
-    )
+    lift = _lift(problem, par, p, orbit)
     return problem, par, p, dims, lift
 
 
@@ -184,14 +189,7 @@ def test_key_shifts_along_a_constant_coordinate_are_lifted_with_exact_derivative
     assert np.isclose(
         orbit.directions(p, raw) @ g, raw @ orbit.directions_transpose(p, g)
     )
-    lift = lift_near_gauge(
-        lambda v: problem.matvec(p, v),
-        lambda u: problem.rmatvec(p, u, orthogonal=True),
-        p,
-        par.preconditioner(p),
-        orbit,
-        random_state=0,
-    )
+    lift = _lift(problem, par, p, orbit)
     assert lift.n_lifted > orbit.n_mixings - 2 * len(dims)  # the shifts among them
     z = lift.start(p)
     z[par.size :] = 1e-3 * rng.normal(size=lift.n_lifted)

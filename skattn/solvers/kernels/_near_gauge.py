@@ -46,6 +46,7 @@ from sklearn.utils import check_random_state
 
 from ...layer._positions import key_head_index, rotary_frequencies, rotary_pairs
 from ...utils._array_api import device, is_numpy, namespace, to_namespace, to_numpy
+from ._parametrization import _like
 
 # A rotary pair is slow, and its dimensions take part in the near-gauge mixing,
 # when its angle over the window, omega_p (k - 1), is at most this.
@@ -239,12 +240,12 @@ class NearGaugeLift:
         G, L_G = _expm_and_derivative(E)
         H, L_H = _expm_and_derivative(-np.swapaxes(E, 1, 2))
         if self._scale is None:
-            self._scale = _as(self.scale, z)
+            self._scale = _like(self.scale, z)
         base = self.apply(z[: self.size])
         if orbit.n_shifts:
             shifts = np.reshape(raw[orbit.n_mixings :], (m_kv, s))
-            base = base + orbit.shift(base, _as(shifts, z))
-        state = (base, *(_as(a, z) for a in (G, H, L_G, L_H)))
+            base = base + orbit.shift(base, _like(shifts, z))
+        state = (base, *(_like(a, z) for a in (G, H, L_G, L_H)))
         # the same point array for the same z: the problem knows it again
         # without comparing values (a host read on a device)
         self._at = (z, state, self.orbit.act(state[0], state[1], state[2]))
@@ -291,7 +292,7 @@ class NearGaugeLift:
     def start(self, p):
         xp = namespace(p)
         zeros = xp.zeros(self.n_lifted, dtype=xp.float64, device=device(p))
-        return xp.concat([_as(self.inverse(p), p), zeros])
+        return xp.concat([_like(self.inverse(p), p), zeros])
 
 
 def lift_near_gauge(
@@ -352,7 +353,7 @@ def lift_near_gauge(
     for i in range(n_raw):
         unit = np.zeros(n_raw)
         unit[i] = 1.0
-        direction = orbit.directions(params, _as(unit, params))
+        direction = orbit.directions(params, _like(unit, params))
         columns.append(
             to_numpy(orbit.directions_transpose(params, vjp(jvp(direction))))
         )
@@ -365,7 +366,7 @@ def lift_near_gauge(
     # the typical singular value of J M: ||J M||_F^2 / size by Gaussian probes
     size = params.shape[0]
     probes = [
-        to_numpy(jvp(apply(_as(rng.standard_normal(size), params))))
+        to_numpy(jvp(apply(_like(rng.standard_normal(size), params))))
         for _ in range(N_PROBES)
     ]
     typical = math.sqrt(np.mean([probe @ probe for probe in probes]) / size)
@@ -391,12 +392,6 @@ def _expm_and_derivative(E):
 
 def _identity(v):
     return v
-
-
-def _as(x, like):
-    """``x`` in ``like``'s namespace and device, float64."""
-    xp = namespace(like)
-    return to_namespace(x, xp, device(like), dtype=xp.float64)
 
 
 def reflect_slow_dims(params, parametrization, key_heads, dims):
@@ -437,5 +432,5 @@ def reflect_slow_dims(params, parametrization, key_heads, dims):
     )
     sign[flipped, :, int(np.asarray(dims)[-1])] = -1.0
     n_qk = (m + m_kv) * d * r
-    head = xp.reshape(params[:n_qk], (m + m_kv, d, r)) * _as(sign, params)
+    head = xp.reshape(params[:n_qk], (m + m_kv, d, r)) * _like(sign, params)
     return xp.concat([xp.reshape(head, (-1,)), params[n_qk:]])
