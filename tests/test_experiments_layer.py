@@ -343,6 +343,32 @@ def test_windows_that_cannot_pin_a_head_stop_before_the_fit(text, monkeypatch):
     assert "\n" not in str(caught.value)
 
 
+def test_when_only_the_overall_count_fails_the_verdict_says_so(monkeypatch):
+    # 16 windows of 64 tokens split every MiniLM head's attention on more rows
+    # than the bound's 380, yet give 393 216 output values for 566 400 unknowns:
+    # the message names that count, not the split rows
+    from types import SimpleNamespace
+
+    m = 12
+    split = SimpleNamespace(
+        n_split_rows=np.full(m, 1024),
+        n_needed=np.full(m, 380),
+        pinned=np.ones(m, dtype=bool),
+        sequences_needed=np.full(m, 6.0),
+    )
+    monkeypatch.setattr(layer_module, "sharp_head_pinning", lambda *a, **k: split)
+    teacher = SimpleNamespace(n_heads=m, n_outputs=384)
+    X_fit = np.zeros((16, 64, 384))
+    verdict = layer_module._pinning_verdict(teacher, X_fit, 32, 64, 1)
+    assert not verdict["determined"]
+    assert verdict["message"].startswith(
+        "16 windows cannot determine this layer: 393216 output values for 566400 "
+        "unknowns; give at least 24 windows."
+    )
+    assert "split rows" not in verdict["message"]
+    assert [h["windows_needed"] for h in verdict["heads"]] == [24] * m
+
+
 def test_fit_anyway_fits_and_reports_each_heads_verdict(text):
     result = learn_layer(
         layer=3,

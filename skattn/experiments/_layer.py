@@ -54,6 +54,7 @@ from ..metrics import (
     sharp_head_pinning,
     sharpness_profile,
 )
+from ..metrics._identifiability import describe_verdict
 from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
 from ._decoder_layer import (
@@ -1241,7 +1242,13 @@ def _pinning_verdict(teacher, X_fit, head_rank, n_tokens, layer):
         )
     unpinned = [head for head in heads if not head["pinned"]]
     message = ""
-    if unpinned:
+    if unpinned and all(pinning.pinned):  # only the overall count fails
+        message = (
+            describe_verdict(count, "windows")
+            + " Give more text (or fit_anyway: fit all the same)."
+        )
+    elif unpinned:
+        unpinned = [head for head in unpinned if not pinning.pinned[head["head"]]]
         counts = [h["windows_needed"] for h in unpinned if h["windows_needed"]]
         more = (
             f"about {max(counts)} windows like these would pin them"
