@@ -409,7 +409,12 @@ def test_text_takes_folders_and_glob_patterns(tmp_path):
 def test_the_rough_time_reads_as_english():
     from skattn.experiments._layer import _rough_minutes
 
-    assert _rough_minutes(40, 12, 16, 384, 32).startswith("under a minute")
-    one = _rough_minutes(4000 / 8.6, 12, 16, 384, 32)  # 1.0 minute
+    assert _rough_minutes(40, 1, 16, 384, 32).startswith("under a minute")
+    one = _rough_minutes(4000, 2, 16, 384, 32)  # 8.6 * 2 / 12 = 1.4 minutes
     assert one.startswith("1 minute on 2 cores"), one
     assert _rough_minutes(4000, 12, 16, 384, 32).startswith("9 minutes on 2 cores")
+    # long windows: the search's batch is whole windows, so 96 windows of 64
+    # tokens are no quick fit (measured: an 8-minute search, then 19 minutes a
+    # refinement round), and 128 tokens cost more again
+    assert _rough_minutes(96, 12, 64, 384, 32).startswith("14 minutes")
+    assert _rough_minutes(96, 12, 128, 384, 32).startswith("33 minutes")

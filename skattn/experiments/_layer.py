@@ -55,6 +55,7 @@ from ..metrics import (
     sharpness_profile,
 )
 from ..metrics._identifiability import describe_verdict
+from ..solvers.stages._search import _BATCH_SIZE
 from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
 from ._decoder_layer import (
@@ -1299,13 +1300,19 @@ def _final_verdicts(verdict, report):
 
 def _rough_minutes(n_windows, n_heads, n_tokens, n_features, head_rank):
     """A rough time: MiniLM layer 3 (4000 windows of 16 tokens, 12 heads of rank
-    32, d = 384) took 8.6 minutes on 2 cores, scaled linearly in windows, heads,
-    tokens and d r; sharp layers take several times longer."""
+    32, d = 384) took 8.6 minutes on 2 cores, scaled in heads and ``d r``, and in
+    windows and tokens by the larger of two terms: linear in the tokens (the
+    polish's) and the search's and refinement's, whose steps take a batch of at
+    most ``_BATCH_SIZE`` windows (not fewer than 256 windows' work at k = 16)
+    with logits growing as ``k`` per token.  Sharp layers take several times
+    longer.  Measured on real text (2026-11-28): layer 1 at k = 64 on 96 windows,
+    a search of 8 minutes and a refinement round of 19; layer 0 at k = 128, 21
+    minutes of search."""
+    per_token = (1 + n_tokens / n_features) / (1 + 16 / n_features)
+    linear = n_windows * n_tokens / (4000 * 16)
+    batched = min(n_windows, _BATCH_SIZE) * n_tokens * per_token / (256 * 16)
     scale = (
-        (n_windows / 4000)
-        * (n_heads / 12)
-        * (n_tokens / 16)
-        * (n_features * head_rank / (384 * 32))
+        max(linear, batched) * (n_heads / 12) * (n_features * head_rank / (384 * 32))
     )
     minutes = 8.6 * scale
     if minutes < 1:
