@@ -1080,7 +1080,7 @@ def test_layer_stops_before_the_fit_when_the_windows_cannot_pin_a_head(
     lines = [line for line in err.splitlines() if line.startswith("skattn: error")]
     assert len(lines) == 1 and "cannot pin head(s) 0 of layer 3" in lines[0]
     assert "windows like these would pin them" in lines[0]
-    assert "(or --fit-anyway: fit them all the same)" in lines[0]
+    assert "(or --fit-anyway: fit all the same)" in lines[0]
     # the first line says what would be fitted and roughly how long
     first = err.splitlines()[0]
     assert "1 head(s) of rank 32 to fit on 8 windows of 16 tokens" in first

@@ -381,6 +381,8 @@ def test_fit_anyway_fits_and_reports_each_heads_verdict(text):
     )
     verdict = result.report["verdict"]
     assert not verdict["determined"] and "cannot pin" in verdict["message"]
+    said = layer_module._fitting_anyway(verdict["message"])  # the line said
+    assert said.endswith("(fitting all the same).") and "fit_anyway" not in said
     assert [head["verdict"] for head in verdict["heads"]] == [
         "not pinned by this data"
     ] * 2

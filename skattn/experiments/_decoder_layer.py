@@ -123,6 +123,10 @@ def _unknowns(settings, n_in):
     return (m + 2 * m_kv) * n_in * h + m * h * d - m_kv * gauge
 
 
+# The end of a verdict that stops the fit (without fit_anyway)
+_FIT_ANYWAY = "(or fit_anyway: fit all the same)"
+
+
 def decoder_verdict(n_fit, n_tokens, settings, intercept):
     """What ``n_fit`` windows can pin, by counting: the equations ``n k d``
     of the outputs against the layer's unknowns (:func:`_unknowns`), and the
@@ -156,10 +160,7 @@ def decoder_verdict(n_fit, n_tokens, settings, intercept):
     )
     message = ""
     if not count["determined"]:
-        message = (
-            describe_verdict(count, "windows")
-            + " Give more text (or fit_anyway: fit all the same)."
-        )
+        message = describe_verdict(count, "windows") + f" Give more text {_FIT_ANYWAY}."
     heads = [
         {"head": i, "pinned": count["determined"], "windows_needed": needed}
         for i in range(m)

@@ -59,6 +59,7 @@ from ..solvers.stages._search import _BATCH_SIZE
 from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
 from ._decoder_layer import (
+    _FIT_ANYWAY,
     _held_out_count,
     decoder_learner,
     decoder_measure,
@@ -405,7 +406,7 @@ def _learn_decoder(
     if not verdict["determined"] and not fit_anyway:
         raise UnidentifiableDataError(verdict["message"])
     if not verdict["determined"]:
-        _say(verbose, verdict["message"])
+        _say(verbose, _fitting_anyway(verdict["message"]))
     _say(
         verbose,
         f"layer {layer} of a {settings['architecture']} checkpoint: "
@@ -986,7 +987,7 @@ def learn_layer(
     if not verdict["determined"] and not fit_anyway:
         raise UnidentifiableDataError(verdict["message"])
     if not verdict["determined"]:  # fit_anyway
-        _say(verbose, verdict["message"])
+        _say(verbose, _fitting_anyway(verdict["message"]))
 
     # -- the fit ------------------------------------------------------------------
     if estimator is None:
@@ -1210,6 +1211,11 @@ class UnidentifiableDataError(ValueError):
     """The windows cannot pin some head of the layer (raised before the fit)."""
 
 
+def _fitting_anyway(message):
+    """The verdict's line when ``fit_anyway`` goes on: no hint to set it."""
+    return message.replace(_FIT_ANYWAY, "(fitting all the same)")
+
+
 # A head whose head-matched attention error (on the directions the held-out
 # hidden states reach) is at most this is reported exact.
 _EXACT_HEAD = 1e-6
@@ -1244,10 +1250,7 @@ def _pinning_verdict(teacher, X_fit, head_rank, n_tokens, layer):
     unpinned = [head for head in heads if not head["pinned"]]
     message = ""
     if unpinned and all(pinning.pinned):  # only the overall count fails
-        message = (
-            describe_verdict(count, "windows")
-            + " Give more text (or fit_anyway: fit all the same)."
-        )
+        message = describe_verdict(count, "windows") + f" Give more text {_FIT_ANYWAY}."
     elif unpinned:
         unpinned = [head for head in unpinned if not pinning.pinned[head["head"]]]
         counts = [h["windows_needed"] for h in unpinned if h["windows_needed"]]
@@ -1262,7 +1265,7 @@ def _pinning_verdict(teacher, X_fit, head_rank, n_tokens, layer):
             f"{', '.join(str(h['head']) for h in unpinned)} of layer {layer} "
             f"(split rows {', '.join(str(h['split_rows']) for h in unpinned)} where "
             f"the counting bound asks for {unpinned[0]['split_rows_needed']} a "
-            f"head): {more}; give more text (or fit_anyway: fit them all the same)."
+            f"head): {more}; give more text {_FIT_ANYWAY}."
         )
     return {
         "determined": not unpinned,
