@@ -367,6 +367,11 @@ def test_when_only_the_overall_count_fails_the_verdict_says_so(monkeypatch):
     )
     assert "split rows" not in verdict["message"]
     assert [h["windows_needed"] for h in verdict["heads"]] == [24] * m
+    assert verdict["margin"] == ""  # the count's line says it
+    # 96 such windows pass the count, with too little room for the search: said
+    verdict = layer_module._pinning_verdict(teacher, np.zeros((96, 64, 384)), 32, 64, 1)
+    assert verdict["determined"] and verdict["message"] == ""
+    assert verdict["margin"].startswith("96 windows pass the count with 4.2")
 
 
 def test_fit_anyway_fits_and_reports_each_heads_verdict(text):

@@ -111,3 +111,24 @@ def test_rows_read_as_one_token_with_several_heads_are_flagged_before_the_fit():
             warnings.simplefilter("always")
             estimator.fit(X_fit, y)
         assert not [w for w in caught if "n_tokens=k" in str(w.message)]
+
+
+def test_the_search_margin_is_said_where_the_count_passes_by_little():
+    # MiniLM, 12 heads: 96 windows of 64 tokens pass the count (4.2 output
+    # values per unknown) and the search stalled there; 400 give it room
+    from skattn.metrics._identifiability import SEARCH_MARGIN, describe_margin
+
+    thin = data_verdict(96, 64, 385, 384, 12, head_rank=32)
+    assert thin["determined"]
+    need = thin["search_samples_needed"]
+    assert need * 64 * 384 >= SEARCH_MARGIN * thin["unknowns"]
+    assert (need - 1) * 64 * 384 < SEARCH_MARGIN * thin["unknowns"]
+    line = describe_margin(thin, "windows")
+    assert line.startswith("96 windows pass the count with 4.2 output values")
+    assert f"give about {need} windows." in line and "\n" not in line
+    assert describe_margin(data_verdict(need, 64, 385, 384, 12, head_rank=32)) == ""
+    # data that fail the count get the count's line, not this one
+    assert describe_margin(data_verdict(10, 16, 385, 384, 12, head_rank=32)) == ""
+    # never fewer than the count asks
+    few = data_verdict(1, 4, 8, 16, 2)
+    assert few["search_samples_needed"] >= few["samples_needed"]

@@ -54,7 +54,7 @@ from ..metrics import (
     sharp_head_pinning,
     sharpness_profile,
 )
-from ..metrics._identifiability import describe_verdict
+from ..metrics._identifiability import describe_margin, describe_verdict
 from ..solvers.stages._search import _BATCH_SIZE
 from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
@@ -811,7 +811,10 @@ def learn_layer(
         :func:`skattn.metrics.sharp_head_pinning`).  When some head cannot be
         pinned by them, ``learn_layer`` raises at once, naming the heads and
         about how many windows would pin them; ``fit_anyway=True`` fits anyway,
-        and the report says which heads this data does not pin.
+        and the report says which heads this data does not pin.  Windows that
+        pass the count with less room than the search from random starts needs
+        (:func:`skattn.metrics._identifiability.describe_margin`) are fitted,
+        and said first.
     verbose : int, default=0
         Print each step to stderr when positive, and pass it to the learner
         (a progress bar per stage; from 2, one line per polish iteration).
@@ -988,6 +991,8 @@ def learn_layer(
         raise UnidentifiableDataError(verdict["message"])
     if not verdict["determined"]:  # fit_anyway
         _say(verbose, _fitting_anyway(verdict["message"]))
+    elif verdict["margin"]:  # a thin margin: said, not stopped (a measured rule)
+        _say(verbose, verdict["margin"])
 
     # -- the fit ------------------------------------------------------------------
     if estimator is None:
@@ -1272,6 +1277,7 @@ def _pinning_verdict(teacher, X_fit, head_rank, n_tokens, layer):
         "heads": heads,
         "count": count,
         "message": message,
+        "margin": describe_margin(count, "windows"),
     }
 
 
@@ -1298,6 +1304,7 @@ def _final_verdicts(verdict, report):
         "heads": heads,
         "summary": summary,
         "message": verdict["message"],
+        "margin": verdict["margin"],
     }
 
 

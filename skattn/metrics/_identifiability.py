@@ -19,6 +19,13 @@ Both are necessary conditions: data that pass may still not pin a sharp head
 :func:`~skattn.metrics.sharp_head_pinning` counts the rows that do split), but
 data that fail cannot determine the layer, and the verdict says how many
 sequences could.
+
+Passing the count is not enough for the search from random starts either: it
+needs room.  On MiniLM's layers 0 and 1 on real text it stalled at a relative
+residual of 0.2, every head far, with 4 and 8 output values per unknown, and
+found the layer with 17 and more (``benchmarks/studies/study_search_rows.py``).
+The verdict's ``search_samples_needed`` is the fewest sequences with
+``SEARCH_MARGIN`` per unknown; :func:`describe_margin` says it.
 """
 
 import math
@@ -26,6 +33,11 @@ import math
 from ..solvers.kernels._logits import logit_unknowns, split_rows_needed
 
 __all__ = ["IdentifiabilityWarning", "data_verdict", "describe_verdict"]
+
+# Output values per unknown below which the search from random starts has been
+# seen to stall (MiniLM layers 0 and 1, real text: stalled at 4.2 and 8.3, found
+# at 17.4 and 54; study_search_rows.py)
+SEARCH_MARGIN = 16
 
 
 class IdentifiabilityWarning(UserWarning):
@@ -77,7 +89,10 @@ def data_verdict(n_samples, n_tokens, n_features, n_outputs, n_heads, head_rank=
         ``determined`` (bool: both counts pass), ``equations`` and ``unknowns``
         (overall), ``rows`` (``n k``) and ``rows_needed`` (per head, the
         counting bound), ``heads`` (per head: ``pinned`` by the count, a bool),
-        and ``samples_needed``: the fewest sequences that pass both counts.
+        ``samples_needed``: the fewest sequences that pass both counts, and
+        ``search_samples_needed``: the fewest with ``SEARCH_MARGIN`` output values
+        per unknown (at least ``samples_needed``), where a search from random
+        starts has room.
 
     Examples
     --------
@@ -99,6 +114,7 @@ def data_verdict(n_samples, n_tokens, n_features, n_outputs, n_heads, head_rank=
     samples_needed = max(
         math.ceil(unknowns / (k * o)), math.ceil(needed / k) if k > 1 else 0
     )
+    search_samples = max(samples_needed, math.ceil(SEARCH_MARGIN * unknowns / (k * o)))
     return {
         "determined": bool(equations >= unknowns and pinned),
         "equations": equations,
@@ -107,6 +123,7 @@ def data_verdict(n_samples, n_tokens, n_features, n_outputs, n_heads, head_rank=
         "rows_needed": needed,
         "heads": [{"head": i, "pinned": bool(pinned)} for i in range(m)],
         "samples_needed": samples_needed,
+        "search_samples_needed": search_samples,
         "n_samples": n,
     }
 
@@ -138,4 +155,28 @@ def describe_verdict(verdict, unit="sequences"):
     return (
         f"{n} {unit} cannot determine this layer: {'; '.join(reasons)}; give at "
         f"least {need} {unit}."
+    )
+
+
+def describe_margin(verdict, unit="sequences"):
+    """One line for data that pass the count without the search's room
+    (``search_samples_needed``; empty otherwise, and for data that fail).
+
+    Examples
+    --------
+    >>> print(describe_margin(data_verdict(96, 64, 385, 384, 12, head_rank=32),
+    ...                       "windows"))
+    96 windows pass the count with 4.2 output values per unknown; the search from
+    random starts has stalled below 16 (MiniLM's real layers: a residual of 0.2,
+    every head far): give about 369 windows.
+    """
+    n, need = verdict["n_samples"], verdict["search_samples_needed"]
+    if not verdict["determined"] or n >= need:
+        return ""
+    ratio = verdict["equations"] / verdict["unknowns"]
+    return (
+        f"{n} {unit} pass the count with {ratio:.1f} output values per unknown; "
+        f"the search from random starts has stalled below {SEARCH_MARGIN} "
+        f"(MiniLM's real layers: a residual of 0.2, every head far): give about "
+        f"{need} {unit}."
     )
