@@ -23,7 +23,8 @@ sequences could.
 Passing the count is not enough for the search from random starts either: it
 needs room.  On MiniLM's layers 0 and 1 on real text it stalled at a relative
 residual of 0.2, every head far, with 4 and 8 output values per unknown, and
-found the layer with 17 and more (``benchmarks/studies/study_search_rows.py``).
+went on to a few hundredths with 17 and more
+(``benchmarks/studies/study_search_rows.py``).
 The verdict's ``search_samples_needed`` is the fewest sequences with
 ``SEARCH_MARGIN`` per unknown; :func:`describe_margin` says it.
 """
@@ -35,8 +36,9 @@ from ..solvers.kernels._logits import logit_unknowns, split_rows_needed
 __all__ = ["IdentifiabilityWarning", "data_verdict", "describe_verdict"]
 
 # Output values per unknown below which the search from random starts has been
-# seen to stall (MiniLM layers 0 and 1, real text: stalled at 4.2 and 8.3, found
-# at 17.4 and 54; study_search_rows.py)
+# seen to stall (MiniLM layers 0 and 1, real text: at 4.2 and 8.3 it stalled at a
+# residual of 0.2; at 17.4 it went on, to 0.014 at k = 64 and 0.040 at k = 16;
+# at 54 to 0.022; study_search_rows.py)
 SEARCH_MARGIN = 16
 
 
