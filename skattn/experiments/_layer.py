@@ -813,8 +813,8 @@ def learn_layer(
         about how many windows would pin them; ``fit_anyway=True`` fits anyway,
         and the report says which heads this data does not pin.  Windows that
         pass the count with less room than the search from random starts needs
-        (:func:`skattn.metrics._identifiability.describe_margin`) are fitted,
-        and said first.
+        (``search_samples_needed`` of :func:`skattn.metrics.data_verdict`) are
+        fitted, and said first (the report's ``verdict["margin"]``).
     verbose : int, default=0
         Print each step to stderr when positive, and pass it to the learner
         (a progress bar per stage; from 2, one line per polish iteration).
