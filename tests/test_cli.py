@@ -1040,6 +1040,36 @@ def test_layer_interrupted_then_resumed_says_so_and_records_it(
     )
 
 
+def test_layer_resumes_when_the_hidden_states_round_otherwise(
+    tmp_path, capsys, monkeypatch, checkpoint
+):
+    # another number of threads rounds the encoder's products otherwise: the
+    # examples are kept by token ids and checkpoint, so the fit's key is the same
+    # and its stages are read back (before: a silent fit from scratch)
+    import json
+
+    from skattn.datasets import BertEncoder
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["layer", "--fit-anyway", "model", "--layer", "1", "--text", "text.txt"]
+    argv += ["--out", "o", "--n-tokens", "4", "--n-windows", "40", "--n-heads", "1"]
+    assert main(argv) == 0
+    assert "hidden states entering layer 1 computed." in capsys.readouterr().err
+    exact = BertEncoder.hidden_states
+
+    def rounded_otherwise(self, ids, layer, **kw):
+        X = exact(self, ids, layer, **kw)
+        return X * (1 + 1e-15)
+
+    monkeypatch.setattr(BertEncoder, "hidden_states", rounded_otherwise)
+    assert main(argv) == 0
+    resume = json.loads(Path("o/report.json").read_text())["resume"]
+    assert resume["stages_reused"] > 0 and resume["stages_computed"] == 0
+    assert "hidden states entering layer 1 read back from the cache." in (
+        capsys.readouterr().err
+    )
+
+
 def test_fit_fits_on_the_device_asked(data, capsys, monkeypatch):
     # skattn fit --device, as skattn layer --device (issue 52, point 4)
     pytest.importorskip("torch")

@@ -55,6 +55,7 @@ from ..metrics import (
     sharpness_profile,
 )
 from ..metrics._identifiability import describe_margin, describe_verdict
+from ..solvers._checkpoints import StageMemory, _sha256
 from ..solvers.stages._search import _BATCH_SIZE
 from ..utils._array_api import scipy_array_api_ignored
 from ..utils._optional import require
@@ -794,7 +795,10 @@ def learn_layer(
         The default learner's ``memory``: where it keeps each finished stage, so
         that a fit interrupted (killed, Ctrl-C) and run again with the same
         arguments resumes after the last one (``skattn layer`` keeps them in
-        ``<out>/cache`` unless ``--no-cache``).
+        ``<out>/cache`` unless ``--no-cache``).  The teacher's examples (hidden
+        states and outputs) are kept there too, keyed by the windows' token ids
+        and the checkpoint's bytes, so that a run with another number of threads
+        (whose floats round otherwise) still resumes.
     device : str or None, default=None
         A torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``, ``"mps"``) to fit
         on: the windows become torch tensors there and the learner fits them
@@ -980,10 +984,13 @@ def learn_layer(
     encoder, teacher = _teacher(model, layer, n_heads, n_tokens)
     n_heads = teacher.n_heads
     head_dim = encoder.n_features // encoder.n_heads
-    X3 = encoder.hidden_states(ids, layer)
+    X3, y, reused = _examples(encoder, teacher, ids, layer, memory, model)
     X = X3.reshape(len(ids), -1)
-    y = teacher.transform(X)
-    _say(verbose, f"hidden states entering layer {layer} computed.")
+    _say(
+        verbose,
+        f"hidden states entering layer {layer} "
+        + ("read back from the cache." if reused else "computed."),
+    )
 
     # -- what these windows can pin, before the long fit ---------------------------
     verdict = _pinning_verdict(teacher, X3[fit], head_dim, n_tokens, layer)
@@ -1210,6 +1217,35 @@ def _teacher(model, layer, n_heads, n_tokens):
         n_tokens=n_tokens,
     )
     return encoder, teacher
+
+
+def _examples(encoder, teacher, ids, layer, memory, model):
+    """``(X3, y, reused)``: the hidden states entering ``layer`` (windows x k x d),
+    the layer's outputs, and whether they were read back from ``memory``.
+
+    Kept in ``memory`` under a key of what decides them exactly (the windows'
+    token ids, the checkpoint's bytes, the layer, the heads), not of the floats:
+    the encoder's products round differently with another number of threads, and
+    the fit's stages, keyed by ``X`` and ``y``, would then all be missed; read
+    back, the examples are the first run's to the bit, and so is the fit's key.
+    """
+
+    def compute():
+        X3 = encoder.hidden_states(ids, layer)
+        return X3, teacher.transform(X3.reshape(len(ids), -1))
+
+    if memory is None:
+        return (*compute(), False)
+    key = {
+        "examples": "hidden states entering the layer, and its outputs",
+        "checkpoint": _sha256(model),
+        "config": _sha256(model.parent / "config.json"),
+        "layer": layer,
+        "n_heads": teacher.n_heads,
+    }
+    kept_examples = StageMemory(memory, key, (ids,))
+    X3, y = kept_examples.stage("examples-1", compute)
+    return X3, y, bool(kept_examples.reused)
 
 
 class UnidentifiableDataError(ValueError):

@@ -56,6 +56,8 @@ SCHEMAS = {
     # 2: the record gained sequences_needed, judged_on, layer_residuals
     "from-patterns": 2,
     "polish": 1,
+    # skattn layer's teacher examples (hidden states and outputs)
+    "examples": 1,
 }
 
 
