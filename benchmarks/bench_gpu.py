@@ -32,7 +32,7 @@ Before the cases every learner runs once, untimed, on a tiny problem (the first
 call).  The teacher's outputs are computed on the device in float64 (checked
 against skattn's numpy ``transform`` on 20 held-out rows: ``teacher_check``).
 
-Cases (``--cases``; k = 16 tokens everywhere):
+Cases (``--cases``; k = 16 tokens, the MiniLM ones the pack's, 16 by default):
 
 * ``planted64``, ``planted128``, ``planted256``: planted layers
   (``make_attention_layer(m, d, head_rank=r)``, key biases ``u_i = Theta_i^T

@@ -37,6 +37,17 @@
 #
 #     CASES="gpt2small" LONG_CASES="" LEARNERS="skattn adam lbfgs" BUDGET=120 \
 #         bash benchmarks/gpu/run_on_device.sh
+#
+# Issue 51, MiniLM layer 1 on real text at 64-token windows (the 2-core CLI fit:
+# 2.9e-11 held out in 45 min): pack those windows (41 MiB), then carry gpu_pack64:
+#
+#     python benchmarks/gpu/pack_minilm.py --out gpu_pack64 --n-tokens 64 \
+#         --n-train 460 --n-test 100
+#     DATA=gpu_pack64 CASES="minilm1" LONG_CASES="" BUDGET=120 \
+#         ARGS="--n-samples 460 --n-test 100" bash benchmarks/gpu/run_on_device.sh
+#
+# (the issue asks <= 1e-6 within 2 minutes; 460 draws with replacement give
+# about 425 distinct windows, above the search's room of 369.)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -44,10 +55,11 @@ OUT=${OUT:-/tmp/bench_gpu}
 DATA=${DATA:-gpu_pack}
 BUDGET=${BUDGET:-60}
 LONG_BUDGET=${LONG_BUDGET:-150}
-CASES=${CASES:-minilm3 minilm1 minilm2 minilm4 minilm5}
-LONG_CASES=${LONG_CASES:-planted768 minilm0all}
+CASES=${CASES-minilm3 minilm1 minilm2 minilm4 minilm5}
+LONG_CASES=${LONG_CASES-planted768 minilm0all}
 LEARNERS=${LEARNERS:-skattn}
 DEVICE=${DEVICE:-cuda}  # cpu: the same plumbing on a machine without a GPU
+ARGS=${ARGS:-}  # more bench_gpu.py options, e.g. "--n-samples 460 --n-test 100"
 mkdir -p "$OUT"
 export SCIPY_ARRAY_API=1 PYTHONUNBUFFERED=1
 START=$SECONDS
@@ -61,13 +73,13 @@ if [ -n "$CASES" ]; then
     left=$((520 - (SECONDS - START)))
     timeout "$left" python3 benchmarks/bench_gpu.py --device "$DEVICE" --data "$DATA" \
         --budget "$BUDGET" --cases $CASES --learners $LEARNERS \
-        --max-total $((left - 10)) --out "$OUT/gpu.json" 2>&1 | tee -a "$OUT/gpu.log"
+        --max-total $((left - 10)) --out "$OUT/gpu.json" $ARGS 2>&1 | tee -a "$OUT/gpu.log"
 fi
 # shellcheck disable=SC2086
 if [ -n "$LONG_CASES" ]; then
     left=$((520 - (SECONDS - START)))
     timeout "$left" python3 benchmarks/bench_gpu.py --device "$DEVICE" --data "$DATA" \
         --budget "$LONG_BUDGET" --cases $LONG_CASES --learners $LEARNERS \
-        --max-total $((left - 10)) --out "$OUT/gpu_long.json" 2>&1 | tee -a "$OUT/gpu.log"
+        --max-total $((left - 10)) --out "$OUT/gpu_long.json" $ARGS 2>&1 | tee -a "$OUT/gpu.log"
 fi
 echo "# done in $((SECONDS - START)) s" | tee -a "$OUT/gpu.log"
