@@ -46,16 +46,20 @@ _DATA, _DIGEST = ".joblib", ".sha256"
 
 # The schema number of each stage's kept value, by the label of its name (the
 # text before "-<count>"): raise a stage's number when what it keeps changes, and
-# the entries of the earlier schema are recomputed.
+# the entries of the earlier schema are recomputed.  Stages are named by their
+# place in the fit, not by their inputs: when a stage's result changes, raise the
+# numbers of the stages after it too.
 SCHEMAS = {
     "search": 1,
-    "refine": 1,
-    "heads": 1,
-    "lm": 1,
-    "search-afresh": 1,
+    # 2 (and every stage after the search): the refinement takes its converged
+    # heads even when the layer then fits worse
+    "refine": 2,
+    "heads": 2,
+    "lm": 2,
+    "search-afresh": 2,
     # 2: the record gained sequences_needed, judged_on, layer_residuals
-    "from-patterns": 2,
-    "polish": 1,
+    "from-patterns": 3,
+    "polish": 2,
     # skattn layer's teacher examples (hidden states and outputs)
     "examples": 1,
 }
@@ -68,8 +72,8 @@ def stage_schema(name):
     Examples
     --------
     >>> from skattn.solvers._checkpoints import stage_schema
-    >>> stage_schema("refine-1.from-patterns-2"), stage_schema("lm-3-coarse-iterate")
-    (2, 1)
+    >>> stage_schema("refine-1.from-patterns-2"), stage_schema("search-1")
+    (3, 1)
     """
     last = name.rsplit(".", 1)[-1]
     match = re.match(r"(.+?)-\d+(?:-|$)", last)
