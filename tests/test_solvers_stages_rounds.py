@@ -209,6 +209,20 @@ def test_converged_heads_are_taken_even_when_the_layer_then_fits_worse(monkeypat
         assert error / np.linalg.norm(truth[i, :, :-1]) < 1e-8
 
 
+def test_two_problems_that_found_the_same_head_are_one_head():
+    # tokens [x, 1]: a key factor moved along the constant coordinate shifts
+    # each row of logits by a constant, which the softmax ignores: the same head
+    rng = np.random.default_rng(3)
+    X = np.concatenate([rng.normal(size=(6, 5, 4)), np.ones((6, 5, 1))], axis=2)
+    Q, K = rng.normal(size=(2, 3, 5, 2))
+    assert rounds._distinct(X, Q, K, [0, 1, 2])
+    constant = np.eye(5)[4]
+    Q[2], K[2] = Q[0], K[0] + np.outer(constant, rng.normal(size=2))
+    assert not rounds._distinct(X, Q, K, [0, 1, 2])
+    K[2, 0, 0] += 1e-3  # a head that differs in a direction that counts
+    assert rounds._distinct(X, Q, K, [0, 1, 2])
+
+
 def test_a_head_just_under_the_converged_rule_is_restarted_to_rounding(monkeypatch):
     # head 1's first problem reports 5e-11 and ends slightly off: converged
     # (taken) but above 1e-12, and the layer not fitted to 1e-10, so it goes on

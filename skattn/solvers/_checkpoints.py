@@ -57,7 +57,8 @@ SCHEMAS = {
     "heads": 2,
     "lm": 2,
     "search-afresh": 2,
-    # 2: the record gained sequences_needed, judged_on, layer_residuals
+    # 2: the record gained sequences_needed, judged_on, layer_residuals; 3: as
+    # every stage after the search
     "from-patterns": 3,
     "polish": 2,
     # skattn layer's teacher examples (hidden states and outputs)

@@ -405,12 +405,14 @@ def decoupled_refine(
             refined, residual = converged_only, other
     kept = residual < residual_start
     fitted = residual_start <= _LAYER_MARGIN * REALISABLE_RESIDUAL
-    if not (kept or fitted) and any(row and row["converged"] for row in rows):
+    converged = [i for i, row in enumerate(rows) if row and row["converged"]]
+    if not (kept or fitted) and converged and _distinct(X, Qc, Kc, converged):
         # the converged heads are taken whatever the layer's fit: a converged
         # problem is solved by its real head whatever the other heads' errors,
         # and the layer may fit worse with exact heads beside the search's others,
         # which had shared out what a head not yet found leaves (MiniLM layer 0
-        # at k = 64: 9 exact heads dropped so, benchmarks/HISTORY.md)
+        # at k = 64: 9 exact heads dropped so, benchmarks/HISTORY.md); not two
+        # problems that found the same real head
         if differ:
             refined, residual = converged_only, other
         kept = True
@@ -423,6 +425,40 @@ def decoupled_refine(
         "kept": bool(kept),
     }
     return (refined if kept else start), info
+
+
+def _distinct(X, Q, K, heads, tol=1e-6):
+    """Whether heads ``heads`` have different logits on the first sequences of
+    ``X``, each row's mean left out (it cancels in the softmax, and with it the
+    constant key coordinate's column): two problems that converged to the same
+    real head are one head, not two.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.solvers.stages._rounds import _distinct
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(4, 5, 6))
+    >>> Q, K = rng.normal(size=(2, 3, 6, 2))
+    >>> bool(_distinct(X, Q, K, [0, 1, 2]))
+    True
+    >>> Q[2], K[2] = Q[0], K[0]
+    >>> bool(_distinct(X, Q, K, [0, 1, 2])), bool(_distinct(X, Q, K, [0, 1]))
+    (False, True)
+    """
+    xp = namespace(X)
+    sample = X[:8]
+    logits = []
+    for i in heads:
+        L = (sample @ Q[i]) @ xp.matrix_transpose(sample @ K[i])
+        logits.append(L - xp.mean(L, axis=-1, keepdims=True))
+    for i in range(len(logits)):
+        for j in range(i):
+            scale = float(xp.linalg.vector_norm(logits[j]))
+            gap = float(xp.linalg.vector_norm(logits[i] - logits[j]))
+            if gap <= tol * scale:
+                return False
+    return True
 
 
 def _solve_heads(
