@@ -39,7 +39,7 @@
 #         bash benchmarks/gpu/run_on_device.sh
 #
 # Issue 51, MiniLM layer 1 on real text at 64-token windows (the 2-core CLI fit:
-# 2.9e-11 held out in 45 min): pack those windows (41 MiB), then carry gpu_pack64:
+# 2.9e-11 held out in 45 min): pack those windows (42 MiB), then carry gpu_pack64:
 #
 #     python benchmarks/gpu/pack_minilm.py --out gpu_pack64 --n-tokens 64 \
 #         --n-train 460 --n-test 100
