@@ -24,15 +24,15 @@ def identifiable_attention_error(par, params, truth, intercept=True):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
-def three_heads_truth():
-    """The planted heads of :func:`three_heads`."""
-    return planted(300, 5, 5, 3, 2, 6, seed=12)[2]
+def three_heads_data():
+    """``(X, Y, truth)`` of the three planted heads of :func:`three_heads`."""
+    return planted(300, 5, 5, 3, 2, 6, seed=12)[:3]
 
 
 def three_heads(**options):
     """:func:`decoupled_refine` of three planted heads from a start 0.03 off:
     ``(par, start, refined, info)``."""
-    X, Y, truth, _ = planted(300, 5, 5, 3, 2, 6, seed=12)
+    X, Y, truth = three_heads_data()
     par = FactoredHeads(3, 6, 2)
     start = truth + 0.03 * np.random.default_rng(13).normal(size=truth.size)
     refined, info = decoupled_refine(
@@ -203,7 +203,7 @@ def test_converged_heads_are_taken_even_when_the_layer_then_fits_worse(monkeypat
     assert_head_one_kept_its_start(par, start, refined)
     assert info["kept"] and info["residual"] > info["residual_start"]
     assert [h["converged"] for h in info["heads"]] == [True, False, True]
-    got, truth = par.attention(refined), par.attention(three_heads_truth())
+    got, truth = par.attention(refined), par.attention(three_heads_data()[2])
     for i in (0, 2):  # the real heads (the constant key column left out)
         error = np.linalg.norm(got[i, :, :-1] - truth[i, :, :-1])
         assert error / np.linalg.norm(truth[i, :, :-1]) < 1e-8

@@ -447,18 +447,19 @@ def _distinct(X, Q, K, heads, tol=1e-6):
     (False, True)
     """
     xp = namespace(X)
-    sample = X[:8]
-    logits = []
-    for i in heads:
-        L = (sample @ Q[i]) @ xp.matrix_transpose(sample @ K[i])
-        logits.append(L - xp.mean(L, axis=-1, keepdims=True))
-    for i in range(len(logits)):
-        for j in range(i):
-            scale = float(xp.linalg.vector_norm(logits[j]))
-            gap = float(xp.linalg.vector_norm(logits[i] - logits[j]))
-            if gap <= tol * scale:
-                return False
-    return True
+    sample = X[:8, None]  # (s, 1, k, d) against the heads' (h, d, r)
+    index = xp.asarray(heads, device=device(X))
+    L = (sample @ xp.take(Q, index, axis=0)) @ xp.matrix_transpose(
+        sample @ xp.take(K, index, axis=0)
+    )
+    centred = xp.permute_dims(L - xp.mean(L, axis=-1, keepdims=True), (1, 0, 2, 3))
+    # squared distances between the heads' centred logits, read by the host once
+    flat = xp.reshape(centred, (len(heads), -1))
+    gram = to_numpy(flat @ xp.matrix_transpose(flat))
+    norms = np.diag(gram)
+    gaps = norms[:, None] + norms[None, :] - 2 * gram
+    close = gaps <= tol**2 * norms[:, None]  # against the earlier head, as i < j
+    return not bool(np.any(np.triu(close, 1)))
 
 
 def _solve_heads(
