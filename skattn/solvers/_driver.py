@@ -3,6 +3,10 @@
 For each random start (the best of ``n_starts`` kept, the first exact one
 ending the loop), on whitened tokens when they are anisotropic:
 
+0. **rank-free start** (low-rank heads of a small layer): the polish of
+   full-rank heads from the start, on the warm-up's sequences with a few
+   iterations; where it fits them, its heads truncated to ``head_rank`` and
+   polished, and the start ends there (:func:`_rank_free`);
 1. **search** (:mod:`.stages._search`): Adam on minibatches moves the start to
    where Levenberg-Marquardt converges (many low-rank heads);
 2. **per-head refinement** (:mod:`.stages._refine`): every head on its own
@@ -30,7 +34,7 @@ from sklearn.utils import check_random_state
 
 from .._version import __version__
 from ..utils._array_api import device, namespace, to_namespace
-from ._checkpoints import StageMemory, _rng_state, kept
+from ._checkpoints import StageMemory, _rng_state, _set_rng_state, kept
 from ._options import PolishOptions, RandomStartOptions
 from .kernels._loss import REALISABLE_RESIDUAL
 from .kernels._parametrization import FactoredHeads, random_attention
@@ -149,6 +153,7 @@ def fit_from_random_starts(
     X, A, whitening = _whiten(X, sample_weight, starts.whiten)
     d, d_out, head_rank = X.shape[2], Y.shape[2], polish.head_rank
     factored, search, decouple = _plan(n_heads, d, d_out, starts, polish)
+    rank_free = _plans_rank_free(X.shape, n_heads, d_out, starts, polish, factored)
     direction = None  # the tokens' constant coordinate, found once for all starts
     if search and polish.intercept:
         direction = _intercept_direction(X)
@@ -165,6 +170,23 @@ def fit_from_random_starts(
             values = rng.normal(scale=1.0 / d, size=(n_heads, d, head_rank))
             values = values @ rng.normal(size=(n_heads, head_rank, d_out))
         search_info = None
+        if rank_free:  # 0. full-rank heads first, kept where they fit
+            report(f"start {start}: full-rank heads", False)
+            result = kept(
+                memory,
+                "rank-free",
+                lambda child, attention=attention: _rank_free(
+                    X, Y, attention, sample_weight, polish, rng, child
+                ),
+                rng,
+            )
+            if result is not None:
+                best, best_search = _keep_better(best, best_search, result, None)
+                residuals.append(result[2]["relative_residual"])
+                report(f"start {start}: relative residual {residuals[-1]:.2g}", True)
+                if residuals[-1] <= REALISABLE_RESIDUAL:
+                    break
+                continue
         if search:  # 1. the search, 2. the per-head refinement
             report(f"start {start}: search and per-head refinement", False)
             attention, values, search_info = _search(
@@ -214,8 +236,7 @@ def fit_from_random_starts(
             )
         residuals.append(result[2]["relative_residual"])
         report(f"start {start}: relative residual {residuals[-1]:.2g}", True)
-        if best is None or residuals[-1] < best[2]["relative_residual"]:
-            best, best_search = result, search_info
+        best, best_search = _keep_better(best, best_search, result, search_info)
         if residuals[-1] <= REALISABLE_RESIDUAL:
             break
     attention, projection, info = best
@@ -314,6 +335,150 @@ def _plan(n_heads, n_features, n_outputs, starts, polish):
             f"{n_outputs} outputs."
         )
     return bool(factored), search, decouplable and starts.decouple is not False
+
+
+# Attention parameters (m d^2 of full-rank heads) up to which a random start of
+# low-rank heads is first polished with full-rank heads (_rank_free): soft heads
+# (logits of a standard deviation about 1) leave the factored search at the fit
+# of heads that attend uniformly (2 planted heads of rank 4 at d = 32: the
+# search stalled at 0.737 where uniform heads give 0.742, the fit ended at 0.14),
+# where the polish of full-rank heads, linear in each Theta_i, converges in a
+# dozen iterations (8 such heads: 12 iterations, 30 s; issue 61).  Up to 8192
+# parameters (8 heads at d = 32) that polish costs seconds a start.
+_RANK_FREE_MAX_PARAMETERS = 8192
+# Its iterations, on _rank_free_size sequences: soft heads were fitted to
+# rounding in 8-12 (8 planted heads of rank 4, d = 32); a sharp head crawls there
+# (a previous-token head: the loss still falling 2-3x a step after 18), and the
+# start goes on to the search as it would have without this stage.
+_RANK_FREE_MAX_ITER = 15
+# ... and the residual on them below which its heads are taken (truncated and
+# polished at their rank on all examples): soft heads were at 3.8e-9 after 15
+# iterations on 293 sequences (8 heads of rank 4), converging fast; the
+# previous-token head's problem at about 1e-3.
+_RANK_FREE_NEAR = 1e-6
+# ... and its sequences at least (twice the logit differences and four times the
+# output equations that the full-rank unknowns ask for, if more): on 293
+# sequences 8 heads of rank 4 were at 3.8e-9 after 15 iterations, on 600 at
+# 6.9e-16 after 12.
+_RANK_FREE_MIN_SEQUENCES = 600
+
+
+def _plans_rank_free(shape, n_heads, n_outputs, starts, polish, factored):
+    """Whether each random start first tries full-rank heads (:func:`_rank_free`).
+
+    With ``starts.rank_free="auto"``: low-rank heads (``head_rank < d``) whose
+    values the polish does not factor, the search left to ``"auto"``, at most
+    ``_RANK_FREE_MAX_PARAMETERS`` full-rank attention parameters ``m d^2``, and
+    at least :func:`_rank_free_size` sequences, so that the data pin them.
+    (:func:`~.stages._polish.warmup_size`), so that the data pin them.
+
+    Examples
+    --------
+    >>> from skattn.solvers._options import PolishOptions, RandomStartOptions
+    >>> low = PolishOptions(head_rank=4)
+    >>> _plans_rank_free((4000, 8, 32), 8, 32, RandomStartOptions(), low, False)
+    True
+    >>> _plans_rank_free((4000, 8, 384), 12, 384, RandomStartOptions(), low, False)
+    False
+    """
+    n, k, d = shape
+    head_rank = polish.head_rank
+    if starts.rank_free is not True and (
+        starts.rank_free is False or starts.start_search != "auto"
+    ):
+        return False
+    low_rank = head_rank is not None and head_rank < d
+    if starts.rank_free is True:
+        if not low_rank:
+            raise ValueError(
+                f"rank_free=True needs low-rank heads (head_rank < d = {d}), got "
+                f"head_rank={head_rank}."
+            )
+        return True
+    return (
+        low_rank
+        and not factored
+        and n_heads * d * d <= _RANK_FREE_MAX_PARAMETERS
+        and n >= _rank_free_size(n_heads, k, d)
+    )
+
+
+def _rank_free_size(n_heads, n_tokens, n_features):
+    """Sequences of :func:`_rank_free`'s full-rank polish: twice the logit
+    differences that pin ``m d^2`` attention parameters (``k (k - 1)`` a sequence
+    and head) and four output equations per value parameter (``m d`` per output
+    coordinate, ``k`` a sequence), at least ``_RANK_FREE_MIN_SEQUENCES``.
+
+    Examples
+    --------
+    >>> _rank_free_size(8, 8, 32), _rank_free_size(8, 4, 128)
+    (600, 21846)
+    """
+    m, k, d = n_heads, max(n_tokens, 2), n_features
+    return max(
+        _RANK_FREE_MIN_SEQUENCES,
+        math.ceil(2 * m * d * d / (k * (k - 1))),
+        math.ceil(4 * m * d / k),
+    )
+
+
+def _rank_free(X, Y, attention, sample_weight, polish, rng, memory=None):
+    """A random start's full-rank heads, polished; ``(attention, projection,
+    info)`` of rank ``polish.head_rank``, or None where they did not fit.
+
+    The polish of full-rank heads (linear in each ``Theta_i``: no saddle of the
+    factors ``Q_i K_i^T`` near heads that attend uniformly) on
+    :func:`_rank_free_size` random sequences, at most
+    ``_RANK_FREE_MAX_ITER`` iterations.  Where it fits them to
+    ``_RANK_FREE_NEAR``, its heads are truncated to ``head_rank`` and
+    polished at that rank on all examples (:func:`~.stages._polish.
+    staged_polish`; the info's ``rank_free`` records the full-rank stage).
+    Otherwise the random generator is put back where it was, so that the start
+    goes on as it would have without this stage.
+    """
+    state = _rng_state(rng)
+    m, d = attention.shape[:2]
+    size = _rank_free_size(m, X.shape[1], d)
+    options = dataclasses.replace(polish, head_rank=None).polish_kwargs()
+    options["max_iter"] = min(options["max_iter"], _RANK_FREE_MAX_ITER)
+    full, _, full_info = staged_polish(
+        X,
+        Y,
+        to_namespace(attention, namespace(X), device(X)),
+        sample_weight=sample_weight,
+        n_polish_samples=size,
+        n_warmup_samples=None,
+        random_state=rng,
+        **options,
+    )
+    record = {
+        "n_iter": int(full_info["n_iter"]),
+        "n_sequences": int(full_info["n_polish_samples"]),
+        "relative_residual": float(full_info["relative_residual"]),
+    }
+    if not record["relative_residual"] <= _RANK_FREE_NEAR:
+        _set_rng_state(rng, state)
+        return None
+    attention, projection, info = staged_polish(
+        X,
+        Y,
+        full,
+        sample_weight=sample_weight,
+        n_polish_samples=polish.n_samples,
+        n_warmup_samples=warmup_size(m, X.shape[1], d, polish.head_rank),
+        random_state=rng,
+        memory=memory,
+        **polish.polish_kwargs(),
+    )
+    info["rank_free"] = record
+    return attention, projection, info
+
+
+def _keep_better(best, best_search, result, search_info):
+    """The start's result and search info where it fits better than the best."""
+    if best is None or result[2]["relative_residual"] < best[2]["relative_residual"]:
+        return result, search_info
+    return best, best_search
 
 
 def _unconverged_heads(search_info):

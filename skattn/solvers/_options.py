@@ -83,6 +83,11 @@ class RandomStartOptions:
         After the search, refine every head on its own one-head problem;
         ``"auto"``: when the heads' output factors fit in the outputs.  Not an
         estimator parameter.
+    rank_free : {"auto", True, False}, default="auto"
+        Before the search, polish each start's heads at full rank and keep their
+        truncation where they fit (:func:`~skattn.solvers._driver._rank_free`);
+        ``"auto"``: low-rank heads of a small layer, the search left to
+        ``"auto"``.  Not an estimator parameter.
 
     Examples
     --------
@@ -94,6 +99,7 @@ class RandomStartOptions:
     whiten: str | bool = "auto"
     start_search: str = "auto"
     decouple: str | bool = "auto"
+    rank_free: str | bool = "auto"
 
     def __post_init__(self):
         if self.whiten not in ("auto", True, False):
@@ -108,4 +114,8 @@ class RandomStartOptions:
         if self.decouple not in ("auto", True, False):
             raise ValueError(
                 f"decouple must be 'auto', True or False, got {self.decouple!r}."
+            )
+        if self.rank_free not in ("auto", True, False):
+            raise ValueError(
+                f"rank_free must be 'auto', True or False, got {self.rank_free!r}."
             )

@@ -44,6 +44,7 @@ from ...layer._math import (
 from ...utils._array_api import (
     device,
     is_numpy,
+    lstsq,
     solve_triangular,
     to_namespace,
     to_numpy,
@@ -460,6 +461,42 @@ def relative_residual(X, Y, attention, projection, sample_weight=None):
     y_sq = float(_namespace(X, Y).sum(omega[:, None, None] * Y**2))
     loss = _loss(X, Y, attention, projection, sample_weight, 0.0)
     return math.sqrt(2.0 * loss / y_sq) if y_sq > 0 else math.sqrt(2.0 * loss)
+
+
+def uniform_residual(X, Y, sample_weight=None):
+    """The relative residual of the best layer whose heads all attend uniformly.
+
+    With ``Theta_i = 0`` every row of every head is the sequence's mean token
+    ``x_bar``, and the layer is ``1 x_bar^T W`` (``W = sum_i W_i``): the least
+    squares of ``Y`` on the mean tokens, which explains the tokens' shared part and
+    nothing that depends on where a head attends.  A fit no better than this has
+    found no head.  ``sqrt(sum w ||Y - 1 x_bar^T W||^2 / sum w ||Y||^2)`` at the
+    best ``W`` (1.0 when ``Y`` is 0), in ``O(n k (d + d_out) + d^3)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(50, 4, 3))
+    >>> Y = np.repeat(X.mean(axis=1, keepdims=True), 4, axis=1) @ rng.normal(size=(3, 2))
+    >>> bool(uniform_residual(X, Y) < 1e-12), bool(uniform_residual(X, X) > 0.5)
+    (True, True)
+    """
+    xp = _namespace(X, Y)
+    n, k, _ = X.shape
+    _, omega = _weights(n, sample_weight, X)
+    X64, Y64 = xp.astype(X, xp.float64), xp.astype(Y, xp.float64)
+    x_bar = xp.mean(X64, axis=1)  # (n, d): every row of a uniform head
+    y_bar = xp.mean(Y64, axis=1)  # (n, d_out)
+    total = float(xp.sum(omega[:, None, None] * Y64**2))
+    if total <= 0:
+        return 1.0
+    # sum_l ||y_l - c||^2 = sum_l ||y_l - y_bar||^2 + k ||y_bar - c||^2
+    root = xp.sqrt(omega)[:, None]
+    coef = lstsq(xp, root * x_bar, root * y_bar)
+    within = float(xp.sum(omega[:, None, None] * (Y64 - y_bar[:, None, :]) ** 2))
+    between = k * float(xp.sum((root * (x_bar @ coef - y_bar)) ** 2))
+    return math.sqrt(max(within + between, 0.0) / total)
 
 
 def _penalized_loss_gradient(

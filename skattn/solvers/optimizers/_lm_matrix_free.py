@@ -522,6 +522,9 @@ def _dtype_name(dtype):
 _START = 5
 _STATUS = {
     _START: "start",
+    # the loose stage reached its residual (StopIteration) on the last
+    # evaluation allowed: no float64 stage was left to run
+    -2: "max_iter",
     0: "max_iter",
     1: "gradient",
     2: "no_decrease",
