@@ -108,8 +108,10 @@ def fit(X, Y, X_test, Y_test, budget, **params):
     pred = est.predict(X_test.reshape(len(X_test), -1))
     target = Y_test.reshape(len(X_test), -1)
     info = est.phase_report_[-1].info
-    route = "rank-free" if info.get("rank_free") else (
-        "search" if info.get("start_search") else "polish"
+    route = (
+        "rank-free"
+        if info.get("rank_free")
+        else ("search" if info.get("start_search") else "polish")
     )
     return {
         "held_out": float(np.linalg.norm(pred - target) / np.linalg.norm(target)),
@@ -139,7 +141,9 @@ def main(argv=None):
                 for head_rank in (r, None):
                     row = fit(*data, args.budget, n_heads=m, head_rank=head_rank)
                     line = {"family": "soft", "m": m, "r": r, "seed": seed}
-                    print(json.dumps({**line, "head_rank": head_rank, **row}), flush=True)
+                    print(
+                        json.dumps({**line, "head_rank": head_rank, **row}), flush=True
+                    )
 
 
 if __name__ == "__main__":

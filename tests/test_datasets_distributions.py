@@ -170,3 +170,20 @@ def test_names_repr_and_resolution():
         sample_inputs("gaussian", 5, 2, 3, random_state=0),
         GaussianTokens(2, 3).sample(5, random_state=0),
     )
+
+
+def test_vocabulary_tokens_are_words_and_positions():
+    from skattn.datasets import sample_inputs, vocabulary_tokens
+
+    X = sample_inputs("vocabulary", 500, 4, 7, random_state=0).reshape(500, 4, 7)
+    dist = vocabulary_tokens(4, 7)
+    # the last d // 2 features: the same position vector at every sequence
+    positions = np.broadcast_to(dist.positions[:, 4:], (500, 4, 3))
+    np.testing.assert_array_equal(X[:, :, 4:], positions)
+    # the first d - d // 2: rows of the vocabulary, drawn from all of it
+    words = X[:, :, :4].reshape(-1, 4)
+    table = {tuple(row) for row in dist.embeddings[:, :4]}
+    assert all(tuple(word) in table for word in words)
+    assert len(np.unique(words, axis=0)) > 1000
+    with pytest.raises(ValueError, match="n_features >= 2"):
+        vocabulary_tokens(4, 1)

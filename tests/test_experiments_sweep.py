@@ -135,6 +135,28 @@ def test_learner_parameters_follow_the_planted_layer():
     assert list(results["n_heads_fitted"]) == [1, 2]
 
 
+def test_a_sweep_plants_low_rank_heads_on_embedded_words():
+    # the axes of the recovery map (benchmarks/recovery_map.toml): the planted
+    # heads' rank, passed on to the learner, and words with positions
+    results = recovery_sweep(
+        {"phased": MultiHeadAttentionRegressor(n_heads="planted", head_rank="planted")},
+        n_samples=300,
+        planted={
+            **TINY,
+            "n_features": 6,
+            "n_outputs": 6,
+            "head_rank": [1, 2],
+            "distribution": "vocabulary",
+        },
+        n_jobs=1,
+        n_test=50,
+        progress=False,
+    )
+    assert list(results["head_rank"]) == [1, 2]
+    assert set(results["status"]) == {"ok"}, list(results["error"])
+    assert list(results["distribution"]) == ["vocabulary"] * 2
+
+
 @pytest.mark.parametrize(
     "seeds, expected",
     [

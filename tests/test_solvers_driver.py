@@ -212,8 +212,12 @@ def test_a_rank_free_start_that_does_not_fit_leaves_the_start_as_it_was(monkeypa
 def test_a_rank_free_start_is_kept_and_read_back(tmp_path):
     X, Y, _, _ = _soft_heads(700, 2, 4, seed=2)
     polish = PolishOptions(head_rank=4)
-    first = fit_from_random_starts(X, Y, 2, random_state=0, polish=polish, memory=tmp_path)
-    again = fit_from_random_starts(X, Y, 2, random_state=0, polish=polish, memory=tmp_path)
+    first = fit_from_random_starts(
+        X, Y, 2, random_state=0, polish=polish, memory=tmp_path
+    )
+    again = fit_from_random_starts(
+        X, Y, 2, random_state=0, polish=polish, memory=tmp_path
+    )
     assert "rank-free-1" in first[2]["memory"]["computed"]
     assert again[2]["memory"]["reused"] == ["rank-free-1"]
     np.testing.assert_array_equal(first[0], again[0])
@@ -223,7 +227,8 @@ def test_a_rank_free_start_is_kept_and_read_back(tmp_path):
 def test_which_starts_try_full_rank_heads():
     from skattn.solvers._driver import _plans_rank_free
 
-    def plans(shape, m, r, starts=RandomStartOptions(), factored=False):
+    def plans(shape, m, r, starts=None, factored=False):
+        starts = RandomStartOptions() if starts is None else starts
         d_out = shape[2]
         return _plans_rank_free(
             shape, m, d_out, starts, PolishOptions(head_rank=r), factored

@@ -588,7 +588,8 @@ def resolve_distribution(distribution, n_tokens, n_features):
 
     Parameters
     ----------
-    distribution : {"boolean", "gaussian"} or TokenDistribution
+    distribution : {"boolean", "gaussian", "vocabulary"} or TokenDistribution
+        ``"vocabulary"``: :func:`~skattn.datasets.vocabulary_tokens`.
     n_tokens, n_features : int
         Shape the distribution must have.
 
@@ -609,9 +610,14 @@ def resolve_distribution(distribution, n_tokens, n_features):
                 f"{n_tokens} and n_features={n_features}."
             )
         return distribution
+    if distribution == "vocabulary":  # embedded words and positions
+        from ._pretrained import vocabulary_tokens
+
+        return vocabulary_tokens(n_tokens, n_features)
     if distribution not in _DISTRIBUTIONS:
         raise ValueError(
-            f"distribution must be one of {sorted(_DISTRIBUTIONS)} or a "
+            f"distribution must be one of {sorted([*_DISTRIBUTIONS, 'vocabulary'])} "
+            "or a "
             f"TokenDistribution instance, got {distribution!r}."
         )
     return _DISTRIBUTIONS[distribution](n_tokens, n_features)
@@ -625,7 +631,7 @@ def sample_inputs(distribution, n_samples, n_tokens, n_features, *, random_state
 
     Parameters
     ----------
-    distribution : {"boolean", "gaussian"} or TokenDistribution
+    distribution : {"boolean", "gaussian", "vocabulary"} or TokenDistribution
     n_samples, n_tokens, n_features : int
     random_state : int, RandomState instance, Generator or None, default=None
 

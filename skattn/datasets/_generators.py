@@ -416,7 +416,10 @@ def _draw_decoder(
         "rank": [Interval(Integral, 1, None, closed="left"), None],
         "head_rank": [Interval(Integral, 1, None, closed="left"), None],
         "n_tokens": [Interval(Integral, 1, None, closed="left"), None],
-        "distribution": [StrOptions({"boolean", "gaussian"}), TokenDistribution],
+        "distribution": [
+            StrOptions({"boolean", "gaussian", "vocabulary"}),
+            TokenDistribution,
+        ],
         "sharpness": "no_validation",  # checked by _check_sharpness
         "random_state": ["random_state", np.random.Generator],
         **_DECODER_PARAMETERS,
@@ -480,7 +483,7 @@ def make_attention_layer(
     n_tokens : int, default=None
         Tokens per sequence k, set on the layer; required with ``sharpness``,
         which is measured on sequences of that length.  ``None``: any length.
-    distribution : {"boolean", "gaussian"} or TokenDistribution, \
+    distribution : {"boolean", "gaussian", "vocabulary"} or TokenDistribution, \
 default="boolean"
         Inputs on which ``sharpness`` is measured (see
         :func:`make_attention_regression`); unused without ``sharpness``.
@@ -620,7 +623,10 @@ _REGRESSION_PARAMETERS = {
     "n_features": [Interval(Integral, 1, None, closed="left")],
     "n_heads": [Interval(Integral, 1, None, closed="left")],
     "n_outputs": [Interval(Integral, 1, None, closed="left"), None],
-    "distribution": [StrOptions({"boolean", "gaussian"}), TokenDistribution],
+    "distribution": [
+        StrOptions({"boolean", "gaussian", "vocabulary"}),
+        TokenDistribution,
+    ],
     "noise": [Interval(Real, 0, None, closed="left")],
     "attention_scale": [Interval(Real, 0, None, closed="left")],
     "structure": [StrOptions({"random", "diagonal", "low_rank"})],
@@ -678,7 +684,8 @@ def make_attention_regression(
         Number of heads m of the planted layer.
     n_outputs : int, default=None
         Features per output token d_out; ``None`` means ``n_features``.
-    distribution : {"boolean", "gaussian"} or TokenDistribution, default="boolean"
+    distribution : {"boolean", "gaussian", "vocabulary"} or TokenDistribution, \
+default="boolean"
         Input distribution: uniform ±1 entries, standard normal entries, or a
         distribution instance of shape ``(n_tokens, n_features)`` (e.g.
         :class:`TokenizedMixture`).

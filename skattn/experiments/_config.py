@@ -49,6 +49,7 @@ PLANTED_KEYS = (
     "attention_scale",
     "distribution",
     "structure",
+    "head_rank",
 )
 GRID_KEYS = ("n_samples", "noise", "seeds")
 # The largest count of seeds ``seeds = N`` may ask for (one fit per seed and cell).

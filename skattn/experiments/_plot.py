@@ -40,7 +40,12 @@ def _check_one_setting(results, keep, caller):
         for column in SETTING_COLUMNS
         if column in results.columns
         and column not in (*keep, "seed", "estimator")
-        and results[column].nunique(dropna=False) > 1
+        # (None in fresh rows and NaN read back are one missing value)
+        and results[column]
+        .astype(object)
+        .where(results[column].notna(), None)
+        .nunique(dropna=False)
+        > 1
     }
     if varying:
         column, values = next(iter(varying.items()))

@@ -13,6 +13,7 @@ an interrupted sweep resumes where it stopped, losing no finished row.
 import contextlib
 import inspect
 import json
+import math
 import os
 import tempfile
 import time
@@ -36,6 +37,7 @@ DEFAULT_PLANTED = {
     "attention_scale": 2.0,
     "distribution": "boolean",
     "structure": "random",
+    "head_rank": None,
 }
 # A learner parameter with this value takes the cell's planted value of the same name.
 PLANTED = "planted"
@@ -183,7 +185,7 @@ def _check_planted(axes):
     from ..datasets import make_attention_regression
     from ..datasets._generators import _REGRESSION_PARAMETERS
 
-    for key in ("attention_scale", "distribution", "structure"):
+    for key in ("attention_scale", "distribution", "structure", "head_rank"):
         for value in axes[key]:
             if isinstance(value, bool):  # scikit-learn takes a bool for a number
                 raise ValueError(
@@ -211,6 +213,7 @@ def _check_planted(axes):
                 distribution=layer["distribution"],
                 attention_scale=layer["attention_scale"],
                 structure=layer["structure"],
+                head_rank=layer["head_rank"],
                 random_state=seed,
             )
         except (ValueError, TypeError) as exc:
@@ -361,6 +364,13 @@ def _phase_summary(estimator):
     return json.dumps(summary, default=str), gap, certified
 
 
+def _optional_int(value):
+    """An int, or None for None or NaN (a missing value read back from a table)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value)
+
+
 def _run_cell(estimator, cell, n_test, success_tol, tighten_tol=True):
     """Plant, sample, fit and measure one cell; a failure becomes the row's error.
 
@@ -389,6 +399,7 @@ def _run_cell(estimator, cell, n_test, success_tol, tighten_tol=True):
             noise=float(cell["noise"]),
             attention_scale=float(cell["attention_scale"]),
             structure=cell["structure"],
+            head_rank=_optional_int(cell["head_rank"]),
             random_state=seed,
             return_layer=True,
         )

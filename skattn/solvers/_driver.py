@@ -36,7 +36,7 @@ from .._version import __version__
 from ..utils._array_api import device, namespace, to_namespace
 from ._checkpoints import StageMemory, _rng_state, _set_rng_state, kept
 from ._options import PolishOptions, RandomStartOptions
-from .kernels._loss import REALISABLE_RESIDUAL
+from .kernels._loss import REALISABLE_RESIDUAL, uniform_residual
 from .kernels._parametrization import FactoredHeads, random_attention
 from .kernels._varpro import _intercept_direction
 from .kernels._whitening import WHITEN_MIN_CONDITION, _unwhiten, whitening_map
@@ -550,6 +550,8 @@ def _search(
             )
 
     params, info = kept(memory, "search", search, rng)
+    # what heads that attend uniformly leave: a search no better found no head
+    info["uniform_residual"] = uniform_residual(X, Y, sample_weight)
     if decouple:
 
         def refine(child):

@@ -478,7 +478,8 @@ def uniform_residual(X, Y, sample_weight=None):
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> X = rng.normal(size=(50, 4, 3))
-    >>> Y = np.repeat(X.mean(axis=1, keepdims=True), 4, axis=1) @ rng.normal(size=(3, 2))
+    >>> uniform = np.repeat(X.mean(axis=1, keepdims=True), 4, axis=1)
+    >>> Y = uniform @ rng.normal(size=(3, 2))
     >>> bool(uniform_residual(X, Y) < 1e-12), bool(uniform_residual(X, X) > 0.5)
     (True, True)
     """
