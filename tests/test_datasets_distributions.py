@@ -173,17 +173,18 @@ def test_names_repr_and_resolution():
 
 
 def test_vocabulary_tokens_are_words_and_positions():
-    from skattn.datasets import sample_inputs, vocabulary_tokens
+    from skattn.datasets import VocabularyTokens, sample_inputs
 
     X = sample_inputs("vocabulary", 500, 4, 7, random_state=0).reshape(500, 4, 7)
-    dist = vocabulary_tokens(4, 7)
+    dist = VocabularyTokens(4, 7)
     # the last d // 2 features: the same position vector at every sequence
-    positions = np.broadcast_to(dist.positions[:, 4:], (500, 4, 3))
-    np.testing.assert_array_equal(X[:, :, 4:], positions)
+    np.testing.assert_array_equal(
+        X[:, :, 4:], np.broadcast_to(dist.positions, (500, 4, 3))
+    )
     # the first d - d // 2: rows of the vocabulary, drawn from all of it
     words = X[:, :, :4].reshape(-1, 4)
-    table = {tuple(row) for row in dist.embeddings[:, :4]}
+    table = {tuple(row) for row in dist.words}
     assert all(tuple(word) in table for word in words)
     assert len(np.unique(words, axis=0)) > 1000
     with pytest.raises(ValueError, match="n_features >= 2"):
-        vocabulary_tokens(4, 1)
+        VocabularyTokens(4, 1)

