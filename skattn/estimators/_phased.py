@@ -243,14 +243,15 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         (``start_search``, and its ``"decoupled"``).  Before the search, on
         layers of at most 8192 full-rank attention parameters (``n_heads *
         d**2``) with enough sequences to pin them, each start is first polished
-        with full-rank heads for at most 15 iterations on a few hundred
-        sequences; where they fit, their truncation to ``head_rank`` is polished
-        and the search is not run (soft heads, whose logits are about one nat,
-        leave the factored search where heads attend uniformly: 2-8 planted
-        heads of rank 2-4 at d = 32, exact in 1-8 s where the search ended at
-        0.14-0.25; ``phase_report_``'s ``rank_free``).  Sharp heads crawl there
-        and go on to the search (the previous-token layer above: about 40 s
-        more).
+        with full-rank heads for at most 15 iterations on 4800 tokens' worth
+        of sequences (or as many as pin them); where they fit, their
+        truncation to ``head_rank`` is polished and the search is not run
+        (soft heads, whose logits are about one nat, leave the factored search
+        where heads attend uniformly: 2-8 planted heads of rank 2-4 at d = 32,
+        exact in 1-9 s where the search ended at 0.14-0.25; ``phase_report_``'s
+        ``rank_free``).  Sharp heads crawl there
+        and go on to the search (the previous-token layer above: 26 s where
+        it took 8).
     polish_solver : {"auto", "dense", "matrix-free"}, default="auto"
         Levenberg-Marquardt solver of the polish: the Gauss-Newton matrix formed
         and factored (``"dense"``: ``O((m d^2)^3)`` a step, fastest for small

@@ -356,11 +356,13 @@ _RANK_FREE_MAX_ITER = 15
 # iterations on 293 sequences (8 heads of rank 4), converging fast; the
 # previous-token head's problem at about 1e-3.
 _RANK_FREE_NEAR = 1e-6
-# ... and its sequences at least (twice the logit differences and four times the
-# output equations that the full-rank unknowns ask for, if more): on 293
-# sequences 8 heads of rank 4 were at 3.8e-9 after 15 iterations, on 600 at
-# 6.9e-16 after 12.
-_RANK_FREE_MIN_SEQUENCES = 600
+# ... and its tokens at least (in sequences of k tokens; twice the logit
+# differences and four times the output equations that the full-rank unknowns
+# ask for, if more): 8 heads of rank 4 at k = 8 were at 3.8e-9 after 15
+# iterations on 293 sequences, at 6.9e-16 after 12 on 600.  (At k = 16 the
+# trial on a previous-token layer that it cannot fit costs 32 s on 600
+# sequences, against 8 s for the whole fit before it.)
+_RANK_FREE_MIN_TOKENS = 4800
 
 
 def _plans_rank_free(shape, n_heads, n_outputs, starts, polish, factored):
@@ -407,16 +409,18 @@ def _rank_free_size(n_heads, n_tokens, n_features):
     """Sequences of :func:`_rank_free`'s full-rank polish: twice the logit
     differences that pin ``m d^2`` attention parameters (``k (k - 1)`` a sequence
     and head) and four output equations per value parameter (``m d`` per output
-    coordinate, ``k`` a sequence), at least ``_RANK_FREE_MIN_SEQUENCES``.
+    coordinate, ``k`` a sequence), at least ``_RANK_FREE_MIN_TOKENS`` tokens.
 
     Examples
     --------
-    >>> _rank_free_size(8, 8, 32), _rank_free_size(8, 4, 128)
-    (600, 21846)
+    >>> _rank_free_size(8, 8, 32), _rank_free_size(2, 16, 32)
+    (600, 300)
+    >>> _rank_free_size(8, 4, 128)
+    21846
     """
     m, k, d = n_heads, max(n_tokens, 2), n_features
     return max(
-        _RANK_FREE_MIN_SEQUENCES,
+        math.ceil(_RANK_FREE_MIN_TOKENS / k),
         math.ceil(2 * m * d * d / (k * (k - 1))),
         math.ceil(4 * m * d / k),
     )
