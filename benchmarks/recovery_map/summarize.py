@@ -6,7 +6,7 @@ head: an ``IdentifiabilityWarning``), **approximate** (neither; its reason is th
 first sentence of its convergence warning) or **error** (the fit raised).
 
     python benchmarks/recovery_map/summarize.py benchmarks/recovery_map/results.csv \\
-        [--figure docs/user_guide/_images/recovery_map.png] [--markdown OUT.md]
+        [--figure docs/_static/recovery_map.png] [--markdown OUT.md]
 """
 
 import argparse
