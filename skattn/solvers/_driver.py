@@ -4,7 +4,7 @@ For each random start (the best of ``n_starts`` kept, the first exact one
 ending the loop), on whitened tokens when they are anisotropic:
 
 0. **rank-free start** (low-rank heads of a small layer): the polish of
-   full-rank heads from the start, on the warm-up's sequences with a few
+   full-rank heads from the start, on a few hundred sequences for at most 15
    iterations; where it fits them, its heads truncated to ``head_rank`` and
    polished, and the start ends there (:func:`_rank_free`);
 1. **search** (:mod:`.stages._search`): Adam on minibatches moves the start to
@@ -176,7 +176,7 @@ def fit_from_random_starts(
                 memory,
                 "rank-free",
                 lambda child, attention=attention: _rank_free(
-                    X, Y, attention, sample_weight, polish, rng, child
+                    X, Y, attention, sample_weight, polish, rng, n_warmup_samples, child
                 ),
                 rng,
             )
@@ -372,7 +372,6 @@ def _plans_rank_free(shape, n_heads, n_outputs, starts, polish, factored):
     values the polish does not factor, the search left to ``"auto"``, at most
     ``_RANK_FREE_MAX_PARAMETERS`` full-rank attention parameters ``m d^2``, and
     at least :func:`_rank_free_size` sequences, so that the data pin them.
-    (:func:`~.stages._polish.warmup_size`), so that the data pin them.
 
     Examples
     --------
@@ -426,7 +425,9 @@ def _rank_free_size(n_heads, n_tokens, n_features):
     )
 
 
-def _rank_free(X, Y, attention, sample_weight, polish, rng, memory=None):
+def _rank_free(
+    X, Y, attention, sample_weight, polish, rng, n_warmup_samples="auto", memory=None
+):
     """A random start's full-rank heads, polished; ``(attention, projection,
     info)`` of rank ``polish.head_rank``, or None where they did not fit.
 
@@ -436,7 +437,9 @@ def _rank_free(X, Y, attention, sample_weight, polish, rng, memory=None):
     ``_RANK_FREE_MAX_ITER`` iterations.  Where it fits them to
     ``_RANK_FREE_NEAR``, its heads are truncated to ``head_rank`` and
     polished at that rank on all examples (:func:`~.stages._polish.
-    staged_polish`; the info's ``rank_free`` records the full-rank stage).
+    staged_polish`, its warm-up on ``n_warmup_samples``, ``"auto"``:
+    :func:`~.stages._polish.warmup_size`; the info's ``rank_free`` records the
+    full-rank stage).
     Otherwise the random generator is put back where it was, so that the start
     goes on as it would have without this stage.
     """
@@ -469,7 +472,11 @@ def _rank_free(X, Y, attention, sample_weight, polish, rng, memory=None):
         full,
         sample_weight=sample_weight,
         n_polish_samples=polish.n_samples,
-        n_warmup_samples=warmup_size(m, X.shape[1], d, polish.head_rank),
+        n_warmup_samples=(
+            warmup_size(m, X.shape[1], d, polish.head_rank)
+            if n_warmup_samples == "auto"
+            else n_warmup_samples
+        ),
         random_state=rng,
         memory=memory,
         **polish.polish_kwargs(),
