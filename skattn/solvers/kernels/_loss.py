@@ -486,16 +486,19 @@ def uniform_residual(X, Y, sample_weight=None):
     xp = _namespace(X, Y)
     n, k, _ = X.shape
     _, omega = _weights(n, sample_weight, X)
-    X64, Y64 = xp.astype(X, xp.float64), xp.astype(Y, xp.float64)
-    x_bar = xp.mean(X64, axis=1)  # (n, d): every row of a uniform head
-    y_bar = xp.mean(Y64, axis=1)  # (n, d_out)
-    total = float(xp.sum(omega[:, None, None] * Y64**2))
+    # per-sequence sums in the arrays' dtype (no float64 copy of X or Y), then
+    # float64: every row of a uniform head is the sequence's mean token
+    x_bar = xp.astype(xp.mean(X, axis=1), xp.float64)  # (n, d)
+    y_mean = xp.mean(Y, axis=1, keepdims=True)
+    y_bar = xp.astype(y_mean[:, 0, :], xp.float64)  # (n, d_out)
+    total = float(omega @ xp.astype(xp.sum(Y**2, axis=(1, 2)), xp.float64))
     if total <= 0:
         return 1.0
     # sum_l ||y_l - c||^2 = sum_l ||y_l - y_bar||^2 + k ||y_bar - c||^2
+    spread = xp.astype(xp.sum((Y - y_mean) ** 2, axis=(1, 2)), xp.float64)
     root = xp.sqrt(omega)[:, None]
     coef = lstsq(xp, root * x_bar, root * y_bar)
-    within = float(xp.sum(omega[:, None, None] * (Y64 - y_bar[:, None, :]) ** 2))
+    within = float(omega @ spread)
     between = k * float(xp.sum((root * (x_bar @ coef - y_bar)) ** 2))
     return math.sqrt(max(within + between, 0.0) / total)
 
