@@ -216,3 +216,20 @@ def test_singular_gram_solve_matches_lstsq():
     assert isinstance(optimize._factor(padded), optimize._PseudoInverse)
     # a positive definite matrix keeps its Cholesky factor
     assert isinstance(optimize._factor(gram + np.eye(7)), tuple)
+
+
+def test_uniform_residual_is_the_fit_of_heads_that_attend_uniformly():
+    from skattn.solvers.kernels._loss import uniform_residual
+
+    rng = np.random.default_rng(3)
+    X, Y = rng.normal(size=(40, 5, 3)), rng.normal(size=(40, 5, 2))
+    w = rng.uniform(0.5, 2.0, size=40)
+    # every token's row of a uniform head is its sequence's mean token
+    design = np.repeat(X.mean(axis=1), 5, axis=0) * np.sqrt(np.repeat(w, 5))[:, None]
+    target = Y.reshape(-1, 2) * np.sqrt(np.repeat(w, 5))[:, None]
+    coef = np.linalg.lstsq(design, target, rcond=None)[0]
+    expected = np.linalg.norm(design @ coef - target) / np.linalg.norm(target)
+    assert uniform_residual(X, Y, w) == pytest.approx(expected, rel=1e-12)
+    # a layer with Theta_i = 0 is fitted exactly
+    Y0 = np.repeat(X.mean(axis=1, keepdims=True), 5, axis=1) @ rng.normal(size=(3, 2))
+    assert uniform_residual(X, Y0, w) < 1e-12
