@@ -136,8 +136,8 @@ def test_learner_parameters_follow_the_planted_layer():
 
 
 def test_a_sweep_plants_low_rank_heads_on_embedded_words():
-    # the axes of the recovery map (benchmarks/recovery_map.toml): the planted
-    # heads' rank, passed on to the learner, and words with positions
+    # the axes of the recovery map (benchmarks/recovery_map/recovery_map.toml):
+    # the planted heads' rank, passed on to the learner, and words with positions
     results = recovery_sweep(
         {"phased": MultiHeadAttentionRegressor(n_heads="planted", head_rank="planted")},
         n_samples=300,

@@ -26,7 +26,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import Bunch, check_random_state
 
 from ..metrics._sharpness import sharp_head_pinning
-from ..solvers._driver import fit_from_random_starts
+from ..solvers._driver import RANK_FREE_MAX_PARAMETERS, fit_from_random_starts
 from ..solvers.kernels._loss import REALISABLE_RESIDUAL
 from ..solvers.stages._polish import staged_polish, warmup_size
 from ..utils._array_api import (
@@ -1032,7 +1032,7 @@ def _search_found_no_head(search):
         f"better than heads that attend uniformly ({uniform:.3g}); soft heads "
         "(logits of about one nat) leave it so. Full-rank heads (head_rank=None) "
         "do not stall there; start_search='auto' tries them first on layers of "
-        "up to 8192 attention parameters (n_heads * d**2)."
+        f"up to {RANK_FREE_MAX_PARAMETERS} attention parameters (n_heads * d**2)."
     )
 
 

@@ -157,6 +157,9 @@ def fit_from_random_starts(
     direction = None  # the tokens' constant coordinate, found once for all starts
     if search and polish.intercept:
         direction = _intercept_direction(X)
+    # what heads that attend uniformly leave (once for all starts): a search
+    # that ends no better found no head
+    uniform = uniform_residual(X, Y, sample_weight) if search else None
     report = progress if progress is not None else (lambda message, done: None)
     if not isinstance(memory, StageMemory):
         key = _memory_key(xp, X, n_heads, starts, polish, n_warmup_samples, rng)
@@ -202,6 +205,7 @@ def fit_from_random_starts(
                 decouple=decouple,
                 memory=memory,
             )
+            search_info["uniform_residual"] = uniform
             if not factored:  # the polish eliminates whole W_i
                 values = None
         else:  # the start moved to the tokens' namespace and device
@@ -345,7 +349,7 @@ def _plan(n_heads, n_features, n_outputs, starts, polish):
 # where the polish of full-rank heads, linear in each Theta_i, converges in a
 # dozen iterations (8 such heads: 12 iterations, 30 s; issue 61).  Up to 8192
 # parameters (8 heads at d = 32) that polish costs seconds a start.
-_RANK_FREE_MAX_PARAMETERS = 8192
+RANK_FREE_MAX_PARAMETERS = 8192
 # Its iterations, on _rank_free_size sequences: soft heads were fitted to
 # rounding in 8-12 (8 planted heads of rank 4, d = 32); a sharp head crawls there
 # (a previous-token head: the loss still falling 2-3x a step after 18), and the
@@ -370,7 +374,7 @@ def _plans_rank_free(shape, n_heads, n_outputs, starts, polish, factored):
 
     With ``starts.rank_free="auto"``: low-rank heads (``head_rank < d``) whose
     values the polish does not factor, the search left to ``"auto"``, at most
-    ``_RANK_FREE_MAX_PARAMETERS`` full-rank attention parameters ``m d^2``, and
+    ``RANK_FREE_MAX_PARAMETERS`` full-rank attention parameters ``m d^2``, and
     at least :func:`_rank_free_size` sequences, so that the data pin them.
 
     Examples
@@ -384,10 +388,6 @@ def _plans_rank_free(shape, n_heads, n_outputs, starts, polish, factored):
     """
     n, k, d = shape
     head_rank = polish.head_rank
-    if starts.rank_free is not True and (
-        starts.rank_free is False or starts.start_search != "auto"
-    ):
-        return False
     low_rank = head_rank is not None and head_rank < d
     if starts.rank_free is True:
         if not low_rank:
@@ -397,9 +397,11 @@ def _plans_rank_free(shape, n_heads, n_outputs, starts, polish, factored):
             )
         return True
     return (
-        low_rank
+        starts.rank_free == "auto"
+        and starts.start_search == "auto"
+        and low_rank
         and not factored
-        and n_heads * d * d <= _RANK_FREE_MAX_PARAMETERS
+        and n_heads * d * d <= RANK_FREE_MAX_PARAMETERS
         and n >= _rank_free_size(n_heads, k, d)
     )
 
@@ -561,8 +563,6 @@ def _search(
             )
 
     params, info = kept(memory, "search", search, rng)
-    # what heads that attend uniformly leave: a search no better found no head
-    info["uniform_residual"] = uniform_residual(X, Y, sample_weight)
     if decouple:
 
         def refine(child):
