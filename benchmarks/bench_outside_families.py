@@ -13,14 +13,17 @@ vectors times 0.8, in the other 16); head 0 = 10 P^+ S P^+^T (S the shift
 t -> t - 1, P^+ the pseudo-inverse of the position vectors: weight 0.9994 on
 token l - 1 in every row but the first), head 1 a random rank-16 head over all 32
 dimensions (Q, K ~ N(0, 1/d)); ``W_i ~ N(0, 1/d)``; 2e4 sequences, 2000 held out;
-fitted with ``head_rank=16``.
+fitted with ``head_rank=16``.  With ``--values low`` the same layer's values have
+the rank of its heads, as in a transformer: ``W_i = V_i O_i``, ``V_i`` the first 16
+columns of the ``W_i`` above and ``O_i ~ N(0, 1/16)`` (16 x 32).
 
 Printed: one JSON line per fit (family, m, r, seed, head_rank, held-out relative
 error, seconds, the fit's route), each fit stopped at ``--budget`` seconds.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_outside_families.py --family soft \\
         [--heads 2 4 8] [--ranks 2 4] [--seeds 0 1 2] [--budget 600]
-    OMP_NUM_THREADS=1 python benchmarks/bench_outside_families.py --family positional
+    OMP_NUM_THREADS=1 python benchmarks/bench_outside_families.py --family positional \\
+        [--values full|low] [--n 20000]
 """
 
 import argparse
@@ -60,9 +63,11 @@ def soft_family(m, r, seed, d=32, k=8, n=4000, n_test=1000):
     return X[:n], Y[:n], X[n:], Y[n:]
 
 
-def positional_family(seed, d=32, k=16, n=20000, n_test=2000, vocab=3000):
+def positional_family(
+    seed, d=32, k=16, n=20000, n_test=2000, vocab=3000, values="full"
+):
     """``(X, Y, X_test, Y_test)`` of the positional previous-token head beside a
-    random rank-16 head (see the module)."""
+    random rank-16 head (see the module); ``values="low"``: ``W_i`` of rank 16."""
     rng = np.random.default_rng(seed)
     words = rng.normal(size=(vocab, d // 2))
     positions = np.zeros((k, d))
@@ -73,6 +78,9 @@ def positional_family(seed, d=32, k=16, n=20000, n_test=2000, vocab=3000):
     theta = np.array([previous, Q @ K.T])
     W = rng.normal(scale=1 / np.sqrt(d), size=(2, d, d))
     ids = rng.integers(vocab, size=(n + n_test, k))
+    if values == "low":  # drawn apart: the tokens and heads stay those above
+        out = np.random.default_rng([seed, 1]).normal(scale=0.25, size=(2, 16, d))
+        W = W[:, :, :16] @ out
     X = np.concatenate(
         [words[ids], np.broadcast_to(positions[:, d // 2 :], (n + n_test, k, d // 2))],
         axis=-1,
@@ -127,12 +135,15 @@ def main(argv=None):
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget", type=float, default=600.0)
+    parser.add_argument("--values", choices=["full", "low"], default="full")
+    parser.add_argument("--n", type=int, default=20000, help="positional: sequences")
     args = parser.parse_args(argv)
     if args.family == "positional":
         for seed in args.seeds:
-            data = positional_family(seed)
+            data = positional_family(seed, n=args.n, values=args.values)
             row = fit(*data, args.budget, n_heads=2, head_rank=16)
-            print(json.dumps({"family": "positional", "seed": seed, **row}), flush=True)
+            line = {"family": "positional", "values": args.values, "seed": seed}
+            print(json.dumps({**line, "n": args.n, **row}), flush=True)
         return
     for m in args.heads:
         for r in args.ranks:

@@ -284,3 +284,16 @@ def array_namespaces():
             continue
         params.append(pytest.param(module.asarray, id=name))
     return params
+
+
+def two_rank_four_heads(X, Y):
+    """The fit's record of two heads of rank 4 (as many value features as the
+    planted tokens, so that their patterns can be read) from a minibatch search."""
+    return fit_from_random_starts(
+        X,
+        Y,
+        2,
+        random_state=0,
+        polish=PolishOptions(head_rank=4, intercept=True),
+        starts=RandomStartOptions(start_search="minibatch"),
+    )[2]

@@ -1,23 +1,8 @@
 """Heads left unconverged restarted from their patterns, fitted in logit space,
 and judged on sequences the restart did not use (``stages/_from_patterns.py``)."""
 
-from _helpers import fail_problems, head_one_once, nudged
+from _helpers import fail_problems, head_one_once, nudged, two_rank_four_heads
 from _helpers import refine_planted as planted
-
-from skattn.solvers import PolishOptions, RandomStartOptions, fit_from_random_starts
-
-
-def two_rank_four_heads(X, Y):
-    """The fit's record of two heads of rank 4 (as many value features as the
-    planted tokens, so that their patterns can be read) from a minibatch search."""
-    return fit_from_random_starts(
-        X,
-        Y,
-        2,
-        random_state=0,
-        polish=PolishOptions(head_rank=4, intercept=True),
-        starts=RandomStartOptions(start_search="minibatch"),
-    )[2]
 
 
 def test_a_head_left_unconverged_is_restarted_from_its_patterns(monkeypatch):
@@ -70,7 +55,9 @@ def test_a_restart_from_patterns_that_ends_near_goes_on_on_more_sequences(
     decoupled_info = info["start_search"]["decoupled"]
     (restart,) = decoupled_info["from_patterns"]
     assert restart["n_sequences"] == 600
-    assert restart["stuck"] == [{"heads": [1], "n_sequences": 1500, "converged": [1]}]
+    assert restart["stuck"] == [
+        {"heads": [1], "n_sequences": 1500, "converged": [1], "crawling": []}
+    ]
     assert restart["converged"] and restart["taken"]
     # judged on 600 of the 900 sequences the restart did not read
     before, after = restart["layer_residuals"]

@@ -44,7 +44,9 @@ def test_refine_heads_runs_its_stages_in_order(monkeypatch):
     assert calls == list(STAGES)
     assert small == [200]  # the rounds on decoupled_size sequences
     assert "pinning" not in info
-    assert info["stuck"] == [{"heads": [1], "n_sequences": 600, "converged": [1]}]
+    assert info["stuck"] == [
+        {"heads": [1], "n_sequences": 600, "converged": [1], "crawling": []}
+    ]
     assert info["replacements"] == [] and info["from_patterns"] == []
     assert all(head["converged"] for head in info["heads"])
     assert info["kept"] and info["residual"] < 1e-10

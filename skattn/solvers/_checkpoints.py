@@ -52,15 +52,16 @@ _DATA, _DIGEST = ".joblib", ".sha256"
 SCHEMAS = {
     "search": 1,
     # 2 (and every stage after the search): the refinement takes its converged
-    # heads even when the layer then fits worse
-    "refine": 2,
-    "heads": 2,
-    "lm": 2,
-    "search-afresh": 2,
-    # 2: the record gained sequences_needed, judged_on, layer_residuals; 3: as
+    # heads even when the layer then fits worse; 3: heads that crawl on more
+    # sequences leave for the restart from their patterns
+    "refine": 3,
+    "heads": 3,
+    "lm": 3,
+    "search-afresh": 3,
+    # 2: the record gained sequences_needed, judged_on, layer_residuals; 3, 4: as
     # every stage after the search
-    "from-patterns": 3,
-    "polish": 2,
+    "from-patterns": 4,
+    "polish": 3,
     # skattn layer's teacher examples (hidden states and outputs)
     "examples": 1,
 }

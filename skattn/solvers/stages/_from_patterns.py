@@ -148,6 +148,7 @@ def _from_patterns(
                 [head],
                 more,
                 memory,
+                leave_crawling=False,  # it comes from its patterns
             )
             info["n_products"] += again["n_products"]
             solved, grown = again["heads"][head], again["stuck"]
