@@ -3,6 +3,10 @@
 SCIPY_ARRAY_API must be set before scipy is imported, so that scikit-learn's
 array-API estimator check runs instead of being skipped.
 
+The suite runs on every core (pytest-xdist, ``-n auto`` in pyproject.toml): each
+worker computes with one BLAS and one torch thread, so that the workers do not
+fight over the cores (a test that asks for more threads sets them itself).
+
 A doctest (of a docstring or of a documentation page) whose example needs an
 optional extra that is not installed is skipped with the reason and the extra that
 installs it; in CI (``CI`` set, where the ``test`` extra installs every one) that
@@ -16,6 +20,12 @@ import re
 import pytest
 
 os.environ.setdefault("SCIPY_ARRAY_API", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several processes on the cores
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+    from threadpoolctl import threadpool_limits  # libraries loaded already
+
+    threadpool_limits(1)
 
 # optional module -> the extra that installs it
 OPTIONAL_MODULES = {

@@ -210,10 +210,10 @@ def _namespace_cases():
         (X, shares[:, :, 1], start, LowRank(1, 7, 2)),
         {"fixed_columns": fixed},
     )
-    # rotary heads (base 10 000, k = 32: two slow pairs of four), their slow
+    # rotary heads (base 10 000, k = 16: three slow pairs of four), their slow
     # mixings lifted into the solver's variables
     X, y, layer = make_attention_regression(
-        30, 32, 8, 2, head_rank=8, causal=True, rope=True, n_kv_heads=1,
+        30, 16, 8, 2, head_rank=8, causal=True, rope=True, n_kv_heads=1,
         distribution="gaussian", random_state=0, return_layer=True,
     )  # fmt: skip
     par = LowRank(2, 8, 8, n_kv_heads=1, causal=True, rope_theta=layer.rope_theta)
@@ -222,7 +222,7 @@ def _namespace_cases():
     start = truth + 0.01 * np.sqrt(np.mean(truth**2)) * noise
     yield (
         "rotary_lifted",
-        (X.reshape(30, 32, 8), y.reshape(30, 32, 8), start, par),
+        (X.reshape(30, 16, 8), y.reshape(30, 16, 8), start, par),
         {"coarse": False, "max_products": 40, "tol": 1e-13},
     )
 

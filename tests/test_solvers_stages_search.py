@@ -146,16 +146,17 @@ def test_minibatch_search_stops_on_its_budget_and_on_no_progress():
 
 
 def test_no_step_size_cut_on_the_start_plateau():
-    """12 planted heads of rank 8 at d = 96 (m r = d, as a BERT-base layer's): from
-    a random start the residual sits at 0.73 for some 200 steps before it falls.
+    """8 planted heads of rank 8 at d = 64 (m r = d, as a BERT-base layer's): from
+    a random start the residual sits near 0.7 for some 70 steps before it falls.
     The plain stall rule cuts the step size there and ends on the plateau; with
-    no cut on it the search leaves it and reaches its target."""
+    no cut on it the search leaves it and reaches its target.  (12 heads at
+    d = 96 and 2000 sequences show the same, in ten times the time.)"""
     from skattn.datasets import GaussianTokens, make_attention_layer
     from skattn.layer import AttentionLayer
     from skattn.solvers import whitening_map
     from skattn.solvers.kernels._parametrization import random_attention
 
-    d, m, r, n, k = 96, 12, 8, 2000, 16
+    d, m, r, n, k = 64, 8, 8, 1000, 16
     base = make_attention_layer(m, d, head_rank=r, random_state=0)
     rng = np.random.default_rng(1)
     # key biases in the keys' span, and an intercept (bench_gpu.py's planted768)
@@ -191,8 +192,8 @@ def test_no_step_size_cut_on_the_start_plateau():
     assert plain["n_steps"] < 200 and plain["n_decays"] == 3
     _, info = minibatch_search(X, Y, start, par, plateau_steps=1000, **options)
     assert info["stop_reason"] == "residual" and info["residual"] <= 2e-2
-    # the plateau: more than 100 steps still above 0.9 times the start
-    assert min(info["residuals"][:11]) > 0.9 * info["residuals"][0]
+    # the plateau: 70 steps still above 0.85 times the start
+    assert min(info["residuals"][:7]) > 0.85 * info["residuals"][0]
 
 
 def dead_head_start(truth, par):

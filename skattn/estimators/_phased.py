@@ -184,8 +184,15 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     head_rank : int, default=None
         Learn low-rank heads, the shape of real transformers: ``Theta_i = Q_i
         K_i^T`` with ``Q_i, K_i`` of shape ``(d, head_rank)``, and ``W_i`` of rank
-        at most ``head_rank`` (``V_i O_i``).  The polish works on the factors
-        ``Q_i, K_i`` (matrix-free), with the ``W_i`` eliminated by least squares;
+        at most ``head_rank`` (``V_i O_i``) where the random starts' search and
+        per-head refinement run (``start_search``) or the polish factors the
+        values; a polish that does not factor them fits whole ``W_i``.  A layer
+        whose ``W_i`` have a larger rank than its ``Theta_i`` is outside the
+        search's model: a sharp positional head beside another, both with
+        full-rank ``W_i``, ends at 0.03 held out, exact when its ``W_i`` have
+        the heads' rank (benchmarks/HISTORY.md, issue 61).  The polish works on
+        the factors ``Q_i, K_i`` (matrix-free), with the ``W_i`` (or their output
+        factors) eliminated by least squares;
         phases 1-5 and the net are unchanged (full rank), and their winner is
         truncated to rank ``head_rank`` as the polish's start.  Factors are
         identifiable only up to an invertible ``r x r`` gauge: the products are

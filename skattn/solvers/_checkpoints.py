@@ -75,7 +75,7 @@ def stage_schema(name):
     --------
     >>> from skattn.solvers._checkpoints import stage_schema
     >>> stage_schema("refine-1.from-patterns-2"), stage_schema("search-1")
-    (3, 1)
+    (4, 1)
     """
     last = name.rsplit(".", 1)[-1]
     match = re.match(r"(.+?)-\d+(?:-|$)", last)
