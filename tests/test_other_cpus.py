@@ -11,7 +11,7 @@ them once, when loaded), the tests that compare torch with numpy.  (The
 refinement's tests, whose rounds follow float32 solves, and the head selection's
 look-ahead, which the whole suite's run with Prescott's kernels once caught, ran
 here too until issue 64 trimmed this rerun to the comparisons of libraries: 65
-and 60 s a configuration, now about a third of that.)
+and 60 s a configuration, now 34 and 32.)
 
 ``.ci/other_cpus`` runs the whole suite in each configuration (and a third).
 """
