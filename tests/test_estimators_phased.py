@@ -538,7 +538,6 @@ def test_planted_causal_decoder_is_learned_to_held_out_precision(decoder, capsys
         ({"causal": True, "polish": False}, "polish=True"),
         ({"causal": True, "certificate": True}, "certificate=False"),
         ({"causal": True, "whiten": True}, "does not whiten"),
-        ({"causal": True, "memory": "cache"}, r"memory=None \(the decoder path keeps"),
     ],
 )
 def test_decoder_settings_the_path_cannot_learn_are_one_line_errors(params, message):

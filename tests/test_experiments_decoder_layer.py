@@ -221,3 +221,48 @@ def test_the_learner_and_the_count_follow_the_config():
     assert verdict["count"]["unknowns"] == unknowns
     assert verdict["determined"] == (6 * 32 * 64 >= unknowns)
     assert not decoder_verdict(5, 32, llama, intercept=False)["determined"]
+
+
+def test_an_interrupted_decoder_layer_run_resumes(checkpoints, text, tmp_path, capsys):
+    # skattn layer on GPT-2's layer 1, stopped by Ctrl-C once its first stage is
+    # kept: the message says how to resume; run again, the kept stage is read back
+    # and the rest computed; once more, every stage is read back and said so
+    from pathlib import Path
+
+    import skattn.experiments._layer as layer_module
+    import skattn.solvers._decoder as decoder_module
+
+    out = tmp_path / "o"
+    argv = ["layer", str(checkpoints["gpt2"]), "--layer", "1", "--text", str(text)]
+    argv += ["--n-tokens", "8", "--n-windows", "60", "--out", str(out), "--quiet"]
+    search = decoder_module.minibatch_search
+
+    def stopped(*args, **kwargs):  # after the search, before it is kept
+        search(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    decoder_module.minibatch_search = stopped
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+    finally:
+        decoder_module.minibatch_search = search
+    assert exit_info.value.code == 130
+    # (after transformers' own progress bar of the weights it loads)
+    assert capsys.readouterr().err.endswith(
+        f"\nskattn: interrupted; run the same command again to resume from "
+        f"{out / 'cache'}\n"
+    )
+    assert main(argv) == 0
+    report = json.loads(Path(out, "report.json").read_text())
+    assert report["held_out_relative_error"] <= 1e-8
+    resume = report["resume"]
+    assert resume["stages_computed"] > 0 and len(resume["earlier_pieces_seconds"]) == 1
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    again = json.loads(Path(out, "report.json").read_text())
+    assert again["resume"]["stages_reused"] > 0
+    assert again["resume"]["stages_computed"] == 0
+    assert again["held_out_relative_error"] == report["held_out_relative_error"]
+    assert f"resumed: {again['resume']['stages_reused']} stages reused" in printed
+    assert layer_module._Pieces.FILE in {p.name for p in (out / "cache").iterdir()}

@@ -164,3 +164,55 @@ def test_a_key_group_with_its_slow_block_reflected_is_reoriented():
         par.attention(truth),
         atol=1e-8 * np.abs(par.attention(truth)).max(),
     )
+
+
+def test_an_interrupted_decoder_fit_resumes_to_the_uninterrupted_layer(tmp_path):
+    # a grouped rotary layer (ungrouped search, grouped search, warm-up, polish;
+    # three iterations each, so that the warm-up does not end the fit): Ctrl-C
+    # in the polish on all examples; run again with the same memory, the
+    # searches and the warm-up are read back, the polish computed, and the layer
+    # is the uninterrupted fit's, bit for bit
+    import skattn.solvers._decoder as decoder_module
+
+    X, y = make_attention_regression(
+        1200, 5, 8, 4, head_rank=2, causal=True, rope=True, rope_theta=100.0,
+        n_kv_heads=2, random_state=1,
+    )  # fmt: skip
+    X, Y = X.reshape(-1, 5, 8), y.reshape(-1, 5, 8)
+    options = dict(
+        causal=True, rope_theta=100.0, n_kv_heads=2, n_starts=1, random_state=0,
+        n_warmup_samples=400, max_iter=3,
+    )  # fmt: skip
+    *uninterrupted, info = fit_decoder_from_random_starts(X, Y, 4, 2, **options)
+    assert info["memory"] is None and info["final_stage"] == "ran"
+    polish = decoder_module.varpro_least_squares
+
+    def interrupted(X_polished, *args, **kwargs):
+        if len(X_polished) == len(X):  # the polish on all examples
+            raise KeyboardInterrupt
+        return polish(X_polished, *args, **kwargs)
+
+    decoder_module.varpro_least_squares = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fit_decoder_from_random_starts(X, Y, 4, 2, memory=tmp_path, **options)
+    finally:
+        decoder_module.varpro_least_squares = polish
+    *resumed, info = fit_decoder_from_random_starts(
+        X, Y, 4, 2, memory=tmp_path, **options
+    )
+    kept = info["memory"]
+    assert kept["reused"] == [
+        "decoder-search-ungrouped-1",
+        "decoder-search-1",
+        "decoder-warmup-1",
+    ]
+    assert kept["computed"] == ["decoder-polish-1.lm-1", "decoder-polish-1"]
+    for got, expected in zip(resumed, uninterrupted, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    # once more: everything read back
+    *again, info = fit_decoder_from_random_starts(
+        X, Y, 4, 2, memory=tmp_path, **options
+    )
+    assert info["memory"]["computed"] == [] and len(info["memory"]["reused"]) == 4
+    np.testing.assert_array_equal(again[2], uninterrupted[2])

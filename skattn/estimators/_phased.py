@@ -300,7 +300,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         Subsampling in phases 2-4 and 6.
     memory : str, joblib.Memory or None, default=None
         Where to keep each finished stage of the random-start path (the search,
-        each head's refinement, the polish and its iterates every 30 s), as
+        each head's refinement, the polish and its iterates every 30 s; for a
+        decoder layer each start's searches, warm-up, polish and
+        reorientation), as
         ``Pipeline(memory=...)`` caches its transformers: a folder or a
         ``joblib.Memory``. A fit that was interrupted (killed, Ctrl-C) and is run
         again with the same data and parameters reads the finished stages back
@@ -696,8 +698,6 @@ n_features_per_token)
             )
         decoder = self._check_decoder(X3)
         X3 = self._model_tokens(X3)  # [x, 1] tokens when fitting an intercept
-        if decoder:
-            return self._fit_decoder(X3, Y3, weights)
         resumable = _resumable(self.random_state)
         if self.memory is not None and not resumable:
             warnings.warn(
@@ -705,6 +705,11 @@ n_features_per_token)
                 UserWarning,
                 stacklevel=4,  # fit, all_or_nothing, _fit_context: the caller's line
             )
+        if decoder:
+            try:
+                return self._fit_decoder(X3, Y3, weights)
+            except KeyboardInterrupt:  # left as it was (all_or_nothing)
+                raise KeyboardInterrupt(_interrupted(self.memory, resumable)) from None
         rng = check_random_state(self.random_state)
         if self.n_heads == "auto" and self.head_rank is not None and self.n_tokens_ > 1:
             raise ValueError(
@@ -791,8 +796,6 @@ n_features_per_token)
             needs = "whiten='auto' or False (the decoder path does not whiten)"
         elif isinstance(X3, TokenBatches):
             needs = "in-memory X (the decoder path reads no batches)"
-        elif self.memory is not None:
-            needs = "memory=None (the decoder path keeps no stages to resume yet)"
         elif (self.rope or self.n_kv_heads is not None) and self.head_rank is None:
             needs = "head_rank (the head dimension the rotation and groups act on)"
         elif self.rope and self.head_rank % 2:
@@ -834,6 +837,7 @@ n_features_per_token)
             n_polish_samples=self.polish_samples,
             intercept=self.fit_intercept,
             verbose=self.verbose,
+            memory=self.memory,
         )
         info["reason"] = reason
         info["init"] = "random"

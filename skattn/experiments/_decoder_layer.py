@@ -74,7 +74,7 @@ def decoder_windows(tokenizer, paths, contents, n_tokens, n_windows, held_out):
     return _text_windows([t for t in tokens if len(t)], n_tokens), n_held
 
 
-def decoder_learner(settings, n_tokens, *, random_state=0, verbose=0):
+def decoder_learner(settings, n_tokens, *, random_state=0, verbose=0, memory=None):
     """The learner of a decoder's attention, configured from its settings.
 
     ``causal=True``; rotary positions (``rope``, ``rope_theta``, the
@@ -82,7 +82,8 @@ def decoder_learner(settings, n_tokens, *, random_state=0, verbose=0):
     ``n_kv_heads`` for grouped-query heads; ``head_rank`` the head dimension
     (the rank of each ``Q_i K_g^T`` and of each head's values); an intercept
     (a constant coordinate of the tokens: query, key and value biases) when
-    the module has biases.
+    the module has biases.  ``memory``: where it keeps its finished stages
+    (the estimator's ``memory``).
 
     Examples
     --------
@@ -107,6 +108,7 @@ def decoder_learner(settings, n_tokens, *, random_state=0, verbose=0):
         n_kv_heads=None if m_kv == m else m_kv,
         random_state=random_state,
         verbose=verbose,
+        memory=None if memory is None else str(memory),
     )
 
 

@@ -378,10 +378,12 @@ def _learn_decoder(
     verbose,
     arguments,
     start,
+    memory,
 ):
     """``learn_layer`` on a decoder checkpoint: transformers' own model gives
-    the examples, the learner fits a causal (rotary, grouped) layer, and the
-    layer is written in the checkpoint's own tensor names and loaded back."""
+    the examples, the learner fits a causal (rotary, grouped) layer (its stages
+    kept in ``memory``), and the layer is written in the checkpoint's own tensor
+    names and loaded back."""
     checkpoint = check_decoder_checkpoint(folder, layer=layer, n_tokens=n_tokens)
     settings = checkpoint["settings"]
     if n_heads is not None and n_heads != settings["n_heads"]:
@@ -426,14 +428,24 @@ def _learn_decoder(
     # -- the fit ------------------------------------------------------------------
     if estimator is None:
         learner = decoder_learner(
-            settings, n_tokens, random_state=random_state, verbose=verbose
+            settings,
+            n_tokens,
+            random_state=random_state,
+            verbose=verbose,
+            memory=memory,
         )
     else:
         learner = clone(estimator)
+    pieces = None if memory is None else _Pieces(memory, arguments)
     fit_start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _fit_on(learner, X[fit], y[fit].reshape(len(fit), -1), device)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _fit_on(learner, X[fit], y[fit].reshape(len(fit), -1), device)
+    except KeyboardInterrupt:  # this piece's time, for the run that resumes it
+        if pieces is not None:
+            pieces.record(time.perf_counter() - fit_start)
+        raise
     fit_seconds = time.perf_counter() - fit_start
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -465,7 +477,7 @@ def _learn_decoder(
     report.update(
         _run_record(
             fit_seconds=fit_seconds,
-            resume=None,
+            resume=_resume_record(learner, pieces, fit_seconds),
             fit=fit,
             held=held,
             paths=paths,
@@ -746,9 +758,9 @@ def learn_layer(
     (``model.layers.L.self_attn.q_proj.weight``, ..., GPT-2's
     ``transformer.h.L.attn.c_attn.weight``, ...; ``model.load_state_dict(
     tensors, strict=False)`` loads it), which is loaded back into the model:
-    ``report["loaded_back_held_out_relative_error"]``.  ``n_heads``, ``plot``
-    and ``memory`` do not apply (the layer is learned whole, and the decoder
-    learner keeps no stages).
+    ``report["loaded_back_held_out_relative_error"]``.  ``n_heads`` and
+    ``plot`` do not apply (the layer is learned whole); ``memory`` keeps the
+    decoder learner's stages as it keeps an encoder's.
 
     Parameters
     ----------
@@ -960,6 +972,7 @@ def learn_layer(
             verbose=verbose,
             arguments=arguments,
             start=start,
+            memory=memory,
         )
     folder, model, config = _checkpoint(checkpoint)
     _check_against_config(config, folder, layer, n_heads, n_tokens)

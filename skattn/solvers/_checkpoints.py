@@ -249,6 +249,28 @@ class StageMemory:
         os.replace(tmp, data)
         _atomic_write(digest, _sha256(data).encode())
 
+    def record(self):
+        """What this fit kept, for its info: None without a folder, else the
+        ``folder``, the stages ``reused``, ``computed`` and ``stale`` in order,
+        and, when some were stale, a ``note`` that says so."""
+        if self.folder is None:
+            return None
+        record = {
+            "folder": str(self.folder),
+            "reused": list(self.reused),
+            "computed": list(self.computed),
+            "stale": list(self.stale),
+        }
+        if self.stale:  # entries of another version: recomputed, and said
+            versions = sorted({str(entry["written_by"]) for entry in self.stale})
+            record["note"] = (
+                f"{len(self.stale)} kept stage(s) in {str(self.folder)!r} were "
+                f"written by another skattn version or stage schema (written by "
+                f"{', '.join(versions)}; this is skattn {__version__}): computed "
+                f"again and replaced, not reused"
+            )
+        return record
+
     def stage(self, name, compute):
         """Stage ``name``'s value: read back when kept, else computed and kept."""
         found, value = self.load(name)

@@ -37,12 +37,14 @@ import itertools
 import math
 import time
 
+import joblib
 import numpy as np
 from sklearn.utils import check_random_state
 
 from ..layer._positions import rotary_pairs
 from ..utils._array_api import device, einsum, namespace, to_namespace, to_numpy
 from ..utils._validation import _normalized_weights
+from ._checkpoints import StageMemory, _rng_state, kept
 from .kernels._loss import REALISABLE_RESIDUAL
 from .kernels._near_gauge import reflect_slow_dims, slow_rotary_dims
 from .kernels._parametrization import FactoredHeads, LowRank
@@ -267,6 +269,7 @@ def fit_decoder_from_random_starts(
     intercept=False,
     regroup_keys=True,
     verbose=0,
+    memory=None,
 ):
     """Learn decoder heads from random starts: search, then joint polish.
 
@@ -310,6 +313,13 @@ def fit_decoder_from_random_starts(
     verbose : int, default=0
         1 prints a line per stage, 2 also the search's checks and the polish's
         iterations.
+    memory : str, joblib.Memory, StageMemory or None, default=None
+        Where to keep each finished stage (each start's searches, warm-up,
+        polish and its iterates at intervals, reorientation;
+        :mod:`._checkpoints`), as :func:`~._driver.fit_from_random_starts`
+        keeps its own: run again with the same arguments after an
+        interruption, the fit reads them back and goes on from the last, to the
+        layer of an uninterrupted fit.
 
     Returns
     -------
@@ -328,7 +338,9 @@ def fit_decoder_from_random_starts(
         that stopped short, :func:`_reorient`, or None), ``final_stage``
         (``"ran"``, ``"skipped: realisable"``), ``decoupled`` (None and why in
         ``decoupled_note``),
-        ``n_starts_run``, ``start_residuals``, ``seconds``.
+        ``n_starts_run``, ``start_residuals``, ``seconds``, ``memory`` (None, or
+        the ``folder`` of the kept stages and the stages ``reused``,
+        ``computed`` and ``stale``, in order).
 
     Examples
     --------
@@ -353,6 +365,25 @@ def fit_decoder_from_random_starts(
         "rope_layout": rope_layout,
         "n_kv_heads": n_kv_heads,
     }
+    if not isinstance(memory, StageMemory):  # what decides the fit, and its data
+        key = {
+            "path": "decoder",
+            "n_heads": m,
+            "head_rank": r,
+            **{name: repr(value) for name, value in decoder.items()},
+            "n_starts": int(n_starts),
+            "search": bool(search),
+            "max_iter": int(max_iter),
+            "tol": repr(tol),
+            "n_polish_samples": repr(n_polish_samples),
+            "n_warmup_samples": repr(n_warmup_samples),
+            "intercept": bool(intercept),
+            "regroup_keys": bool(regroup_keys),
+            "random_state": joblib.hash(_rng_state(rng)),
+            "namespace": xp.__name__,
+            "device": str(device(X)),
+        }
+        memory = StageMemory(memory, key, (X, Y, sample_weight))
     searched = FactoredHeads(m, d, r, **decoder)
     factored = choose_factor_values(m, d, r) or not r < d
     polished = searched if factored else LowRank(m, d, r, **decoder)
@@ -387,29 +418,38 @@ def fit_decoder_from_random_starts(
             # grouped heads searched from a random grouping can stall with query
             # heads in the wrong key groups: search them ungrouped, then group
             say(f"decoder start {start}: minibatch search, a key head per query head")
-            with _blas_limits(xp):
-                free, free_info = minibatch_search(
-                    X,
-                    Y,
-                    to_namespace(random_decoder_start(ungrouped, rng), xp, device(X)),
-                    ungrouped,
-                    **search_options,
-                )
-            tied, groups = tie_key_heads(free, ungrouped, searched)
-            params = to_namespace(tied, xp, device(X))
-            regrouped = {
-                "groups": groups,
-                "residual": free_info["residual"],
-                "n_steps": free_info["n_steps"],
-            }
+
+            def search_ungrouped(_):
+                with _blas_limits(xp):
+                    free, free_info = minibatch_search(
+                        X,
+                        Y,
+                        to_namespace(
+                            random_decoder_start(ungrouped, rng), xp, device(X)
+                        ),
+                        ungrouped,
+                        **search_options,
+                    )
+                tied, groups = tie_key_heads(free, ungrouped, searched)
+                return to_namespace(tied, xp, device(X)), {
+                    "groups": groups,
+                    "residual": free_info["residual"],
+                    "n_steps": free_info["n_steps"],
+                }
+
+            params, regrouped = kept(
+                memory, "decoder-search-ungrouped", search_ungrouped, rng
+            )
         else:
             params = to_namespace(random_decoder_start(searched, rng), xp, device(X))
         if search:
             say(f"decoder start {start}: minibatch search")
-            with _blas_limits(xp):
-                params, search_info = minibatch_search(
-                    X, Y, params, searched, **search_options
-                )
+
+            def search_grouped(_, params=params):
+                with _blas_limits(xp):
+                    return minibatch_search(X, Y, params, searched, **search_options)
+
+            params, search_info = kept(memory, "decoder-search", search_grouped, rng)
             search_info["regrouped"] = regrouped
         if not factored:  # the polish eliminates whole W_i: Q and K only
             params = params[: polished.size]
@@ -425,14 +465,20 @@ def fit_decoder_from_random_starts(
         warmup_info, final_stage = None, "ran"
         if warm is not None:
             say(f"decoder start {start}: polish on {len(warm)} examples")
-            params, _, warmup_info = varpro_least_squares(
-                _take(xp, X, warm),
-                _take(xp, Y, warm),
-                params,
-                polished,
-                _take(xp, sample_weight, warm),
-                **options,
-            )
+
+            def warm_up(child, params=params, options=options):
+                found, _, found_info = varpro_least_squares(
+                    _take(xp, X, warm),
+                    _take(xp, Y, warm),
+                    params,
+                    polished,
+                    _take(xp, sample_weight, warm),
+                    memory=child,
+                    **options,
+                )
+                return found, found_info
+
+            params, warmup_info = kept(memory, "decoder-warmup", warm_up, rng)
         problem = VarproProblem(
             X, Y, sample_weight, polished, intercept=intercept and factored
         )
@@ -441,15 +487,29 @@ def fit_decoder_from_random_starts(
             final_stage, info = "skipped: realisable", warmup_info
         else:
             say(f"decoder start {start}: polish on {n} examples")
-            params, _, info = varpro_least_squares(
-                X, Y, params, polished, sample_weight, **options
-            )
+
+            def polish_all(child, params=params, options=options):
+                found, _, found_info = varpro_least_squares(
+                    X, Y, params, polished, sample_weight, memory=child, **options
+                )
+                return found, found_info
+
+            params, info = kept(memory, "decoder-polish", polish_all, rng)
             residual = _relative(problem, params, Y, sample_weight)
         orientations = None
         if residual > REALISABLE_RESIDUAL and rope_theta is not None:
-            params, residual, orientations = _reorient(
-                (X, Y, sample_weight), params, residual, problem, options, say
-            )
+
+            def reorient(
+                _, params=params, residual=residual, problem=problem, options=options
+            ):
+                found, _, record = _reorient(
+                    (X, Y, sample_weight), params, residual, problem, options, say
+                )
+                return found, record
+
+            params, orientations = kept(memory, "decoder-reorient", reorient, rng)
+            # the problem's projection at the returned point, read back or not
+            residual = _relative(problem, params, Y, sample_weight)
         projection = problem.projection  # W* on all examples, at params
         info = {key: value for key, value in info.items() if key != "stages"}
         if warmup_info is not None and final_stage == "ran":
@@ -485,6 +545,7 @@ def fit_decoder_from_random_starts(
         n_starts_run=len(residuals),
         start_residuals=residuals,
         seconds=time.perf_counter() - began,
+        memory=memory.record(),
     )
     return query, key, projection, info
 

@@ -32,7 +32,6 @@ import math
 import joblib
 from sklearn.utils import check_random_state
 
-from .._version import __version__
 from ..utils._array_api import device, namespace, to_namespace
 from ._checkpoints import StageMemory, _rng_state, _set_rng_state, kept
 from ._options import PolishOptions, RandomStartOptions
@@ -250,22 +249,7 @@ def fit_from_random_starts(
     info["start_residuals"] = residuals
     info["whitening"] = whitening
     info["start_search"] = best_search
-    info["memory"] = None
-    if memory.enabled:  # what was read back, what was computed
-        info["memory"] = {
-            "folder": str(memory.folder),
-            "reused": list(memory.reused),
-            "computed": list(memory.computed),
-            "stale": list(memory.stale),
-        }
-        if memory.stale:  # entries of another version: recomputed, and said
-            versions = sorted({str(entry["written_by"]) for entry in memory.stale})
-            info["memory"]["note"] = (
-                f"{len(memory.stale)} kept stage(s) in {str(memory.folder)!r} were "
-                f"written by another skattn version or stage schema (written by "
-                f"{', '.join(versions)}; this is skattn {__version__}): computed "
-                f"again and replaced, not reused"
-            )
+    info["memory"] = memory.record()  # what was read back, what was computed
     return attention, projection, info
 
 
