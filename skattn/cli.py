@@ -110,11 +110,11 @@ _LAYER_FLAGS = {
     "plot": "--plot",
     "fit_anyway": "--fit-anyway",
 }
-# Where a learner parameter without a flag can be set, per command.
+# What a command's user can do about a learner parameter it has no flag for
+# (said in the command's terms: no Python parameters, issue 64).
 _UNSET_HINTS = {
-    "fit": "fit MultiHeadAttentionRegressor in Python to set it",
-    "layer": "pass a MultiHeadAttentionRegressor to skattn.experiments.learn_layer "
-    "as estimator= to set it",
+    "fit": "skattn fit cannot set it; its flags are in skattn fit --help",
+    "layer": "skattn layer cannot set it: the command fits the default learner",
 }
 # (flags, hint) of the command running (main sets it); None: messages as they are.
 _WORDS = None
@@ -503,7 +503,10 @@ def _parser():
         "qwen2; model.safetensors or its shards)",
     )
     layer.add_argument(
-        "--layer", type=_non_negative_int, required=True, help="encoder layer, from 0"
+        "--layer",
+        type=_non_negative_int,
+        required=True,
+        help="the checkpoint's layer, from 0",
     )
     layer.add_argument(
         "--text",

@@ -811,11 +811,14 @@ def test_layer_messages_name_the_flags_or_where_to_set_the_rest():
         "--held-out 0.1 of 2 windows leaves none to hold out; use more windows or "
         "another --held-out."
     )
-    # learner parameters that skattn layer has no flag for: said so, and where
+    # learner parameters that skattn layer has no flag for: said so, in the
+    # command's terms (no Python parameter to pass)
     text = _in_flags("... Pass init='random' to silence this warning.", *words)
     assert text.startswith("... Pass init='random' to silence this warning. (init: ")
-    assert "a learner parameter that this command does not have; pass a " in text
-    assert "to skattn.experiments.learn_layer as estimator= to set it)" in text
+    assert text.endswith(
+        "a learner parameter that this command does not have; skattn layer cannot "
+        "set it: the command fits the default learner)"
+    )
     # skattn fit has --init
     assert _in_flags("Pass init='random' now.", *_command_words("fit")) == (
         "Pass --init random now."
