@@ -12,7 +12,7 @@ loaded back into the transformers model; the wall and CPU seconds (on a
 shared machine the CPU seconds say what the run itself cost).
 
     python benchmarks/bench_decoder_checkpoints.py [--arch gpt2 llama qwen2]
-        [--n-windows 400] [--n-tokens 32] [--threads 2]
+        [--n-windows 400|default] [--n-tokens 32] [--threads 2]
         [--polish-max-iter I] [--restarts R] [--out F.json]
 """
 
@@ -52,7 +52,13 @@ def _cpu_seconds():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", default=["gpt2", "llama", "qwen2"])
-    parser.add_argument("--n-windows", type=int, default=400)
+    parser.add_argument(
+        "--n-windows",
+        type=lambda text: None if text == "default" else int(text),
+        default=400,
+        help="windows fitted and held out; 'default': skattn layer's own choice "
+        "(the count's windows with its margin fitted, the rest held out)",
+    )
     parser.add_argument("--n-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(

@@ -528,7 +528,9 @@ def _parser():
         type=_positive_int,
         default=None,
         help="windows to use, fit and held out together (a random subset; "
-        "default: every window of the text)",
+        "default: as many fitted as the count asks for with the search's margin, "
+        "the rest of the text held out, up to 2000 beyond --held-out's share; "
+        "every window when the text has fewer)",
     )
     layer.add_argument(
         "--held-out",

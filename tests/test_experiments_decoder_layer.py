@@ -266,3 +266,30 @@ def test_an_interrupted_decoder_layer_run_resumes(checkpoints, text, tmp_path, c
     assert again["held_out_relative_error"] == report["held_out_relative_error"]
     assert f"resumed: {again['resume']['stages_reused']} stages reused" in printed
     assert layer_module._Pieces.FILE in {p.name for p in (out / "cache").iterdir()}
+
+
+def test_more_text_than_the_count_asks_for_is_held_out_not_fitted(
+    checkpoints, text, tmp_path, capsys
+):
+    # no n_windows: the fit takes the windows the count asks for with the search's
+    # margin, the rest of the text is held out; the first line says so
+    from skattn.experiments._decoder_layer import MAX_HELD_OUT
+
+    folder = checkpoints["gpt2"]
+    config = json.loads((folder / "config.json").read_text())
+    settings = decoder_settings(config, 1)
+    count = decoder_verdict(1, 8, settings, intercept=True)["count"]
+    wanted = count["search_samples_needed"]
+    result = learn_layer(folder, layer=1, texts=text, n_tokens=8, verbose=1)
+    report = result.report
+    available = report["text"]["n_windows_available"]
+    assert wanted + 2 <= available <= wanted + MAX_HELD_OUT  # more than asked for
+    assert report["n_windows_fit"] == wanted
+    assert report["n_windows_held_out"] == available - wanted
+    assert report["held_out_relative_error"] <= 1e-8
+    first = capsys.readouterr().err
+    assert (
+        f"to fit on {wanted} windows of 8 tokens ({available - wanted} held out) of "
+        f"the text's {available}: the count asks for {wanted} with its margin; the "
+        f"rest held out." in first
+    )

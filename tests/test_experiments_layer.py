@@ -425,3 +425,36 @@ def test_the_rough_time_reads_as_english():
     # refinement round), and 128 tokens cost more again
     assert _rough_minutes(96, 12, 64, 384, 32).startswith("14 minutes")
     assert _rough_minutes(96, 12, 128, 384, 32).startswith("33 minutes")
+
+
+def test_window_plan_fits_what_the_count_asks_and_holds_out_the_rest():
+    from skattn.experiments._decoder_layer import MAX_HELD_OUT, window_plan
+
+    # plenty of text: the count's windows fitted, the rest held out up to the cap
+    assert window_plan(500, None, 0.2, 100)[:2] == (500, 400)
+    total, held, why = window_plan(10**6, None, 0.2, 100)
+    assert (total - held, held) == (100, MAX_HELD_OUT) and why.endswith(" held out")
+    # too little for the count and its held-out share: every window, as before
+    assert window_plan(120, None, 0.2, 100) == (
+        120,
+        24,
+        "all of them: fewer than the 125 that the count asks for with its margin "
+        "and held-out share",
+    )
+    # n_windows decides
+    assert window_plan(10**6, 50, 0.2, 100) == (50, 10, "n_windows")
+
+
+def test_windows_to_pin_are_asked_only_where_the_count_was_left_to_decide():
+    from skattn.experiments._layer import _windows_to_pin
+
+    heads = [
+        {"head": 0, "pinned": True, "windows_needed": 10},
+        {"head": 1, "pinned": False, "windows_needed": 900},
+    ]
+    verdict = {"determined": False, "heads": heads}
+    assert _windows_to_pin(verdict, 300, None) == 900
+    assert _windows_to_pin(verdict, 300, 400) is None  # n_windows given
+    assert _windows_to_pin({**verdict, "determined": True}, 300, None) is None
+    heads[1]["windows_needed"] = None  # no window of this text splits it
+    assert _windows_to_pin(verdict, 300, None) is None

@@ -19,7 +19,7 @@ from ..datasets._decoder_checkpoint import attention_module, run_attention
 from ..datasets._encoder import _load_tokenizer, _text_windows
 from ..estimators import MultiHeadAttentionRegressor
 from ..metrics import data_verdict
-from ..metrics._identifiability import describe_verdict
+from ..metrics._identifiability import SEARCH_MARGIN, describe_verdict
 from ..utils._optional import require
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "load_back_error",
     "model_tables_difference",
     "prediction_gap",
+    "window_plan",
 ]
 
 # A layer whose held-out relative error is at most this is reported exact.
@@ -47,6 +48,49 @@ def _held_out_count(held_out, wanted):
             f"windows or another held_out."
         )
     return n_held
+
+
+# Held-out windows at most, when the text has more than the fit's count asks for:
+# they are measured, not fitted (their hidden states cost memory: 2000 windows
+# of 64 tokens of MiniLM are 0.4 GB in float64).
+MAX_HELD_OUT = 2000
+
+
+def window_plan(available, n_windows, held_out, wanted):
+    """``(n_total, n_held, why)``: how many windows to use and to hold out.
+
+    With ``n_windows``, those (``round(held_out * n_windows)`` held out).
+    Without, the fit takes ``wanted`` (the count's windows with the search's
+    margin, ``search_samples_needed``) and the rest of the text is held out
+    (at least the ``held_out`` share of the whole, at most ``MAX_HELD_OUT``
+    beyond it), so that more text makes the fit no slower; where the text has
+    too few, every window, ``round(held_out * available)`` held out.  ``why``
+    says which, for the first line of the run.
+
+    Examples
+    --------
+    >>> window_plan(1250, None, 0.2, 92)
+    (1250, 1158, 'the count asks for 92 with its margin; the rest held out')
+    >>> window_plan(100, None, 0.2, 92)[:2], window_plan(1250, 200, 0.2, 92)[:2]
+    ((100, 20), (200, 40))
+    """
+    if n_windows is not None:
+        return n_windows, _held_out_count(held_out, n_windows), "n_windows"
+    least = max(1, round(held_out * wanted / (1 - held_out)))
+    if available < wanted + least:
+        return (
+            available,
+            _held_out_count(held_out, available),
+            f"all of them: fewer than the {wanted + least} that the count asks "
+            f"for with its margin and held-out share",
+        )
+    held = min(available - wanted, max(least, MAX_HELD_OUT))
+    rest = "the rest held out" if held == available - wanted else "held out"
+    return (
+        wanted + held,
+        held,
+        f"the count asks for {wanted} with its margin; {rest}",
+    )
 
 
 def decoder_windows(tokenizer, paths, contents, n_tokens, n_windows, held_out):
@@ -155,6 +199,9 @@ def decoder_verdict(n_fit, n_tokens, settings, intercept):
         unknowns=unknowns,
         equations=equations,
         samples_needed=int(needed),
+        search_samples_needed=max(
+            int(needed), -(-SEARCH_MARGIN * unknowns // (n_tokens * d))
+        ),
         determined=bool(
             equations >= unknowns and count["rows"] >= count["rows_needed"]
         ),

@@ -69,6 +69,7 @@ from ._decoder_layer import (
     load_back_error,
     model_tables_difference,
     prediction_gap,
+    window_plan,
 )
 
 __all__ = ["learn_layer"]
@@ -399,12 +400,16 @@ def _learn_decoder(
         )
     require("tokenizers", extra="transformers", feature="Decoder checkpoints")
     require("transformers", extra="transformers", feature="Decoder checkpoints")
-    ids, n_held = decoder_windows(
+    ids, _ = decoder_windows(
         checkpoint["tokenizer"], paths, contents, n_tokens, n_windows, held_out
     )
     n_available = len(ids)
-    ids, fit, held = _sample_windows(ids, n_windows, n_held, random_state)
     intercept = bool(settings["biases"])
+    count = decoder_verdict(1, n_tokens, settings, intercept)["count"]
+    n_total, n_held, why = window_plan(
+        n_available, n_windows, held_out, count["search_samples_needed"]
+    )
+    ids, fit, held = _sample_windows(ids, n_total, n_held, random_state)
     verdict = decoder_verdict(len(fit), n_tokens, settings, intercept)
     if not verdict["determined"] and not fit_anyway:
         raise UnidentifiableDataError(verdict["message"])
@@ -415,7 +420,8 @@ def _learn_decoder(
         f"layer {layer} of a {settings['architecture']} checkpoint: "
         f"{settings['n_heads']} query heads ({settings['n_kv_heads']} key/value) "
         f"of dimension {settings['head_dim']} to fit on {len(fit)} windows of "
-        f"{n_tokens} tokens ({len(held)} held out).",
+        f"{n_tokens} tokens ({len(held)} held out) of the text's {n_available}: "
+        f"{_why(why)}.",
     )
 
     # -- transformers' own model: the examples ------------------------------------
@@ -567,6 +573,28 @@ def _windows(texts, contents, tokenizer, n_tokens, n_windows, held_out):
         )
     n_held = _held_out_count(held_out, wanted)
     return _text_windows([t for t in tokens if len(t)], n_tokens, special), n_held
+
+
+def _why(why):
+    """The first line's reason for the windows of :func:`window_plan`."""
+    return "as asked" if why == "n_windows" else why
+
+
+def _unpinned_heads(verdict):
+    return ", ".join(str(h["head"]) for h in verdict["heads"] if not h["pinned"])
+
+
+def _windows_to_pin(verdict, n_fit, n_windows):
+    """The fit windows that the heads the verdict finds unpinned ask for (the
+    counting bound's, from the rows these windows split), when the window count
+    was left to the count (``n_windows`` None) and they ask for more; else
+    None."""
+    if verdict["determined"] or n_windows is not None:
+        return None
+    needed = [h["windows_needed"] for h in verdict["heads"] if not h["pinned"]]
+    if not needed or None in needed or max(needed) <= n_fit:
+        return None
+    return int(max(needed))
 
 
 def _sample_windows(ids, n_windows, n_held, random_state):
@@ -780,9 +808,19 @@ def learn_layer(
         Tokens per window, ``[CLS]`` and ``[SEP]`` included (at least 3).
     n_windows : int, default=None
         Windows to use, fit and held out together: a random subset of all the
-        windows of the text (an error when the text has fewer).  ``None``: all.
+        windows of the text (an error when the text has fewer).  ``None``: the
+        fit takes as many as the count asks for with the search's margin
+        (``search_samples_needed`` of :func:`skattn.metrics.data_verdict`; for an
+        encoder, more where its sharp heads' split rows ask for more) and the
+        rest of the text is held out (at most
+        :data:`~skattn.experiments._decoder_layer.MAX_HELD_OUT` beyond the
+        ``held_out`` share), so that more text does not make the fit slower;
+        every window when the text has fewer (:func:`~skattn.experiments.
+        _decoder_layer.window_plan`).  The first line says which.
     held_out : float, default=0.2
-        Share of the windows held out for the error, in ``(0, 1)``.
+        Share of the windows held out for the error, in ``(0, 1)`` (with
+        ``n_windows=None`` and more text than the fit needs, at least that
+        share).
     n_heads : int, default=None
         Learn the layer restricted to its first ``n_heads`` heads (the teacher
         is then their outputs plus the layer's output bias); ``None``: all.
@@ -977,19 +1015,23 @@ def learn_layer(
     folder, model, config = _checkpoint(checkpoint)
     _check_against_config(config, folder, layer, n_heads, n_tokens)
     require("safetensors.numpy", extra="pretrained", feature="Reading checkpoints")
-    ids, n_held = _windows(
+    all_ids, _ = _windows(
         paths, contents, folder / "tokenizer.json", n_tokens, n_windows, held_out
     )
-    n_available = len(ids)
-    ids, fit, held = _sample_windows(ids, n_windows, n_held, random_state)
+    n_available = len(all_ids)
     d_model = int(config["hidden_size"])
     n_fit_heads = int(config["num_attention_heads"]) if n_heads is None else n_heads
     rank = d_model // int(config["num_attention_heads"])
+    count = data_verdict(1, n_tokens, d_model + 1, d_model, n_fit_heads, head_rank=rank)
+    n_total, n_held, why = window_plan(
+        n_available, n_windows, held_out, count["search_samples_needed"]
+    )
+    ids, fit, held = _sample_windows(all_ids, n_total, n_held, random_state)
     _say(
         verbose,
         f"layer {layer}: {n_fit_heads} head(s) of rank {rank} to fit on "
-        f"{len(fit)} windows of {n_tokens} tokens ({len(held)} held out) from "
-        f"{len(paths)} text file(s): roughly "
+        f"{len(fit)} windows of {n_tokens} tokens ({len(held)} held out) of the "
+        f"{n_available} of {len(paths)} text file(s): {_why(why)}; roughly "
         f"{_rough_minutes(len(fit), n_fit_heads, n_tokens, d_model, rank)}.",
     )
 
@@ -1007,6 +1049,20 @@ def learn_layer(
 
     # -- what these windows can pin, before the long fit ---------------------------
     verdict = _pinning_verdict(teacher, X3[fit], head_dim, n_tokens, layer)
+    more = _windows_to_pin(verdict, len(fit), n_windows)
+    if more is not None:  # the text has the windows that a sharp head asks for
+        n_total, n_held, why = window_plan(n_available, None, held_out, more)
+        if n_total - n_held > len(fit):
+            ids, fit, held = _sample_windows(all_ids, n_total, n_held, random_state)
+            _say(
+                verbose,
+                f"layer {layer}: the windows split too few rows of head(s) "
+                f"{_unpinned_heads(verdict)}: fitting on {len(fit)} windows "
+                f"({len(held)} held out) of the text's {n_available}.",
+            )
+            X3, y, reused = _examples(encoder, teacher, ids, layer, memory, model)
+            X = X3.reshape(len(ids), -1)
+            verdict = _pinning_verdict(teacher, X3[fit], head_dim, n_tokens, layer)
     if not verdict["determined"] and not fit_anyway:
         raise UnidentifiableDataError(verdict["message"])
     if not verdict["determined"]:  # fit_anyway
