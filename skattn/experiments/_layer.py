@@ -581,6 +581,7 @@ def _why(why):
 
 
 def _unpinned_heads(verdict):
+    """The heads a pinning verdict finds unpinned, as a comma-separated list."""
     return ", ".join(str(h["head"]) for h in verdict["heads"] if not h["pinned"])
 
 
