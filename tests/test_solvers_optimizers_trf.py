@@ -2,6 +2,8 @@
 (``optimizers/_trf.py``): scipy's ``least_squares``' outcome on numpy, the same
 minimum on torch and array-api-strict."""
 
+import warnings
+
 import numpy as np
 import pytest
 from _helpers import array_namespaces, planted
@@ -158,6 +160,25 @@ def test_non_finite_start_is_refused():
     fun, products, x0 = PROBLEMS["exponentials"]()
     with pytest.raises(ValueError, match="not finite"):
         trf(namespace(x0), lambda x: fun(x) * np.nan, products, x0)
+
+
+def test_an_overflowing_trial_is_rejected_counted_and_silent():
+    # the first trust region (the start's norm, 1000) lets the Gauss-Newton step
+    # of exp(x) = e^20 from 0 reach exp(1000): that trial overflows, is rejected
+    # and counted, and no numpy RuntimeWarning reaches the caller
+    def fun(x):
+        return np.array([np.exp(x[0]) - np.exp(20.0), 1e-3 * (x[1] - 1000.0)])
+
+    def products(x):
+        J = np.array([[np.exp(x[0]), 0.0], [0.0, 1e-3]])
+        return (lambda v: J @ v), (lambda u: J.T @ u)
+
+    x0 = np.array([0.0, 1000.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = trf(namespace(x0), fun, products, x0)
+    assert result.success and result.n_nonfinite_trials >= 1
+    np.testing.assert_allclose(result.x, [20.0, 1000.0], rtol=1e-12)
 
 
 def _rosenbrock_products(xp=np, to_array=np.asarray):

@@ -287,8 +287,11 @@ def batched_least_squares(
         Js = matvec(step)
         predicted = -(0.5 * xp.sum(Js * Js, axis=1) + xp.sum(step * g, axis=1))
         z_new = z + step
-        f_new = problem.residual(apply(z_new, index))
-        cost_new = 0.5 * xp.sum(f_new * f_new, axis=1)
+        # a trial that overflows (logits of a step too long) is not finite and
+        # not accepted below; numpy's warnings of it are left unsaid
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            f_new = problem.residual(apply(z_new, index))
+            cost_new = 0.5 * xp.sum(f_new * f_new, axis=1)
         actual = cost - cost_new
         finite = xp.isfinite(cost_new)
         ratio = xp.where(

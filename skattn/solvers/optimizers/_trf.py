@@ -288,7 +288,10 @@ def trf(
         ``x`` and ``fun`` (in ``xp``), ``cost``, ``optimality`` (``||g||_inf``),
         ``grad``, ``nfev``, ``njev``, ``status`` (-2 callback, 0 ``max_nfev``,
         1 ``gtol``, 2 ``ftol``, 3 ``xtol``, 4 ``ftol`` and ``xtol``), ``message``,
-        ``success`` (``status > 0``), as scipy's ``least_squares``.
+        ``success`` (``status > 0``), as scipy's ``least_squares``; and
+        ``n_nonfinite_trials``: the trial points whose residuals overflowed
+        (rejected, the trust region cut to a quarter of the step, without a
+        numpy ``RuntimeWarning``).
 
     Raises
     ------
@@ -335,7 +338,7 @@ def trf(
         Delta = 1.0
     reg_term = 0.0
     status = None
-    iteration = 0
+    iteration = n_nonfinite = 0
     step_norm = actual_reduction = None
     if resume is not None:  # where the interrupted run stood after an iteration
         Delta, nfev, njev = resume["Delta"], resume["nfev"], resume["njev"]
@@ -385,16 +388,20 @@ def trf(
             step = S @ p_S
             Js = matvec(step)
             x_new = x + step
-            f_new = fun(x_new)
-            nfev += 1
-            # one host read: the trial's predicted and actual reductions, norms
-            JsJs, sg, ss, ff, xx = _host_floats(
-                xp, Js @ Js, step @ g, step @ step, f_new @ f_new, x @ x
-            )
+            # a trial point may overflow (logits of a step too long): it is
+            # rejected below, counted, and says nothing on numpy's channel
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                f_new = fun(x_new)
+                nfev += 1
+                # one host read: the trial's predicted and actual reductions, norms
+                JsJs, sg, ss, ff, xx = _host_floats(
+                    xp, Js @ Js, step @ g, step @ step, f_new @ f_new, x @ x
+                )
             predicted_reduction = -(0.5 * JsJs + sg)
             step_h_norm = np.sqrt(ss)
             cost_new = 0.5 * ff
             if not math.isfinite(cost_new) and not bool(xp.all(xp.isfinite(f_new))):
+                n_nonfinite += 1
                 Delta = 0.25 * step_h_norm
                 continue
             actual_reduction = cost - cost_new
@@ -462,4 +469,5 @@ def trf(
         status=status,
         message=TERMINATION_MESSAGES[status],
         success=status > 0,
+        n_nonfinite_trials=n_nonfinite,
     )
