@@ -57,7 +57,7 @@ SUPERVISED = {
     "MultiHeadAttentionRegressor",
     "RandomFeatureAttentionRegressor",
 }
-PER_TOKEN = {"GradientAttentionRegressor", "MultiHeadAttentionRegressor"}
+PER_TOKEN = ["GradientAttentionRegressor", "MultiHeadAttentionRegressor"]
 NAMES = sorted(FACTORIES)
 REGRESSORS = sorted(SUPERVISED)
 
