@@ -221,6 +221,13 @@ def test_the_learner_and_the_count_follow_the_config():
     assert verdict["count"]["unknowns"] == unknowns
     assert verdict["determined"] == (6 * 32 * 64 >= unknowns)
     assert not decoder_verdict(5, 32, llama, intercept=False)["determined"]
+    # causal rows counted as they are: row l gives l logit differences, a window
+    # of 4 tokens 6 where 4 unmasked rows give 12; a head of rank 16 at d = 64
+    # has 1792 logit unknowns: 598 rows of 3 differences, 299 windows, not 150
+    count = decoder_verdict(299, 4, llama, intercept=False)["count"]
+    assert count["rows_needed"] == 598 and count["rows"] == 598
+    assert count["samples_needed"] == 299 and count["determined"]
+    assert not decoder_verdict(298, 4, llama, intercept=False)["determined"]
 
 
 def test_an_interrupted_decoder_layer_run_resumes(checkpoints, text, tmp_path, capsys):

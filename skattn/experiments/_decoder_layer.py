@@ -176,9 +176,11 @@ _FIT_ANYWAY = "(or fit_anyway: fit all the same)"
 def decoder_verdict(n_fit, n_tokens, settings, intercept):
     """What ``n_fit`` windows can pin, by counting: the equations ``n k d``
     of the outputs against the layer's unknowns (:func:`_unknowns`), and the
-    rows ``n k`` against the counting bound of position-free heads of rank
-    ``head_dim`` (:func:`skattn.metrics.data_verdict`; a causal row ``l``
-    sees ``l + 1`` tokens, so the bound is a lower one here).
+    logit differences of the causal rows against the counting bound of heads of
+    rank ``head_dim`` (:func:`skattn.metrics.data_verdict`): a causal row ``l``
+    sees ``l + 1`` tokens, so ``l`` differences, ``k (k - 1) / 2`` a window
+    where unmasked rows give ``k (k - 1)``; ``count["rows"]`` is that, in rows
+    of ``k - 1`` differences (``n k / 2``).
 
     Examples
     --------
@@ -194,17 +196,19 @@ def decoder_verdict(n_fit, n_tokens, settings, intercept):
     count = data_verdict(n_fit, n_tokens, n_in, d, m, head_rank=h)
     unknowns = _unknowns(settings, n_in)
     equations = n_fit * n_tokens * d
-    needed = max(-(-unknowns // (n_tokens * d)), -(-count["rows_needed"] // n_tokens))
+    rows = n_fit * n_tokens // 2  # causal rows, in rows of k - 1 differences
+    needed = max(
+        -(-unknowns // (n_tokens * d)), -(-2 * count["rows_needed"] // n_tokens)
+    )
     count.update(
         unknowns=unknowns,
         equations=equations,
+        rows=rows,
         samples_needed=int(needed),
         search_samples_needed=max(
             int(needed), -(-SEARCH_MARGIN * unknowns // (n_tokens * d))
         ),
-        determined=bool(
-            equations >= unknowns and count["rows"] >= count["rows_needed"]
-        ),
+        determined=bool(equations >= unknowns and rows >= count["rows_needed"]),
         counted="decoder unknowns (shared key/value groups, gauges removed)",
     )
     message = ""
