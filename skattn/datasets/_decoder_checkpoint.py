@@ -354,9 +354,18 @@ def _load_model(checkpoint):
     transformers = require(
         "transformers", extra="transformers", feature="Decoder checkpoints"
     )
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(checkpoint["folder"]), dtype=torch.float64, attn_implementation="sdpa"
-    )
+    # transformers' own bar of the weights it loads: not skattn's to show (a
+    # --quiet run printed it on stderr)
+    logging = transformers.utils.logging
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(checkpoint["folder"]), dtype=torch.float64, attn_implementation="sdpa"
+        )
+    finally:
+        if shown:
+            logging.enable_progress_bar()
     return model.eval()
 
 
