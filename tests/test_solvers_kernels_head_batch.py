@@ -49,7 +49,10 @@ def test_each_head_is_its_one_head_problem(f):
         assert _relative(batch.coefficients[i, :d, :], one.projection[0]) < 1e-10
         assert _relative(jv[i], one.matvec(params[i], direction[i])) < 1e-12
         assert _relative(jtu[i], one.rmatvec(params[i], own, orthogonal=True)) < 1e-12
-    assert batch.n_products == 2
+    assert batch.n_products == 2 and batch.head_products == [2] * h
+    batch.select([0])  # the others leave: only head 0 counts on
+    batch.matvec(direction[:1])
+    assert batch.n_products == 3 and batch.head_products == [3] + [2] * (h - 1)
 
 
 def test_single_precision_products_stay_close_and_residuals_double():

@@ -286,3 +286,8 @@ def test_batched_heads_stop_each_on_its_own():
     iterations = [head["n_iter"] for head in info["heads"]]
     assert iterations[1] < min(iterations[0], iterations[2])
     assert all(head["relative_residual"] < 1e-10 for head in info["heads"])
+    # each head counts the products it took part in: the head that left early
+    # fewer, and the sum is the refinement's count (not three times the batch's)
+    products = [head["n_products"] for head in info["heads"]]
+    assert products[1] < min(products[0], products[2])
+    assert info["n_products"] == sum(products)

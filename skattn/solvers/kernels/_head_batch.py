@@ -139,6 +139,10 @@ class HeadBatch:
         Parameters per head, ``2 d r``.
     n_products : int
         Batched products taken (each one product of every head).
+    head_products : list of int
+        Per head of the batch as built, the products it took part in (a batched
+        product counts once for each head still in the batch): what that head
+        alone would have counted.
     coefficients : array of shape (h, w, o)
         The eliminated coefficients at the point evaluated (``w = d + f``); the
         first ``d`` rows of head ``i`` are its ``W^x_i``.
@@ -196,6 +200,8 @@ class HeadBatch:
         per_sample = h * k * (2 * k + 2 * d + 4 * r)
         self.slices = _chunks(n, per_sample)
         self.n_products = 0
+        self.head_products = [0] * h
+        self._heads = list(range(h))  # the heads left, as indices of the first
         self.n_evaluations = 0
 
     def _head_major(self, a):
@@ -215,6 +221,7 @@ class HeadBatch:
             return None if a is None else xp.take(a, index, axis=axis)
 
         self.n_heads = len(heads)
+        self._heads = [self._heads[j] for j in heads]
         self._targets, self._fixed = take(self._targets), take(self._fixed)
         self._fixed_low = take(self._fixed_low)
         self._fixed_gram = take(self._fixed_gram)
@@ -345,10 +352,16 @@ class HeadBatch:
         xp = self._xp
         return xp.reshape(self._residual, (self.n_heads, -1))
 
+    def _count_product(self):
+        """One batched product: one more for each head still in the batch."""
+        self.n_products += 1
+        for i in self._heads:
+            self.head_products[i] += 1
+
     def matvec(self, direction):
         """``J_i v_i`` for ``direction`` ``(h, 2 d r)``: ``(h, n k r)`` (float64)."""
         xp = self._xp
-        self.n_products += 1
+        self._count_product()
         h, r, k = self.n_heads, self.n_outputs, self.n_tokens
         v = xp.astype(lowrank_layout(xp, direction), self._low)
         parts = []
@@ -376,7 +389,7 @@ class HeadBatch:
         """``J_i^T u_i`` for ``vector`` ``(h, n k r)`` orthogonal to the designs
         (see the module's docstring): ``(h, 2 d r)`` (float64)."""
         xp = self._xp
-        self.n_products += 1
+        self._count_product()
         h, r, k = self.n_heads, self.n_outputs, self.n_tokens
         u = xp.astype(xp.reshape(vector, (h, -1, r)), self._low)
         total = None

@@ -215,7 +215,9 @@ def batched_least_squares(
         Per head (lists of Python numbers): ``n_iter`` (accepted steps plus
         one, scipy's ``njev``), ``n_evaluations``, ``loss``, ``status``
         (scipy's codes: 0 ``max_nfev``, 1 gradient, 2 ``ftol``, 3 ``xtol``);
-        ``n_products`` (batched products), ``host_reads``,
+        ``n_products`` (batched products), ``head_products`` (per head, the
+        products it took part in: :attr:`HeadBatch.head_products`),
+        ``host_reads``,
         ``inner_iterations`` (CGLS iterations, all steps).
 
     Examples
@@ -363,6 +365,7 @@ def batched_least_squares(
         "loss": [float(c) for c in np.asarray(losses)],
         "status": status,
         "n_products": problem.n_products,
+        "head_products": list(problem.head_products),
         "host_reads": counter["reads"],
         "inner_iterations": inner_total,
     }

@@ -575,8 +575,9 @@ def _solve_batch(
         info = {
             "n_iter": solved["n_iter"][j],
             "n_evaluations": solved["n_evaluations"][j],
-            # the batch's products, each one of every head still in it
-            "n_products": solved["n_products"],
+            # the products this head took part in (summed over the heads, the
+            # count of heads one at a time: not h times the batch's)
+            "n_products": solved["head_products"][j],
             "loss": loss,
             "converged": solved["status"][j] > 0,
             "stop_reason": _STATUS[solved["status"][j]],
