@@ -14,8 +14,10 @@ counts the refinement's torch operations and host reads (``skattn.utils._device_
 
     python benchmarks/bench_batched_heads.py [--settings small default] [--out F.json]
 
-Prints one row per (setting, route): fit seconds, refinement operations and host
-reads, held-out relative error; and the ratios per-head / batched.
+Prints one row per (setting, route): fit seconds, refinement operations, host
+reads and round trips of every kind (host reads, linear-algebra error checks,
+``eigh``, ``nonzero``, boolean masks: ``DeviceWork.round_trips``), held-out
+relative error; and the ratios per-head / batched.
 """
 
 import argparse
@@ -122,11 +124,14 @@ def run(setting, seed):
                 )
                 row["operations"] = work.operations["refinement"]
                 row["host_reads"] = work.host_reads["refinement"]
+                # every kind of device wait, host reads included (issue 63)
+                row["round_trips"] = work.round_trips()["refinement"]
+                row["waits"] = dict(work.waits["refinement"])
         rows.append(row)
         print(
             f"{setting:<8} {route:<26} {seconds:8.2f} s "
             f"{row.get('operations', ''):>10} {row.get('host_reads', ''):>8} "
-            f"{row['held_out']:10.2e}",
+            f"{row.get('round_trips', ''):>8} {row['held_out']:10.2e}",
             flush=True,
         )
     one, batch = rows[0], rows[1]
@@ -134,7 +139,8 @@ def run(setting, seed):
         f"{setting:<8} {'ratio one-at-a-time/batched':<26} "
         f"{one['seconds'] / batch['seconds']:8.2f}   "
         f"{one['operations'] / batch['operations']:10.1f} "
-        f"{one['host_reads'] / max(1, batch['host_reads']):8.1f}",
+        f"{one['host_reads'] / max(1, batch['host_reads']):8.1f} "
+        f"{one['round_trips'] / max(1, batch['round_trips']):8.1f}",
         flush=True,
     )
     return rows

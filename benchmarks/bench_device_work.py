@@ -15,8 +15,8 @@ its trust-region steps (LSMR's included) run.
     python benchmarks/bench_device_work.py [--n 4000 --heads 8 ...] [--out FILE.json]
     python benchmarks/bench_device_work.py --polish-nudge 0.02 [--n 2000 ...]
 
-Prints one row per stage (operations, host reads) and the fit's time and
-held-out error; ``--out`` writes them as JSON, to compare versions.
+Prints one row per stage (operations, host reads, round trips of every kind) and
+the fit's time and held-out error; ``--out`` writes them as JSON, to compare versions.
 """
 
 import argparse
@@ -96,9 +96,12 @@ def main(argv=None):
     residual = fitted.predict(X[args.n :]) - y[args.n :]
     held_out = float(np.linalg.norm(residual) / np.linalg.norm(y[args.n :]))
     table = work.summary()
-    print(f"{'stage':<12} {'operations':>12} {'host reads':>12}")
+    print(f"{'stage':<12} {'operations':>12} {'host reads':>12} {'round trips':>12}")
     for stage, row in table.items():
-        print(f"{stage:<12} {row['operations']:>12} {row['host_reads']:>12}")
+        print(
+            f"{stage:<12} {row['operations']:>12} {row['host_reads']:>12} "
+            f"{row['round_trips']:>12}"
+        )
     print(f"fit {seconds:.1f} s (counting included), held-out error {held_out:.3g}")
     if args.sources:
         print("host reads by source:")
@@ -158,8 +161,11 @@ def count_polish(args):
         torch.set_num_threads(threads)
     seconds = time.perf_counter() - clock
     row = work.summary()["polish"]
-    print(f"{'stage':<12} {'operations':>12} {'host reads':>12}")
-    print(f"{'polish':<12} {row['operations']:>12} {row['host_reads']:>12}")
+    print(f"{'stage':<12} {'operations':>12} {'host reads':>12} {'round trips':>12}")
+    print(
+        f"{'polish':<12} {row['operations']:>12} {row['host_reads']:>12} "
+        f"{row['round_trips']:>12}"
+    )
     print(
         f"polish {seconds:.1f} s (counting included), {info['n_iter']} iterations, "
         f"relative residual {info['relative_residual']:.3g}"

@@ -7,7 +7,12 @@ where torch CPU tensors take the same code path: :class:`DeviceWork` counts the
 torch operations (each a kernel launch on a GPU) and the host reads
 (``aten._local_scalar_dense``, and tensors copied to numpy or to lists) while
 it is active, by *stage*, so that a benchmark can compare versions and a test can
-catch a regression without a GPU.
+catch a regression without a GPU.  It also counts, by kind, the other operations
+after which a GPU's host waits (``waits``; issue 63): the error checks of
+``torch.linalg.cholesky``, ``inv`` and ``solve`` (``_linalg_check_errors``;
+``cholesky_ex`` has none), ``eigh`` (its solver's status is read back on CUDA),
+``nonzero``, and boolean masks (``t[mask]``, ``masked_select``: a shape that
+depends on the values).  ``round_trips`` is all of them with the host reads.
 
 A ``TorchDispatchMode`` sees the operations of its own thread only: count a fit
 that runs in one thread (``threadpoolctl.threadpool_limits(1)`` and
@@ -39,6 +44,9 @@ class DeviceWork:
     ----------
     operations, host_reads : collections.Counter
         Counts by stage.
+    waits : dict of collections.Counter
+        By stage, the operations after which a GPU's host waits, by kind
+        (``"linalg check"``, ``"eigh"``, ``"nonzero"``, ``"boolean mask"``).
     reads_by_source : collections.Counter
         With ``where``: host reads by ``"module.function:line"`` of the innermost
         skattn frame that made them.
@@ -52,12 +60,18 @@ class DeviceWork:
     ...         total = float(torch.ones(3).sum())
     >>> work.host_reads["sum"], work.operations["sum"] >= 2
     (1, True)
+    >>> with DeviceWork() as work:
+    ...     factor = torch.linalg.cholesky(torch.eye(2))  # checked on the host
+    ...     factor, info = torch.linalg.cholesky_ex(torch.eye(2))  # not
+    >>> dict(work.waits["other"]), work.round_trips()["other"]
+    ({'linalg check': 1}, 1)
     """
 
     def __init__(self, where=False):
         self.operations = collections.Counter()
         self.host_reads = collections.Counter()
         self.reads_by_source = collections.Counter()
+        self.waits = collections.defaultdict(collections.Counter)
         self._where = where
         self._stages = ["other"]
         self._mode = None
@@ -92,13 +106,27 @@ class DeviceWork:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         work = self
-        scalar = torch.ops.aten._local_scalar_dense.default
+        aten = torch.ops.aten
+        scalar = aten._local_scalar_dense.default
+        waiting = {
+            aten._linalg_check_errors.default: "linalg check",
+            aten._linalg_eigh.default: "eigh",
+            aten._linalg_eigh.eigenvalues: "eigh",
+            aten.nonzero.default: "nonzero",
+            aten.masked_select.default: "boolean mask",
+        }
+        index = aten.index.Tensor
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                work.operations[work._stages[-1]] += 1
+                stage = work._stages[-1]
+                work.operations[stage] += 1
                 if func is scalar:
                     work._read()
+                elif func in waiting:
+                    work.waits[stage][waiting[func]] += 1
+                elif func is index and _has_mask(args[1]):
+                    work.waits[stage]["boolean mask"] += 1
                 return func(*args, **(kwargs or {}))
 
         # copies to the host that no torch operation shows: to numpy, to lists
@@ -124,21 +152,48 @@ class DeviceWork:
         self._patched.clear()
         return False
 
+    def round_trips(self):
+        """By stage, every operation after which a GPU's host waits: the host
+        reads and the :attr:`waits` of every kind."""
+        trips = collections.Counter(self.host_reads)
+        for stage, kinds in self.waits.items():
+            trips[stage] += sum(kinds.values())
+        return trips
+
     def summary(self):
-        """``{stage: {"operations": n, "host_reads": n}}``, and a ``"total"``."""
-        stages = sorted(set(self.operations) | set(self.host_reads))
+        """``{stage: {"operations": n, "host_reads": n, "waits": {kind: n},
+        "round_trips": n}}``, and a ``"total"``."""
+        stages = sorted(set(self.operations) | set(self.host_reads) | set(self.waits))
+        trips = self.round_trips()
         table = {
             stage: {
                 "operations": self.operations[stage],
                 "host_reads": self.host_reads[stage],
+                "waits": dict(self.waits[stage]),
+                "round_trips": trips[stage],
             }
             for stage in stages
         }
+        waits = collections.Counter()
+        for kinds in self.waits.values():
+            waits.update(kinds)
         table["total"] = {
             "operations": sum(self.operations.values()),
             "host_reads": sum(self.host_reads.values()),
+            "waits": dict(waits),
+            "round_trips": sum(trips.values()),
         }
         return table
+
+
+def _has_mask(indices):
+    """Whether an ``aten.index`` call's indices hold a boolean mask (its result's
+    shape depends on the mask's values: the host waits for them)."""
+    import torch
+
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()
+    )
 
 
 def _skattn_caller():
