@@ -50,6 +50,11 @@ def test_a_wrapped_function_counts_as_its_stage():
 # host for NaN where torch raises).  Lower them when a change removes reads; a
 # change that adds reads to an inner loop fails here.
 MOST_HOST_READS = {"search": 13, "refinement": 33, "polish": 17}
+# ... and round trips of every kind (host reads, linear-algebra error checks,
+# eigh, nonzero, boolean masks): the counts of 2026-11-29 with a quarter more
+# (search 10, refinement 29, polish 15; the search's 164 before its Gram solve
+# left the checked Cholesky: 154 error checks, one a step)
+MOST_ROUND_TRIPS = {"search": 13, "refinement": 37, "polish": 19}
 
 
 @pytest.mark.skipif(
@@ -80,6 +85,9 @@ def test_the_random_start_path_reads_the_host_no_more_than_before():
     for stage, most in MOST_HOST_READS.items():
         assert 0 < work.host_reads[stage] <= most, (stage, work.summary())
         assert work.operations[stage] > work.host_reads[stage]
+    trips = work.round_trips()
+    for stage, most in MOST_ROUND_TRIPS.items():
+        assert work.host_reads[stage] <= trips[stage] <= most, (stage, work.summary())
     assert isinstance(estimator.attention_, torch.Tensor)
     assert np.isfinite(work.summary()["total"]["operations"])
 
@@ -164,3 +172,27 @@ def test_the_polish_reads_the_host_no_more_than_before():
         torch.set_num_threads(threads)
     assert info["relative_residual"] < 1e-12 and info["n_iter"] > 2
     assert 0 < work.host_reads["other"] <= MOST_POLISH_HOST_READS, work.summary()
+
+
+def test_an_unchecked_cholesky_solve_is_the_checked_one_and_waits_for_nothing():
+    from skattn.utils._array_api import (
+        cholesky_solve,
+        cholesky_solve_unchecked,
+        namespace,
+    )
+
+    rng = np.random.default_rng(0)
+    a = torch.asarray(rng.normal(size=(6, 4)))
+    gram, rhs = a.T @ a, torch.asarray(rng.normal(size=(4, 2)))
+    xp = namespace(gram)
+    with DeviceWork() as work:
+        got = cholesky_solve_unchecked(xp, gram, rhs, 1e-6)
+        singular = cholesky_solve_unchecked(xp, torch.zeros_like(gram), rhs, 1.0)
+    assert work.round_trips()["other"] == 0, work.summary()
+    torch.testing.assert_close(got, cholesky_solve(xp, gram, rhs), rtol=1e-12, atol=0)
+    # not definite: the factor of the ridged matrix (here the identity) instead
+    torch.testing.assert_close(singular, rhs)
+    assert (
+        cholesky_solve_unchecked(namespace(np.eye(2)), np.eye(2), np.ones(2), 1.0)
+        is None
+    )

@@ -262,6 +262,32 @@ def cholesky_solve(xp, gram, rhs):
     return out[..., 0] if vector else out
 
 
+def cholesky_solve_unchecked(xp, gram, rhs, fallback_ridge):
+    """``cholesky_solve`` without a host check, on torch: ``gram``'s factor by
+    ``torch.linalg.cholesky_ex``, and where it is not definite (its status, read
+    by no one) the factor of ``gram + fallback_ridge * I`` instead, chosen on
+    the device (``fallback_ridge`` a 0-d array or a float).  ``None`` in other
+    namespaces (the caller checks there).
+
+    A checked ``torch.linalg.cholesky`` makes a GPU's host wait at every call
+    for its error check (issue 63); both factors cost a ``p x p`` Cholesky each.
+    """
+    if not _compat.is_torch_namespace(xp):
+        return None
+    import torch
+
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    first, info = torch.linalg.cholesky_ex(gram)
+    second, _ = torch.linalg.cholesky_ex(gram + fallback_ridge * eye)
+    lower = torch.where((info == 0)[..., None, None], first, second)
+    vector = rhs.ndim == gram.ndim - 1
+    if vector:
+        rhs = rhs[..., None]
+    half = solve_triangular(xp, lower, rhs, lower=True)
+    out = solve_triangular(xp, xp.linalg.matrix_transpose(lower), half, lower=False)
+    return out[..., 0] if vector else out
+
+
 def lstsq(xp, a, b):
     """Minimum-norm least-squares solution of ``a x = b`` (2-D ``a``)."""
     if is_numpy(xp):

@@ -28,6 +28,7 @@ from sklearn.utils import check_random_state
 from ...layer._math import softmax
 from ...utils._array_api import (
     cholesky_solve,
+    cholesky_solve_unchecked,
     device,
     is_numpy,
     lstsq,
@@ -49,6 +50,10 @@ _LEARNING_RATE = 0.1
 # Ridge of a batch's Gram matrix, relative to its mean diagonal: keeps the solve
 # defined when a batch's design is rank deficient (a head with no signal yet).
 _BATCH_RIDGE = 1e-10
+# ... and, on torch (no host check of the factor), the ridge taken where that
+# Gram is still not definite (float32 designs of two heads with the same
+# columns), in place of the host's minimum-norm least squares
+_FALLBACK_RIDGE = 1e-6
 # A check counts as progress when the residual falls below (1 - _PROGRESS) times
 # the best so far.  (A tenth cut the step size of 12 MiniLM heads while Adam at
 # the first step size still gained 3-5 % a check; benchmarks/HISTORY.md.)
@@ -354,6 +359,12 @@ def _solve_gram(gram, rhs, system):
     tiny = xp.asarray(np.finfo(float).tiny, dtype=gram.dtype, device=device(gram))
     ridge = _BATCH_RIDGE * xp.maximum(mean, tiny)
     gram = gram + ridge * xp.eye(p, dtype=gram.dtype, device=device(gram))
+    # on torch: no host check of the factor at every step (a GPU's host waited
+    # for it: 154 checks in a small fit's search); where the ridged Gram is
+    # still not definite, a larger ridge instead of the least squares below
+    unchecked = cholesky_solve_unchecked(xp, gram, rhs, _FALLBACK_RIDGE * mean)
+    if unchecked is not None:
+        return unchecked
     try:
         return cholesky_solve(xp, gram, rhs)
     except np.linalg.LinAlgError:
