@@ -254,7 +254,13 @@ def cholesky_solve(xp, gram, rhs):
     # CuPy returns NaN, no error; torch raises (no host read of the factor)
     if not _compat.is_torch_namespace(xp) and not bool(xp.all(xp.isfinite(lower))):
         raise np.linalg.LinAlgError("Matrix is not positive definite.")
-    vector = rhs.ndim == gram.ndim - 1
+    return _solve_with_factor(xp, lower, rhs)
+
+
+def _solve_with_factor(xp, lower, rhs):
+    """``(L L^T)^{-1} rhs`` by two triangular solves (``rhs`` a vector or a
+    matrix of right-hand sides, batched as ``lower``)."""
+    vector = rhs.ndim == lower.ndim - 1
     if vector:
         rhs = rhs[..., None]
     half = solve_triangular(xp, lower, rhs, lower=True)
@@ -280,12 +286,7 @@ def cholesky_solve_unchecked(xp, gram, rhs, fallback_ridge):
     first, info = torch.linalg.cholesky_ex(gram)
     second, _ = torch.linalg.cholesky_ex(gram + fallback_ridge * eye)
     lower = torch.where((info == 0)[..., None, None], first, second)
-    vector = rhs.ndim == gram.ndim - 1
-    if vector:
-        rhs = rhs[..., None]
-    half = solve_triangular(xp, lower, rhs, lower=True)
-    out = solve_triangular(xp, xp.linalg.matrix_transpose(lower), half, lower=False)
-    return out[..., 0] if vector else out
+    return _solve_with_factor(xp, lower, rhs)
 
 
 def lstsq(xp, a, b):
