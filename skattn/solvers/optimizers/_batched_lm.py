@@ -33,6 +33,7 @@ import numpy as np
 
 from ...utils._array_api import device, to_numpy
 from ..kernels._parametrization import _inverse_root
+from ._trf import trial_errors
 
 __all__ = ["batched_cgls", "batched_least_squares"]
 
@@ -291,7 +292,7 @@ def batched_least_squares(
         z_new = z + step
         # a trial that overflows (logits of a step too long) is not finite and
         # not accepted below; numpy's warnings of it are left unsaid
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with trial_errors():
             f_new = problem.residual(apply(z_new, index))
             cost_new = 0.5 * xp.sum(f_new * f_new, axis=1)
         actual = cost - cost_new

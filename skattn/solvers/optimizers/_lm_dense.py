@@ -29,6 +29,7 @@ from ..kernels._loss import (
     _solve_psd,
     solve_projections,
 )
+from ._trf import trial_errors
 
 
 def _einsum_optimized(xp, subscripts, *operands):
@@ -204,12 +205,6 @@ def _gauss_newton_system(X, Y, attention, projection, sample_weight, alpha):
     return loss, g_theta, g_w, h_tt, h_tw, gram
 
 
-def _trial_errors():
-    """numpy's floating-point errors left unsaid at a trial point: a step too
-    long overflows the logits, and the non-finite loss rejects it."""
-    return np.errstate(over="ignore", invalid="ignore", divide="ignore")
-
-
 def _varpro_levenberg_marquardt(
     X, Y, attention, sample_weight, alpha, hull, max_iter, tol, damping=1e-3
 ):
@@ -308,14 +303,14 @@ def _varpro_levenberg_marquardt(
         trial = theta + xp.reshape(full_step, (m, d, d))
         if step_norm <= tol * (norm(theta) + tol):
             # last step: keep it if it does not increase the loss, then stop
-            with _trial_errors():
+            with trial_errors():
                 t_projection = solve_projections(X, Y, trial, sample_weight, alpha)
                 t_loss = _loss(X, Y, trial, t_projection, sample_weight, alpha)
             if t_loss <= loss:
                 theta = trial
             stop = "step"
             break
-        with _trial_errors():  # an overflowing trial: a NaN loss, rejected below
+        with trial_errors():  # an overflowing trial: a NaN loss, rejected below
             t_projection, t_matrix, t_factor, t_system = evaluate(trial)
         n_eval += 1
         t_loss = t_system[0]

@@ -232,6 +232,12 @@ def _print_iteration(iteration, nfev, cost, reduction, step_norm, optimality):
     )
 
 
+def trial_errors():
+    """numpy's floating-point errors left unsaid at a trial point: a step too
+    long overflows the logits, and the solver rejects its non-finite loss."""
+    return np.errstate(over="ignore", invalid="ignore", divide="ignore")
+
+
 def trf(
     xp,
     fun,
@@ -390,7 +396,7 @@ def trf(
             x_new = x + step
             # a trial point may overflow (logits of a step too long): it is
             # rejected below, counted, and says nothing on numpy's channel
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            with trial_errors():
                 f_new = fun(x_new)
                 nfev += 1
                 # one host read: the trial's predicted and actual reductions, norms

@@ -90,12 +90,12 @@ def _on_more_sequences(
                 info["heads"][i] = again["heads"][i]
             taken += converged
         heads, stuck = stuck, _stalled(again["heads"], stuck)
-        crawling = [
-            i
-            for i in stuck
+        residuals = {i: again["heads"][i]["relative_residual"] for i in stuck}
+        crawling = (
+            [i for i in stuck if residuals[i] > _CRAWL * before[i]]
             if leave_crawling
-            and again["heads"][i]["relative_residual"] > _CRAWL * before[i]
-        ]
+            else []
+        )
         info["stuck"].append(
             {
                 "heads": heads,
@@ -110,7 +110,7 @@ def _on_more_sequences(
                 f"to the restart from their patterns"
             )
         stuck = [i for i in stuck if i not in crawling]
-        before = {i: again["heads"][i]["relative_residual"] for i in stuck}
+        before = {i: residuals[i] for i in stuck}
     if taken:
         info["residual"] = _fit_on(X, Y, params, par, sample_weight, direction, rows)
         info["kept"] = True
