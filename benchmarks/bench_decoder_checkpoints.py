@@ -13,6 +13,7 @@ shared machine the CPU seconds say what the run itself cost).
 
     python benchmarks/bench_decoder_checkpoints.py [--arch gpt2 llama qwen2]
         [--n-windows 400|default] [--n-tokens 32] [--threads 2]
+        [--hidden 64 --heads 4 --kv-heads 2] [--rope-theta 500000]
         [--polish-max-iter I] [--restarts R] [--out F.json]
 """
 
@@ -60,6 +61,15 @@ def main(argv=None):
         "(the count's windows with its margin fitted, the rest held out)",
     )
     parser.add_argument("--n-tokens", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument(
+        "--rope-theta",
+        type=float,
+        default=None,
+        help="rotary base written into the checkpoint (default: transformers')",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--polish-max-iter",
@@ -86,14 +96,19 @@ def main(argv=None):
                 Path(tmp, arch),
                 arch,
                 docs,
-                n_features=64,
-                n_heads=4,
-                n_kv_heads=2,
+                n_features=args.hidden,
+                n_heads=args.heads,
+                n_kv_heads=args.kv_heads,
                 n_layers=2,
                 std=0.2,
                 random_state=args.seed,
             )
             config = json.loads((folder / "config.json").read_text())
+            if args.rope_theta is not None and arch != "gpt2":  # a released base
+                config["rope_theta"] = args.rope_theta
+                if isinstance(config.get("rope_parameters"), dict):
+                    config["rope_parameters"]["rope_theta"] = args.rope_theta
+                (folder / "config.json").write_text(json.dumps(config))
             learner = decoder_learner(
                 decoder_settings(config, 1),
                 args.n_tokens,
