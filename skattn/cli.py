@@ -594,7 +594,7 @@ def _parser():
 
 
 def _timed_fit(estimator, X, y, device=None):
-    from .experiments._layer import _fit_on
+    from .experiments._pipeline import _fit_on
 
     start = time.perf_counter()
     _fit_on(estimator, X, y, device)
@@ -1080,7 +1080,7 @@ def _fit(args):
         )
     device = None
     if args.device is not None:
-        from .experiments._layer import _check_device
+        from .experiments._pipeline import _check_device
 
         device = _check_device(args.device, learner)
     _check_output(args.out, suffix=" or ".join(LAYER_FILE_SUFFIXES))
@@ -1106,7 +1106,7 @@ def _fit(args):
 
 
 def _memory_record(learner):
-    from .experiments._layer import _memory_record
+    from .experiments._pipeline import _memory_record
 
     return _memory_record(learner)
 

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import skattn.experiments._pipeline as pipeline_module
 from skattn import make_attention_regression
 from skattn.cli import main
+from skattn.datasets import BertEncoder
 
 
 def test_demo_recovers_and_prints_the_table(capsys):
@@ -531,12 +533,12 @@ def test_layer_learns_and_writes_the_layer_the_report_and_the_plot(
 def test_layer_writes_into_skattn_layer_L_by_default(
     tmp_path, capsys, checkpoint, monkeypatch
 ):
-    import skattn.experiments._layer as layer_module
+    import skattn.experiments._encoder_layer as encoder_module
 
     monkeypatch.chdir(tmp_path)
-    fast = layer_module.MultiHeadAttentionRegressor
+    fast = encoder_module.MultiHeadAttentionRegressor
     monkeypatch.setattr(
-        layer_module,
+        encoder_module,
         "MultiHeadAttentionRegressor",
         lambda **kw: fast(**kw, init="random", polish_max_iter=1, start_search="none"),
     )
@@ -567,13 +569,13 @@ def test_layer_fits_on_the_device_asked(tmp_path, capsys, checkpoint, monkeypatc
     # --device cpu: the fit through the array API on torch CPU tensors, recorded
     import json
 
-    import skattn.experiments._layer as layer_module
+    import skattn.experiments._encoder_layer as encoder_module
 
     pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
-    fast = layer_module.MultiHeadAttentionRegressor
+    fast = encoder_module.MultiHeadAttentionRegressor
     monkeypatch.setattr(
-        layer_module,
+        encoder_module,
         "MultiHeadAttentionRegressor",
         lambda **kw: fast(**kw, init="random", polish_max_iter=1, start_search="none"),
     )
@@ -684,10 +686,8 @@ LAYER_BAD_INPUT = [
 def test_layer_bad_input_is_one_line_before_the_model_loads(
     tmp_path, capsys, monkeypatch, checkpoint, edit, args, message
 ):
-    import skattn.experiments._layer as layer_module
-
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(layer_module.BertEncoder, "from_safetensors", _no_model)
+    monkeypatch.setattr(BertEncoder, "from_safetensors", _no_model)
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00text")
     if edit is not None:
         edit(checkpoint)
@@ -719,14 +719,12 @@ def test_layer_output_folder_without_write_permission(
 ):
     import os
 
-    import skattn.experiments._layer as layer_module
-
     if os.geteuid() == 0:  # root writes anywhere: the refusal is simulated
 
         def refuse(*args, **kwargs):
             raise PermissionError(13, "Permission denied")
 
-        monkeypatch.setattr(layer_module.tempfile, "NamedTemporaryFile", refuse)
+        monkeypatch.setattr(pipeline_module.tempfile, "NamedTemporaryFile", refuse)
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
@@ -828,10 +826,8 @@ def test_layer_messages_name_the_flags_or_where_to_set_the_rest():
 
 
 def test_layer_held_out_error_names_the_flag(tmp_path, capsys, monkeypatch, checkpoint):
-    import skattn.experiments._layer as layer_module
-
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(layer_module.BertEncoder, "from_safetensors", _no_model)
+    monkeypatch.setattr(BertEncoder, "from_safetensors", _no_model)
     argv = [
         "layer",
         "--fit-anyway",
@@ -876,7 +872,7 @@ def test_load_layer_reads_the_layer_of_skattn_layer(tmp_path):
     # safetensors reader reads the file skattn writes
     from skattn import AttentionLayer
     from skattn.cli import load_layer
-    from skattn.experiments._layer import _write_layer
+    from skattn.experiments._encoder_layer import _write_layer
 
     rng = np.random.default_rng(0)
     layer = AttentionLayer(
@@ -989,8 +985,6 @@ def test_layer_interrupted_then_resumed_says_so_and_records_it(
 ):
     import json
 
-    import skattn.experiments._layer as layer_module
-
     monkeypatch.chdir(tmp_path)
     argv = [
         "layer",
@@ -1004,18 +998,18 @@ def test_layer_interrupted_then_resumed_says_so_and_records_it(
         "o",
     ]
     argv += ["--n-tokens", "4", "--n-windows", "60", "--n-heads", "1", "--quiet"]
-    real_fit_on = layer_module._fit_on
+    real_fit_on = pipeline_module._fit_on
 
     def interrupted(learner, X, y, device):
         _interrupt(learner, X, y)
 
-    monkeypatch.setattr(layer_module, "_fit_on", interrupted)
+    monkeypatch.setattr(pipeline_module, "_fit_on", interrupted)
     code, err = _exit(argv, capsys)
     assert code == 130
     assert err == (
         "skattn: interrupted; run the same command again to resume from o/cache\n"
     )
-    monkeypatch.setattr(layer_module, "_fit_on", real_fit_on)
+    monkeypatch.setattr(pipeline_module, "_fit_on", real_fit_on)
     assert main(argv) == 0  # the interrupted piece computed nothing to reuse
     printed = capsys.readouterr().out
     assert "resumed:" not in printed
@@ -1057,7 +1051,7 @@ def test_layer_resumes_when_the_hidden_states_round_otherwise(
     argv = ["layer", "--fit-anyway", "model", "--layer", "1", "--text", "text.txt"]
     argv += ["--out", "o", "--n-tokens", "4", "--n-windows", "40", "--n-heads", "1"]
     assert main(argv) == 0
-    assert "hidden states entering layer 1 computed." in capsys.readouterr().err
+    assert "layer 1's inputs and outputs computed." in capsys.readouterr().err
     exact = BertEncoder.hidden_states
 
     def rounded_otherwise(self, ids, layer, **kw):
@@ -1068,7 +1062,7 @@ def test_layer_resumes_when_the_hidden_states_round_otherwise(
     assert main(argv) == 0
     resume = json.loads(Path("o/report.json").read_text())["resume"]
     assert resume["stages_reused"] > 0 and resume["stages_computed"] == 0
-    assert "hidden states entering layer 1 read back from the cache." in (
+    assert "layer 1's inputs and outputs read back from the cache." in (
         capsys.readouterr().err
     )
 
@@ -1099,12 +1093,10 @@ def test_layer_stops_before_the_fit_when_the_windows_cannot_pin_a_head(
     tmp_path, capsys, monkeypatch
 ):
     # issue 51: exit status 1 and one line naming the windows needed, no fit
-    import skattn.experiments._layer as layer_module
-
     def no_fit(*args, **kwargs):
         raise AssertionError("the fit started")
 
-    monkeypatch.setattr(layer_module, "_fit_on", no_fit)
+    monkeypatch.setattr(pipeline_module, "_fit_on", no_fit)
     (tmp_path / "text.txt").write_text("The cat sat on the mat. " * 60)
     argv = ["layer", "--layer", "3", "--text", str(tmp_path / "text.txt")]
     argv += ["--n-windows", "10", "--n-heads", "1", "--out", str(tmp_path / "o")]

@@ -236,7 +236,7 @@ def test_an_interrupted_decoder_layer_run_resumes(checkpoints, text, tmp_path, c
     # and the rest computed; once more, every stage is read back and said so
     from pathlib import Path
 
-    import skattn.experiments._layer as layer_module
+    import skattn.experiments._pipeline as pipeline_module
     import skattn.solvers._decoder as decoder_module
 
     out = tmp_path / "o"
@@ -272,7 +272,7 @@ def test_an_interrupted_decoder_layer_run_resumes(checkpoints, text, tmp_path, c
     assert again["resume"]["stages_computed"] == 0
     assert again["held_out_relative_error"] == report["held_out_relative_error"]
     assert f"resumed: {again['resume']['stages_reused']} stages reused" in printed
-    assert layer_module._Pieces.FILE in {p.name for p in (out / "cache").iterdir()}
+    assert pipeline_module._Pieces.FILE in {p.name for p in (out / "cache").iterdir()}
 
 
 def test_more_text_than_the_count_asks_for_is_held_out_not_fitted(
@@ -280,7 +280,7 @@ def test_more_text_than_the_count_asks_for_is_held_out_not_fitted(
 ):
     # no n_windows: the fit takes the windows the count asks for with the search's
     # margin, the rest of the text is held out; the first line says so
-    from skattn.experiments._decoder_layer import MAX_HELD_OUT
+    from skattn.experiments._pipeline import MAX_HELD_OUT
 
     folder = checkpoints["gpt2"]
     config = json.loads((folder / "config.json").read_text())
@@ -297,6 +297,6 @@ def test_more_text_than_the_count_asks_for_is_held_out_not_fitted(
     first = capsys.readouterr().err
     assert (
         f"to fit on {wanted} windows of 8 tokens ({available - wanted} held out) of "
-        f"the text's {available}: the count asks for {wanted} with its margin; the "
-        f"rest held out." in first
+        f"the {available} of 1 text file(s): the count asks for {wanted} with its "
+        f"margin; the rest held out." in first
     )

@@ -13,14 +13,29 @@ transformers' outputs (:func:`decoder_measure`), written in the checkpoint's
 own tensor names and loaded back into the model (:func:`load_back_error`).
 """
 
-import numpy as np
+import json
+from pathlib import Path
 
-from ..datasets._decoder_checkpoint import attention_module, run_attention
+import numpy as np
+from sklearn.base import clone
+
+from ..datasets._decoder_checkpoint import (
+    _load_model,
+    attention_module,
+    check_decoder_checkpoint,
+    decoder_examples,
+    module_ranks,
+    run_attention,
+    write_decoder_layer,
+)
 from ..datasets._encoder import _load_tokenizer, _text_windows
 from ..estimators import MultiHeadAttentionRegressor
+from ..layer import AttentionLayer
+from ..layer._hf import ARCHITECTURES
 from ..metrics import data_verdict
 from ..metrics._identifiability import SEARCH_MARGIN, describe_verdict
 from ..utils._optional import require
+from ._pipeline import _FIT_ANYWAY, _held_out_count
 
 __all__ = [
     "decoder_learner",
@@ -30,67 +45,10 @@ __all__ = [
     "load_back_error",
     "model_tables_difference",
     "prediction_gap",
-    "window_plan",
 ]
 
 # A layer whose held-out relative error is at most this is reported exact.
 EXACT_LAYER = 1e-6
-
-
-def _held_out_count(held_out, wanted):
-    """Windows held out of ``wanted``: ``round(held_out * wanted)``, at least one
-    and fewer than ``wanted`` (a one-line error otherwise)."""
-    n_held = round(held_out * wanted)
-    if not 1 <= n_held < wanted:
-        raise ValueError(
-            f"held_out={held_out} of {wanted} windows leaves "
-            f"{'none to hold out' if n_held < 1 else 'none to fit'}; use more "
-            f"windows or another held_out."
-        )
-    return n_held
-
-
-# Held-out windows at most, when the text has more than the fit's count asks for:
-# they are measured, not fitted (their hidden states cost memory: 2000 windows
-# of 64 tokens of MiniLM are 0.4 GB in float64).
-MAX_HELD_OUT = 2000
-
-
-def window_plan(available, n_windows, held_out, wanted):
-    """``(n_total, n_held, why)``: how many windows to use and to hold out.
-
-    With ``n_windows``, those (``round(held_out * n_windows)`` held out).
-    Without, the fit takes ``wanted`` (the count's windows with the search's
-    margin, ``search_samples_needed``) and the rest of the text is held out
-    (at least the ``held_out`` share of the whole, at most ``MAX_HELD_OUT``
-    beyond it), so that more text makes the fit no slower; where the text has
-    too few, every window, ``round(held_out * available)`` held out.  ``why``
-    says which, for the first line of the run.
-
-    Examples
-    --------
-    >>> window_plan(1250, None, 0.2, 92)
-    (1250, 1158, 'the count asks for 92 with its margin; the rest held out')
-    >>> window_plan(100, None, 0.2, 92)[:2], window_plan(1250, 200, 0.2, 92)[:2]
-    ((100, 20), (200, 40))
-    """
-    if n_windows is not None:
-        return n_windows, _held_out_count(held_out, n_windows), "n_windows"
-    least = max(1, round(held_out * wanted / (1 - held_out)))
-    if available < wanted + least:
-        return (
-            available,
-            _held_out_count(held_out, available),
-            f"all of them: fewer than the {wanted + least} that the count asks "
-            f"for with its margin and held-out share",
-        )
-    held = min(available - wanted, max(least, MAX_HELD_OUT))
-    rest = "the rest held out" if held == available - wanted else "held out"
-    return (
-        wanted + held,
-        held,
-        f"the count asks for {wanted} with its margin; {rest}",
-    )
 
 
 def decoder_windows(tokenizer, paths, contents, n_tokens, n_windows, held_out):
@@ -167,10 +125,6 @@ def _unknowns(settings, n_in):
     )
     gauge = (h if settings["rope_theta"] is not None else h * h) + h * h
     return (m + 2 * m_kv) * n_in * h + m * h * d - m_kv * gauge
-
-
-# The end of a verdict that stops the fit (without fit_anyway)
-_FIT_ANYWAY = "(or fit_anyway: fit all the same)"
 
 
 def decoder_verdict(n_fit, n_tokens, settings, intercept):
@@ -286,12 +240,14 @@ def load_back_error(model, checkpoint, tensors, ids, y):
     """Load the written ``tensors`` (the checkpoint's own names) into the
     transformers ``model`` with ``load_state_dict(strict=False)`` and return
     the relative error of layer L's attention outputs on ``ids`` against
-    ``y``; a ValueError if a key is not the model's."""
+    ``y``; a ValueError if a key is not the model's.  The model's own tensors
+    are put back afterwards (the model stays the original)."""
     torch = require("torch", extra="transformers", feature="Decoder checkpoints")
     state = model.state_dict()
     keys = [key for key in tensors if key not in state]
     if keys:
         raise ValueError(f"the written tensors {keys} are not keys of the model.")
+    original = {key: state[key].clone() for key in tensors}
     result = model.load_state_dict(
         {
             key: torch.as_tensor(value, dtype=state[key].dtype)
@@ -303,6 +259,192 @@ def load_back_error(model, checkpoint, tensors, ids, y):
         raise ValueError(
             f"the model did not take the tensors {result.unexpected_keys}."
         )
-    _, module = attention_module(model, checkpoint)
-    _, back = run_attention(model, module, ids, settings=checkpoint["settings"])
+    try:
+        _, module = attention_module(model, checkpoint)
+        _, back = run_attention(model, module, ids, settings=checkpoint["settings"])
+    finally:
+        model.load_state_dict(original, strict=False)
     return _relative(back, y)
+
+
+def _decoder_folder(checkpoint):
+    """The folder of a decoder checkpoint (``config.json``'s ``model_type`` one
+    of GPT-2, Llama, Mistral, Qwen2), else None (the BERT path checks the rest)."""
+    if checkpoint is None:
+        return None
+    folder = Path(checkpoint)
+    if folder.is_file() and folder.suffix == ".safetensors":
+        folder = folder.parent
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(config, dict) and config.get("model_type") in ARCHITECTURES:
+        return folder
+    return None
+
+
+class DecoderSource:
+    """A decoder checkpoint as the pipeline reads it (see the module).
+
+    Built from the checkpoint's config and safetensors headers alone
+    (:func:`check_decoder_checkpoint`, per layer); transformers' model is
+    loaded by the first step that needs it and kept for the next layers (a
+    layer's written tensors are loaded back into it and then undone)."""
+
+    kind = "decoder"
+
+    def __init__(self, folder, *, n_tokens):
+        self.folder = Path(folder)
+        self.n_tokens = n_tokens
+        self.n_layers = check_decoder_checkpoint(folder, layer=0)["n_layers"]
+        self._checked = {}
+        self._model = None
+        self._written = {}
+
+    def checkpoint(self, layer):
+        """The checked checkpoint of layer ``layer``."""
+        if layer not in self._checked:
+            self._checked[layer] = check_decoder_checkpoint(
+                self.folder, layer=layer, n_tokens=self.n_tokens
+            )
+        return self._checked[layer]
+
+    def settings(self, layer):
+        return self.checkpoint(layer)["settings"]
+
+    def check(self, layer, n_heads, plot):
+        """The layer and window length against the checkpoint; no heads or plot
+        (a decoder layer is learned whole)."""
+        settings = self.settings(layer)
+        if n_heads is not None and n_heads != settings["n_heads"]:
+            raise ValueError(
+                f"n_heads={n_heads}: a decoder layer is learned whole (its "
+                f"{settings['n_heads']} query heads share key/value heads); leave "
+                f"n_heads out."
+            )
+        if plot:
+            raise ValueError(
+                "plot=True: the pattern plot matches heads of position-free layers; "
+                "a decoder layer has none to draw yet (leave plot out)."
+            )
+        require("tokenizers", extra="transformers", feature="Decoder checkpoints")
+        require("transformers", extra="transformers", feature="Decoder checkpoints")
+
+    def windows(self, paths, contents, n_windows, held_out):
+        """Every window of ``n_tokens`` consecutive tokens of one file."""
+        tokenizer = self.checkpoint(0)["tokenizer"]
+        ids, _ = decoder_windows(
+            tokenizer, paths, contents, self.n_tokens, n_windows, held_out
+        )
+        return ids
+
+    def windows_wanted(self, layer, n_heads):
+        """The count's windows with the search's margin."""
+        settings = self.settings(layer)
+        count = decoder_verdict(1, self.n_tokens, settings, bool(settings["biases"]))
+        return count["count"]["search_samples_needed"]
+
+    def describe(self, layer, n_heads, n_fit):
+        """The first line's account of what is fitted."""
+        s = self.settings(layer)
+        return (
+            f"layer {layer} of a {s['architecture']} checkpoint: {s['n_heads']} "
+            f"query heads ({s['n_kv_heads']} key/value) of dimension "
+            f"{s['head_dim']}",
+            None,
+        )
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = _load_model(self.checkpoint(0))
+        return self._model
+
+    def teacher(self, layer, n_heads):
+        """The attention module read as a skattn layer (checks the data path)."""
+        _, module = attention_module(self.model, self.checkpoint(layer))
+        return AttentionLayer.from_torch(module).set_params(n_tokens=self.n_tokens)
+
+    def examples(self, layer, teacher, ids, memory):
+        """``(X3, y, False)``: layer ``layer``'s attention inputs and outputs by
+        transformers' own model (not kept: the learner's stages are)."""
+        X, y, _ = decoder_examples(self.checkpoint(layer), ids, model=self.model)
+        return X, y, False
+
+    def verdict(self, layer, teacher, X3_fit):
+        """The count of :func:`decoder_verdict`."""
+        settings = self.settings(layer)
+        return decoder_verdict(
+            len(X3_fit), self.n_tokens, settings, bool(settings["biases"])
+        )
+
+    def learner(self, layer, teacher, *, random_state, memory, verbose):
+        """:func:`decoder_learner` of the layer's settings."""
+        return decoder_learner(
+            self.settings(layer),
+            self.n_tokens,
+            random_state=random_state,
+            verbose=verbose,
+            memory=memory,
+        )
+
+    def fit_inputs(self, X3, default):
+        return X3
+
+    def measure(self, teacher, learned, data, verdict):
+        """:func:`decoder_measure`, the RoPE tables' floor, and the error of
+        what the module can hold of the learned layer (kept for :meth:`write`)."""
+        X3, y, fit, held = data.X3, data.y, data.fit, data.held
+        checkpoint = self.checkpoint(data.layer)
+        settings = checkpoint["settings"]
+        report = decoder_measure(
+            teacher, learned, X3[fit], y[fit], X3[held], y[held], verdict
+        )
+        _, module = attention_module(self.model, checkpoint)
+        report["rope_tables"] = {
+            "teacher": None if settings["rope_theta"] is None else "float64",
+            "model_float32_tables_relative_difference": model_tables_difference(
+                self.model, module, data.ids[held], settings, y[held]
+            ),
+        }
+        # what the module holds of it: values cut to head_dim directions per group
+        written = module_ranks(clone(learned), settings, X3[fit])
+        self._written[data.layer] = written
+        report["written_held_out_relative_error"] = prediction_gap(
+            written, X3[held], y[held]
+        )
+        report["certificate"] = None
+        return report
+
+    def facts(self, layer, teacher):
+        """The report's ``checkpoint`` entry."""
+        checkpoint = self.checkpoint(layer)
+        settings = checkpoint["settings"]
+        return {
+            "folder": str(self.folder),
+            "model_type": settings["architecture"],
+            "n_layers": checkpoint["n_layers"],
+            "n_heads": settings["n_heads"],
+            "n_kv_heads": settings["n_kv_heads"],
+            "n_features": settings["n_features"],
+            "head_dim": settings["head_dim"],
+            "rope_theta": settings["rope_theta"],
+            "layer": layer,
+            "heads_learned": list(range(settings["n_heads"])),
+            "module": checkpoint["prefix"].rstrip("."),
+        }
+
+    def write(self, files, learned, layer, teacher, data, report):
+        """``layer.safetensors`` in the checkpoint's own tensor names, loaded
+        back into the model (and undone)."""
+        checkpoint = self.checkpoint(layer)
+        tensors = write_decoder_layer(
+            files["layer"],
+            self._written[layer],
+            checkpoint,
+            {"n_tokens": str(self.n_tokens)},
+        )
+        report["loaded_back_held_out_relative_error"] = load_back_error(
+            self.model, checkpoint, tensors, data.ids[data.held], data.y[data.held]
+        )
