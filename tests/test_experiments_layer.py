@@ -1,7 +1,7 @@
 """learn_layer: a layer of a BERT-style model learned back from text files.
 
 The command line around it (``skattn layer``), end to end, and each bad input's
-message: tests/test_cli.py.
+message: tests/test_cli_main.py.
 """
 
 import json

@@ -2,7 +2,7 @@
 the resume record, the report's JSON values, the certificate's summary.
 
 The pipeline end to end: tests/test_experiments_layer.py (encoders),
-tests/test_experiments_decoder_layer.py (decoders), tests/test_cli.py.
+tests/test_experiments_decoder_layer.py (decoders), tests/test_cli_main.py.
 """
 
 import json

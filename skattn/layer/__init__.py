@@ -15,6 +15,8 @@ intercept):
   (``from_torch`` / ``to_torch(module=...)``; the maps, on arrays and
   ``config.json`` dictionaries, in ``skattn.layer._hf``);
 * :func:`as_layer`, the one coercion of a layer or a fitted estimator;
+* :func:`save_layer` and :func:`load_layer`, a layer's file (``.safetensors``
+  or ``.npz``: what ``skattn fit`` writes), in ``skattn.layer._files``;
 * ``check_layer_parameters``, ``check_layer_biases`` and
   ``check_decoder_parameters``, the validation of the parameter arrays;
 * the math of F as pure functions on arrays (softmax, logits, patterns, per-head
@@ -36,5 +38,6 @@ from ._attention_layer import (
     check_layer_parameters as check_layer_parameters,
 )
 from ._coerce import as_layer
+from ._files import load_layer, save_layer
 
-__all__ = ["AttentionLayer", "as_layer"]
+__all__ = ["AttentionLayer", "as_layer", "load_layer", "save_layer"]

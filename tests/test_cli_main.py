@@ -384,18 +384,6 @@ def test_help_shows_the_defaults(capsys, command, defaults):
         assert (option in text) == (command == "fit")
 
 
-def test_fit_help_defaults_are_the_estimators():
-    from skattn import MultiHeadAttentionRegressor
-    from skattn.cli import FIT_OPTIONS, _parser
-
-    estimator = MultiHeadAttentionRegressor().get_params()
-    fit = _parser()._subparsers._group_actions[0].choices["fit"]
-    for action in fit._actions:
-        parameter = FIT_OPTIONS.get(action.dest)
-        if parameter and action.dest not in ("n_tokens", "random_state"):
-            assert action.default == estimator[parameter], action.dest
-
-
 def test_demo_checks_the_plot_path_before_fitting(tmp_path, capsys, monkeypatch):
     from skattn import MultiHeadAttentionRegressor
 
@@ -597,7 +585,7 @@ def test_layer_fits_on_the_device_asked(tmp_path, capsys, checkpoint, monkeypatc
 def test_layer_device_reruns_itself_with_the_array_api_variable(monkeypatch):
     # scipy reads SCIPY_ARRAY_API once, when imported: without it the command
     # runs itself again in a fresh interpreter that has it
-    import skattn.cli as cli
+    import skattn.cli._main as cli
 
     ran = {}
 
@@ -797,34 +785,6 @@ def test_fit_messages_name_the_flags_not_the_parameters(data, capsys, monkeypatc
     assert "polish_" not in err
 
 
-def test_layer_messages_name_the_flags_or_where_to_set_the_rest():
-    from skattn.cli import _command_words, _in_flags
-
-    words = _command_words("layer")
-    assert _in_flags(
-        "held_out=0.1 of 2 windows leaves none to hold out; use more windows or "
-        "another held_out.",
-        *words,
-    ) == (
-        "--held-out 0.1 of 2 windows leaves none to hold out; use more windows or "
-        "another --held-out."
-    )
-    # learner parameters that skattn layer has no flag for: said so, in the
-    # command's terms (no Python parameter to pass)
-    text = _in_flags("... Pass init='random' to silence this warning.", *words)
-    assert text.startswith("... Pass init='random' to silence this warning. (init: ")
-    assert text.endswith(
-        "a learner parameter that this command does not have; skattn layer cannot "
-        "set it: the command fits the default learner)"
-    )
-    # skattn fit has --init
-    assert _in_flags("Pass init='random' now.", *_command_words("fit")) == (
-        "Pass --init random now."
-    )
-    # skattn sweep's config keys are the parameters: its messages stay as they are
-    assert _command_words("sweep") is None
-
-
 def test_layer_held_out_error_names_the_flag(tmp_path, capsys, monkeypatch, checkpoint):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(BertEncoder, "from_safetensors", _no_model)
@@ -922,30 +882,6 @@ def test_load_layer_names_what_is_wrong_with_a_safetensors_file(
         load_layer(path)
     assert str(path) in str(info.value)
     assert "pickle" not in str(info.value)
-
-
-def test_fit_and_layer_share_their_option_names_and_defaults():
-    from skattn.cli import _parser
-
-    commands = _parser()._subparsers._group_actions[0].choices
-    for name in ("demo", "fit", "layer"):
-        for seed in ("--seed", "--random-state"):
-            args = _command_args(commands, name, [seed, "7"])
-            assert args.random_state == 7, (name, seed)
-    for name in ("fit", "layer"):  # progress bars by default in both
-        assert _command_args(commands, name, []).verbose == 1
-        assert _command_args(commands, name, ["--quiet"]).verbose == 0
-        assert _command_args(commands, name, ["--verbose"]).verbose == 2
-        assert _command_args(commands, name, ["--cache", "c"]).cache == "c"
-
-
-def _command_args(commands, name, extra):
-    required = {
-        "demo": [],
-        "fit": ["X.npy", "--n-tokens", "2"],
-        "layer": ["--layer", "0", "--text", "t.txt"],
-    }
-    return commands[name].parse_args(required[name] + extra)
 
 
 # -- Ctrl-C and resuming (issue 52, point 2) ---------------------------------------
