@@ -3,17 +3,22 @@
 For each architecture a random checkpoint is saved in a temporary folder
 (:func:`skattn.datasets._decoder_checkpoint.save_random_decoder`: 2 layers,
 hidden 64, 4 query heads, 2 key/value heads for Llama and Qwen2, every weight
-drawn with std 0.2, a BPE tokenizer trained on the text), and layer 1 is
+drawn with std 0.2, a BPE tokenizer trained on the text; with ``--train-steps
+N`` then trained N AdamW steps of next-token prediction on windows of
+``--n-tokens`` tokens of that text, so that its attention is a trained one's,
+not a random one's), and layer 1 is
 learned by :func:`skattn.experiments.learn_layer` from windows of 32 tokens of
 the standard library's docstrings (the hidden states and the teacher from
 transformers' own model classes).  Printed per architecture: the held-out
 relative error, the fit's time, and the held-out error of the written layer
 loaded back into the transformers model; the wall and CPU seconds (on a
-shared machine the CPU seconds say what the run itself cost).
+shared machine the CPU seconds say what the run itself cost), and the seconds
+the checkpoint took to make (its training included).
 
     python benchmarks/bench_decoder_checkpoints.py [--arch gpt2 llama qwen2]
         [--n-windows 400|default] [--n-tokens 32] [--threads 2]
         [--hidden 64 --heads 4 --kv-heads 2] [--rope-theta 500000]
+        [--train-steps 300]
         [--polish-max-iter I] [--restarts R] [--out F.json]
 """
 
@@ -68,7 +73,15 @@ def main(argv=None):
         "--rope-theta",
         type=float,
         default=None,
-        help="rotary base written into the checkpoint (default: transformers')",
+        help="rotary base of the checkpoint (default: transformers'); "
+        "not GPT-2's, which has none",
+    )
+    parser.add_argument(
+        "--train-steps",
+        type=int,
+        default=0,
+        help="AdamW steps of next-token prediction on the text before the layer "
+        "is learned (default 0: the random checkpoint)",
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
@@ -92,23 +105,25 @@ def main(argv=None):
         text = Path(tmp, "docstrings.txt")
         text.write_text("\n\n".join(docs), encoding="utf-8")
         for arch in args.arch:
-            folder, _ = save_random_decoder(
-                Path(tmp, arch),
-                arch,
-                docs,
-                n_features=args.hidden,
-                n_heads=args.heads,
-                n_kv_heads=args.kv_heads,
-                n_layers=2,
-                std=0.2,
-                random_state=args.seed,
-            )
+            start = time.perf_counter()
+            with threadpool_limits(args.threads):
+                folder, _ = save_random_decoder(
+                    Path(tmp, arch),
+                    arch,
+                    docs,
+                    n_features=args.hidden,
+                    n_heads=args.heads,
+                    n_kv_heads=args.kv_heads,
+                    n_layers=2,
+                    std=0.2,
+                    # a released model's base (GPT-2 has learned positions)
+                    rope_theta=None if arch == "gpt2" else args.rope_theta,
+                    train_steps=args.train_steps,
+                    train_tokens=args.n_tokens if args.train_steps else None,
+                    random_state=args.seed,
+                )
+            checkpoint_seconds = time.perf_counter() - start
             config = json.loads((folder / "config.json").read_text())
-            if args.rope_theta is not None and arch != "gpt2":  # a released base
-                config["rope_theta"] = args.rope_theta
-                if isinstance(config.get("rope_parameters"), dict):
-                    config["rope_parameters"]["rope_theta"] = args.rope_theta
-                (folder / "config.json").write_text(json.dumps(config))
             learner = decoder_learner(
                 decoder_settings(config, 1),
                 args.n_tokens,
@@ -136,6 +151,8 @@ def main(argv=None):
             report = result.report
             row = {
                 "arch": arch,
+                "train_steps": args.train_steps,
+                "checkpoint_seconds": checkpoint_seconds,
                 "held_out_relative_error": report["held_out_relative_error"],
                 "train_relative_error": report["train_relative_error"],
                 "loaded_back_held_out_relative_error": report[

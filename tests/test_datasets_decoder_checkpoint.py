@@ -1,8 +1,9 @@
 """Decoder checkpoints: checked before any model is loaded, run by transformers.
 
 Tiny GPT-2, Llama, Mistral and Qwen2 checkpoints are built offline in a tmp
-folder (``save_random_decoder``: random init, a BPE tokenizer); the
-bad ones are these with one thing changed.
+folder (``save_random_decoder``: random init, a BPE tokenizer; a few
+checkpoints briefly trained on the text); the bad ones are these with one
+thing changed.
 """
 
 import json
@@ -360,3 +361,100 @@ def test_a_sharded_checkpoint_is_read_from_its_index(checkpoints, tmp_path):
     checkpoint = check_decoder_checkpoint(tmp_path, layer=1, n_tokens=8)
     assert len(checkpoint["weight_files"]) > 1
     assert checkpoint["prefix"] == "model.layers.1.self_attn."
+
+
+def _stream(folder):
+    """The SENTENCES as the checkpoint's tokenizer cuts them, one stream."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return [i for encoding in tokenizer.encode_batch(SENTENCES) for i in encoding.ids]
+
+
+def _next_token_loss(model, ids, window):
+    """The mean next-token loss over every window of ``window`` tokens."""
+    stream = torch.as_tensor(ids)
+    windows = stream.unfold(0, window, 1)
+    with torch.no_grad():
+        return float(model(input_ids=windows, labels=windows).loss)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_briefly_trained_checkpoint_predicts_its_text_better(
+    checkpoints, arch, tmp_path
+):
+    folder, trained = save_random_decoder(
+        tmp_path / arch, arch, SENTENCES, train_steps=20, train_tokens=8
+    )
+    assert trained.dtype == torch.float64 and not trained.training
+    untrained = transformers.AutoModelForCausalLM.from_pretrained(
+        str(checkpoints[arch]), dtype=torch.float64
+    ).eval()
+    ids = _stream(folder)
+    assert ids == _stream(checkpoints[arch])  # the same tokenizer
+    before = _next_token_loss(untrained, ids, 8)
+    after = _next_token_loss(trained, ids, 8)
+    assert after < before - 0.5, (before, after)
+    # what was saved is the model returned, in float64
+    saved, _ = read_safetensors(folder / "model.safetensors")
+    state = trained.state_dict()
+    assert all(value.dtype == np.float64 for value in saved.values())
+    assert all(np.array_equal(v, state[k].numpy()) for k, v in saved.items())
+    if arch != "llama":
+        return
+    # the same arguments, the same checkpoint
+    again = save_random_decoder(
+        tmp_path / "again", arch, SENTENCES, train_steps=20, train_tokens=8
+    )[0]
+    assert (again / "model.safetensors").read_bytes() == (
+        folder / "model.safetensors"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_no_training_saves_the_random_draw_bit_for_bit(checkpoints, arch, tmp_path):
+    folder, _ = save_random_decoder(
+        tmp_path / arch, arch, SENTENCES, train_steps=0, rope_theta=None
+    )
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (folder / name).read_bytes() == (checkpoints[arch] / name).read_bytes()
+    # and that is the seed's draw from the config (attention biases redrawn)
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    torch.manual_seed(0)
+    drawn = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    drawn = drawn.double()  # drawn in float32, as save_random_decoder does
+    saved, _ = read_safetensors(folder / "model.safetensors")
+    state = drawn.state_dict()
+    weights = [k for k in saved if not ("attn." in k and k.endswith("bias"))]
+    assert len(weights) > 10
+    assert all(np.array_equal(saved[k], state[k].numpy()) for k in weights)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_rope_theta_lands_in_the_config(arch, tmp_path):
+    folder, model = save_random_decoder(tmp_path, arch, SENTENCES, rope_theta=5e5)
+    checkpoint = check_decoder_checkpoint(folder, layer=1)
+    assert checkpoint["settings"]["rope_theta"] == 5e5
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(folder))
+    assert loaded.config.rope_parameters["rope_theta"] == 5e5
+
+
+@pytest.mark.parametrize(
+    "arch, kwargs, match",
+    [
+        ("gpt2", {"rope_theta": 5e5}, "has learned positions and no rotary base"),
+        ("llama", {"rope_theta": -1.0}, "rope_theta must be a positive finite"),
+        ("llama", {"rope_theta": "5e5"}, "rope_theta must be a positive finite"),
+        ("llama", {"train_steps": -1}, "train_steps must be a non-negative integer"),
+        ("llama", {"train_steps": 2.5}, "train_steps must be a non-negative integer"),
+        ("llama", {"train_steps": True}, "train_steps must be a non-negative integer"),
+        ("llama", {"train_tokens": 1}, "train_tokens must be None"),
+        ("llama", {"train_tokens": 65}, "to max_positions=64, got 65"),
+        ("llama", {"train_steps": 1}, "pass more text or a smaller train_tokens"),
+        ("falcon", {}, "architecture='falcon' is not supported"),
+    ],
+)
+def test_bad_arguments_of_save_random_decoder(arch, kwargs, match, tmp_path):
+    with pytest.raises(ValueError, match=match) as info:
+        save_random_decoder(tmp_path, arch, SENTENCES, **kwargs)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "model.safetensors").exists()

@@ -564,6 +564,81 @@ def write_decoder_layer(path, layer, checkpoint, metadata=None):
     return tensors
 
 
+# The brief training of save_random_decoder(train_steps=...): AdamW's step
+# size and the windows in one step.
+_TRAIN_LR = 3e-3
+_TRAIN_BATCH = 16
+_ROTARY = ("llama", "mistral", "qwen2")
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_save_arguments(architecture, rope_theta, train_steps, train_tokens, n):
+    """The new arguments of :func:`save_random_decoder`, one-line errors."""
+    if architecture not in ("gpt2",) + _ROTARY:
+        raise ValueError(
+            f"architecture={architecture!r} is not supported; choose one of "
+            f"{['gpt2', *_ROTARY]}."
+        )
+    if rope_theta is not None:
+        if architecture == "gpt2":
+            raise ValueError(
+                f"rope_theta={rope_theta!r} was given for architecture='gpt2', "
+                "which has learned positions and no rotary base; pass "
+                "rope_theta=None, or an architecture with RoPE "
+                f"({', '.join(_ROTARY)})."
+            )
+        if (
+            isinstance(rope_theta, bool)
+            or not isinstance(rope_theta, (int, float, np.integer, np.floating))
+            or not np.isfinite(rope_theta)
+            or rope_theta <= 0
+        ):
+            raise ValueError(
+                f"rope_theta must be a positive finite number (the rotary base, "
+                f"e.g. 10000.0 or 500000.0) or None, got {rope_theta!r}."
+            )
+    if not _is_int(train_steps) or train_steps < 0:
+        raise ValueError(
+            f"train_steps must be a non-negative integer (0: no training, the "
+            f"random model), got {train_steps!r}."
+        )
+    if train_tokens is not None and (
+        not _is_int(train_tokens) or not 2 <= train_tokens <= n
+    ):
+        raise ValueError(
+            f"train_tokens must be None (max_positions={n}) or an integer from 2 "
+            f"(one next-token prediction) to max_positions={n}, got "
+            f"{train_tokens!r}."
+        )
+
+
+def _train_briefly(model, ids, *, steps, window, random_state):
+    """``steps`` AdamW steps of next-token prediction on random windows of
+    ``window`` consecutive tokens of the stream ``ids``, in float32, dropout
+    off; the sampling's own generator seeded with ``random_state``.  Returns
+    the model (float64, eval mode)."""
+    torch = require("torch", extra="transformers", feature="Decoder checkpoints")
+    stream = torch.as_tensor(ids, dtype=torch.long)
+    generator = torch.Generator().manual_seed(int(random_state))
+    offsets = torch.arange(window)
+    model = model.float().eval()  # eval: no dropout (GPT-2's), the same steps
+    optimizer = torch.optim.AdamW(model.parameters(), lr=_TRAIN_LR)
+    for _ in range(steps):
+        starts = torch.randint(
+            0, len(stream) - window + 1, (_TRAIN_BATCH,), generator=generator
+        )
+        batch = stream[starts[:, None] + offsets]
+        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.zero_grad(set_to_none=True)
+    return model.double().eval()
+
+
 def save_random_decoder(
     folder,
     architecture,
@@ -576,9 +651,13 @@ def save_random_decoder(
     std=0.2,
     vocab_size=2000,
     max_positions=64,
+    rope_theta=None,
+    train_steps=0,
+    train_tokens=None,
     random_state=0,
 ):
-    """Save a random decoder checkpoint, made offline, in ``folder``.
+    """Save a random (or briefly trained) decoder checkpoint, made offline, in
+    ``folder``.
 
     A tokenizer trained on ``texts`` (``tokenizers``' BPE with a whitespace
     pre-tokenizer, at most ``vocab_size`` tokens; ``tokenizer.json``) and a
@@ -587,26 +666,67 @@ def save_random_decoder(
     with std ``std`` too (``model.safetensors``, ``config.json``): a
     checkpoint for ``skattn layer`` in tests, benchmarks and examples.
 
+    With ``train_steps > 0`` the drawn model is then trained that many steps
+    on next-token prediction (``model(input_ids, labels=input_ids).loss``)
+    before it is saved: AdamW (learning rate 3e-3, transformers' other
+    defaults), each step on 16 windows of ``train_tokens`` consecutive tokens
+    drawn at random from ``texts`` (each text tokenized by the tokenizer, all
+    of them one stream), in float32 with dropout off; the model is then cast
+    back to float64.  Its attention then has the structure of a trained
+    model's (heads that look at tokens that matter), which a random one lacks.
+
     Parameters
     ----------
     folder : str or path-like
         Created if missing.
     architecture : {"gpt2", "llama", "mistral", "qwen2"}
     texts : list of str
-        The text the tokenizer is trained on.
+        The text the tokenizer is trained on (and the model, with
+        ``train_steps > 0``).
     n_features, n_heads, n_kv_heads, n_layers : int
         Hidden size, query heads, key/value heads (not GPT-2) and layers.
     std : float, default=0.2
     vocab_size, max_positions : int
+    rope_theta : float, default=None
+        The rotary base written in the config (``rope_theta``); None:
+        transformers' default (10000.0).  Llama, Mistral and Qwen2 only: GPT-2
+        has no rotary base and refuses one.
+    train_steps : int, default=0
+        AdamW steps of next-token prediction before saving; 0 saves the random
+        model as drawn (the same weights, bit for bit, as without the
+        argument).
+    train_tokens : int, default=None
+        The length of the training windows, from 2 to ``max_positions``; None:
+        ``max_positions``.  Used only with ``train_steps > 0``; the texts must
+        hold at least that many tokens.
     random_state : int, default=0
-        The torch seed of the weights.
+        The torch seed of the weights, and of the training windows' draw.
 
     Returns
     -------
     folder : pathlib.Path
     model : transformers model
         The model saved (float64, eval mode).
+
+    Raises
+    ------
+    ValueError
+        An unsupported architecture, ``rope_theta`` not a positive number or
+        given for GPT-2, ``train_steps`` not a non-negative integer,
+        ``train_tokens`` out of range, or (with ``train_steps > 0``) texts
+        shorter than one window.
+
+    Notes
+    -----
+    The same arguments give the same checkpoint: the weights' draw follows
+    ``torch.manual_seed(random_state)`` and training uses no other randomness
+    than its own generator's windows.  Training is float32 arithmetic on the
+    CPU, so a different torch build or number of threads may round it
+    differently.
     """
+    _check_save_arguments(
+        architecture, rope_theta, train_steps, train_tokens, max_positions
+    )
     torch = require("torch", extra="transformers", feature="Decoder checkpoints")
     transformers = require(
         "transformers", extra="transformers", feature="Decoder checkpoints"
@@ -614,14 +734,25 @@ def save_random_decoder(
     tokenizers = require(
         "tokenizers", extra="transformers", feature="Decoder checkpoints"
     )
+    texts = list(texts)
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tokenizer.train_from_iterator(
-        list(texts),
+        texts,
         tokenizers.trainers.BpeTrainer(
             vocab_size=vocab_size, special_tokens=["[UNK]"], show_progress=False
         ),
     )
+    window = max_positions if train_tokens is None else train_tokens
+    if train_steps > 0:
+        ids = [i for encoding in tokenizer.encode_batch(texts) for i in encoding.ids]
+        if len(ids) < window:
+            raise ValueError(
+                f"texts tokenize to {len(ids)} tokens, fewer than one training "
+                f"window of train_tokens={window}"
+                + (" (max_positions)" if train_tokens is None else "")
+                + "; pass more text or a smaller train_tokens."
+            )
     common = {
         "vocab_size": tokenizer.get_vocab_size(),
         "initializer_range": std,
@@ -643,6 +774,8 @@ def save_random_decoder(
             "mistral": transformers.MistralConfig,
         }[architecture]
         extra = {"sliding_window": None} if architecture == "mistral" else {}
+        if rope_theta is not None:
+            extra["rope_theta"] = float(rope_theta)
         config = cls(
             hidden_size=n_features,
             num_attention_heads=n_heads,
@@ -660,6 +793,10 @@ def save_random_decoder(
         for name, p in model.named_parameters():
             if (".attn." in name or ".self_attn." in name) and name.endswith("bias"):
                 p.normal_(0.0, std)
+    if train_steps > 0:
+        model = _train_briefly(
+            model, ids, steps=train_steps, window=window, random_state=random_state
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
