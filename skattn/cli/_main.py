@@ -345,12 +345,18 @@ def _cache_of(args):
     """The folder where the command keeps the fit's stages (None: none)."""
     if args.command == "fit":
         return args.cache
-    if args.command == "layer" and not args.no_cache:
+    if args.command in ("layer", "model") and not args.no_cache:
         if args.cache is not None:
             return args.cache
-        out = args.out if args.out is not None else f"skattn-layer-{args.layer}"
-        return str(Path(out) / "cache")
+        return str(Path(_out_of(args)) / "cache")
     return None
+
+
+def _out_of(args):
+    """The output folder of ``skattn layer`` or ``skattn model``."""
+    if args.out is not None:
+        return args.out
+    return f"skattn-layer-{args.layer}" if args.command == "layer" else "skattn-model"
 
 
 def _folder_bytes(folder):
@@ -376,7 +382,7 @@ def _resumed_line(reused, computed, seconds_all=None):
 def _layer(args):
     from ..experiments import learn_layer
 
-    out = args.out if args.out is not None else f"skattn-layer-{args.layer}"
+    out = _out_of(args)
     cache = _cache_of(args)
     result = learn_layer(
         args.checkpoint,
@@ -425,6 +431,54 @@ def _layer(args):
             f"cache: {cache} ({size:.1f} MB), kept so that a rerun reuses the fit; "
             f"remove it with: rm -r {shlex.quote(str(cache))}"
         )
+    return 0
+
+
+def _model(args):
+    from ..experiments import learn_model
+
+    cache = _cache_of(args)
+    result = learn_model(
+        args.checkpoint,
+        texts=args.text,
+        layers=args.layers,
+        n_tokens=args.n_tokens,
+        n_windows=args.n_windows,
+        held_out=args.held_out,
+        out=_out_of(args),
+        plot=args.plot,
+        random_state=args.random_state,
+        memory=cache,
+        device=args.device,
+        fit_anyway=args.fit_anyway,
+        verbose=args.verbose,
+    )
+    report = result.report
+    print(
+        f"Learned {len(result.layers)} of {len(report['layers'])} layer(s) of "
+        f"{report['checkpoint']} on {report['n_windows_fit']} windows of "
+        f"{args.n_tokens} tokens in {report['total_seconds']:.1f} s:"
+    )
+    print(result.table)
+    for name, entry in report["model"].items():
+        if not isinstance(entry, dict):
+            continue
+        which = "all layers" if name == "all" else f"layer {name}"
+        line = (
+            f"{which} replaced: final hidden states "
+            f"{entry['hidden_states_relative_difference']:.3g}, embeddings "
+            f"{entry['embedding_relative_difference']:.3g} (cosine >= "
+            f"{entry['embedding_cosine_min']:.12f})"
+        )
+        if "perplexity_learned" in entry:
+            line += (
+                f", log-probabilities {entry['log_probs_relative_difference']:.3g}, "
+                f"perplexity {entry['perplexity_learned']:.8g} (original "
+                f"{entry['perplexity_original']:.8g})"
+            )
+        print(f"  {line}")
+    for role, path in result.files.items():
+        print(f"  {role}: {path}")
     return 0
 
 
@@ -495,7 +549,13 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     if getattr(args, "device", None) is not None:
         _with_array_api(sys.argv[1:] if argv is None else list(argv))
-    command = {"demo": _demo, "fit": _fit, "sweep": _sweep, "layer": _layer}
+    command = {
+        "demo": _demo,
+        "fit": _fit,
+        "sweep": _sweep,
+        "layer": _layer,
+        "model": _model,
+    }
     command = command[args.command]
     words, _messages._WORDS = _messages._WORDS, _command_words(args.command)
     with warnings.catch_warnings():

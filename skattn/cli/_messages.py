@@ -13,6 +13,7 @@ from ._parser import _LAYER_FLAGS, FIT_OPTIONS
 _UNSET_HINTS = {
     "fit": "skattn fit cannot set it; its flags are in skattn fit --help",
     "layer": "skattn layer cannot set it: the command fits the default learner",
+    "model": "skattn model cannot set it: the command fits the default learner",
 }
 
 # (flags, hint) of the command running (main sets it); None: messages as they are.
@@ -27,8 +28,8 @@ def _command_words(command):
     if command == "fit":
         flags = {p: "--" + o.replace("_", "-") for o, p in FIT_OPTIONS.items()}
         return {**flags, "device": "--device"}, _UNSET_HINTS["fit"]
-    if command == "layer":
-        return _LAYER_FLAGS, _UNSET_HINTS["layer"]
+    if command in ("layer", "model"):
+        return _LAYER_FLAGS, _UNSET_HINTS[command]
     return None
 
 

@@ -42,6 +42,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 # command's user sets flags: main rewrites them (_in_flags).
 _LAYER_FLAGS = {
     "layer": "--layer",
+    "layers": "--layers",
     "texts": "--text",
     "n_tokens": "--n-tokens",
     "n_windows": "--n-windows",
@@ -94,6 +95,24 @@ def _n_heads(text):
     if text == "auto":
         return text
     return _number(int, text, lambda v: v >= 1, "a positive integer or 'auto'")
+
+
+def _layers(text):
+    """``0-3``, ``1,4`` or ``2``: the layers, as a sorted list."""
+    layers = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            low = int(low)
+            high = int(high) if high else low
+            if low < 0 or high < low:
+                raise ValueError
+            layers.update(range(low, high + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected layers as 0-3, 1,4 or 2, got {text!r}"
+        ) from None
+    return sorted(layers)
 
 
 def _layer_path(text):
@@ -341,6 +360,61 @@ def _parser():
         formatter_class=_HelpFormatter,
     )
     layer.add_argument(
+        "--layer",
+        type=_non_negative_int,
+        required=True,
+        help="the checkpoint's layer, from 0",
+    )
+    layer.add_argument(
+        "--n-heads",
+        type=_positive_int,
+        default=None,
+        help="learn the layer's first N heads (default: all of them)",
+    )
+    _checkpoint_options(
+        layer,
+        "skattn-layer-L, L the layer",
+        "also draw real vs learned attention patterns (needs matplotlib)",
+    )
+
+    model = sub.add_parser(
+        "model",
+        help="learn every attention layer of a model from your text files, and "
+        "compare the learned model with the original",
+        description="Learn each attention layer of the checkpoint (all, or "
+        "--layers) as skattn layer does, each from the original model's inputs to "
+        "it on the same windows, each kept in the cache (a run interrupted and "
+        "started again resumes at the layer and stage it reached); a layer whose "
+        "heads the windows cannot pin is not fitted unless --fit-anyway. Then "
+        "write into --out a folder per layer, the learned model (checkpoint/: "
+        "the checkpoint's files with every learned attention in its own tensor "
+        "names, loadable as the original is), and report.json; print the layer x "
+        "head table and the comparison of the original and learned models on "
+        "held-out windows (final hidden states; mean-pooled embeddings for "
+        "encoders; next-token log-probabilities and perplexity for decoders), "
+        "each layer replaced alone and all together.",
+        formatter_class=_HelpFormatter,
+    )
+    model.add_argument(
+        "--layers",
+        type=_layers,
+        default=None,
+        help="the layers to learn: 0-3, 1,4 or 2 (default: every one)",
+    )
+    _checkpoint_options(
+        model,
+        "skattn-model",
+        "also draw the layer x head heatmap of held-out attention errors "
+        "(encoders; needs matplotlib)",
+    )
+    return parser
+
+
+def _checkpoint_options(parser, default_out, plot_help):
+    """The options of the commands that learn from a checkpoint (``skattn layer``,
+    ``skattn model``): the checkpoint, the text and its windows, the output
+    folder, the seed, the cache, the device, the progress."""
+    parser.add_argument(
         "checkpoint",
         nargs="?",
         help="folder of a BERT-style model: model.safetensors, config.json "
@@ -348,13 +422,7 @@ def _parser():
         "all-MiniLM-L6-v2); or of a decoder (model_type gpt2, llama, mistral, "
         "qwen2; model.safetensors or its shards)",
     )
-    layer.add_argument(
-        "--layer",
-        type=_non_negative_int,
-        required=True,
-        help="the checkpoint's layer, from 0",
-    )
-    layer.add_argument(
+    parser.add_argument(
         "--text",
         nargs="+",
         required=True,
@@ -363,13 +431,13 @@ def _parser():
         "its .txt, .md, .rst and .py files (its whole tree), a quoted glob pattern "
         "its matches ('docs/**/*.rst')",
     )
-    layer.add_argument(
+    parser.add_argument(
         "--n-tokens",
         type=_positive_int,
         default=16,
         help="tokens per window, [CLS] and [SEP] included",
     )
-    layer.add_argument(
+    parser.add_argument(
         "--n-windows",
         type=_positive_int,
         default=None,
@@ -378,31 +446,24 @@ def _parser():
         "the rest of the text held out, up to 2000 beyond --held-out's share; "
         "every window when the text has fewer)",
     )
-    layer.add_argument(
+    parser.add_argument(
         "--held-out",
         type=_share,
         default=0.2,
         help="share of the windows held out for the error",
     )
-    layer.add_argument(
-        "--n-heads",
-        type=_positive_int,
-        default=None,
-        help="learn the layer's first N heads (default: all of them)",
-    )
-    layer.add_argument(
+    parser.add_argument(
         "--out",
         metavar="DIR",
         default=None,
-        help="folder to write into, created if missing (default: skattn-layer-L, "
-        "L the layer)",
+        help=f"folder to write into, created if missing (default: {default_out})",
     )
-    layer.add_argument(
+    parser.add_argument(
         "--plot",
         action="store_true",
-        help="also draw real vs learned attention patterns (needs matplotlib)",
+        help=plot_help,
     )
-    layer.add_argument(
+    parser.add_argument(
         "--random-state",
         "--seed",
         dest="random_state",
@@ -411,7 +472,7 @@ def _parser():
         help="which windows are used and held out, and the learner's seed (--seed: "
         "the same)",
     )
-    layer.add_argument(
+    parser.add_argument(
         "--cache",
         metavar="DIR",
         default=None,
@@ -419,21 +480,20 @@ def _parser():
         "(killed, Ctrl-C) and started again with the same arguments resumes after "
         "the last (default: OUT/cache)",
     )
-    layer.add_argument(
+    parser.add_argument(
         "--no-cache", action="store_true", help="keep no stage: a rerun starts over"
     )
-    layer.add_argument(
+    parser.add_argument(
         "--fit-anyway",
         action="store_true",
         help="fit even when the windows cannot pin some head (by default the "
         "command stops before the fit, naming the heads and the windows needed)",
     )
-    layer.add_argument(
+    parser.add_argument(
         "--device",
         default=None,
         help="fit on this torch device (cuda, cuda:1, mps, cpu) through the array "
         "API: the random-start path runs there (needs torch; sets SCIPY_ARRAY_API=1 "
         "for you). Default: numpy on the host",
     )
-    _progress_options(layer)
-    return parser
+    _progress_options(parser)

@@ -238,8 +238,8 @@ def bert_attention_tensors(
             f"head_dim must be the width {d} over the {m} heads of the layer "
             f"(BERT's all_head_size is the hidden size), got {head_dim!r}."
         )
-    if not (isinstance(rtol, numbers.Real) and 0 <= rtol < 1):
-        raise ValueError(f"rtol must be a number in [0, 1), got {rtol!r}.")
+    if not (isinstance(rtol, numbers.Real) and 0 <= rtol <= 1):
+        raise ValueError(f"rtol must be a number in [0, 1], got {rtol!r}.")
     head_dim = int(head_dim)
     key_bias = np.zeros((m, d)) if key_bias is None else key_bias
     intercept = np.zeros(d) if intercept is None else intercept
@@ -306,7 +306,7 @@ def _copy_small_files(source, folder):
     return copied
 
 
-def write_encoder_checkpoint(folder, source_folder, layers):
+def write_encoder_checkpoint(folder, source_folder, layers, *, rtol=RANK_RTOL):
     """Write a BERT checkpoint folder with some layers' attention replaced.
 
     ``folder`` gets the source's ``model.safetensors`` with, for each layer
@@ -336,6 +336,10 @@ def write_encoder_checkpoint(folder, source_folder, layers):
     layers : dict of int to AttentionLayer or fitted estimator
         Layer index ``L`` to the layer replacing that layer's attention; each
         of ``num_attention_heads`` heads on the hidden size.
+    rtol : float, default=1e-8
+        :func:`bert_attention_tensors`' ``rtol``: a head of higher rank than
+        ``head_dim`` beyond it is refused; ``1.0`` cuts every head to its
+        ``head_dim`` largest directions without a word.
 
     Returns
     -------
@@ -422,6 +426,7 @@ def write_encoder_checkpoint(folder, source_folder, layers):
                 layer_index=index,
                 head_dim=d // n_heads,
                 prefix=prefix + "encoder.layer.",
+                rtol=rtol,
             )
         except ValueError as exc:
             raise ValueError(f"layers[{index}]: {exc}") from exc
@@ -432,7 +437,7 @@ def write_encoder_checkpoint(folder, source_folder, layers):
                 raise ValueError(
                     f"{source}: {name} {got}, expected shape {value.shape}."
                 )
-            tensors[name] = value.astype(old.dtype)
+            tensors[name] = np.ascontiguousarray(value, dtype=old.dtype)  # C order
         replaced.append(index)
     folder.mkdir(parents=True, exist_ok=True)
     _copy_small_files(source.parent, folder)

@@ -31,7 +31,7 @@ from ..datasets._decoder_checkpoint import (
 from ..datasets._encoder import _load_tokenizer, _text_windows
 from ..estimators import MultiHeadAttentionRegressor
 from ..layer import AttentionLayer
-from ..layer._hf import ARCHITECTURES
+from ..layer._hf import ARCHITECTURES, decoder_weights
 from ..metrics import data_verdict
 from ..metrics._identifiability import SEARCH_MARGIN, describe_verdict
 from ..utils._optional import require
@@ -49,6 +49,9 @@ __all__ = [
 
 # A layer whose held-out relative error is at most this is reported exact.
 EXACT_LAYER = 1e-6
+# Held-out windows on which learn_model compares two decoders (their
+# log-probabilities take windows x tokens x vocabulary floats).
+COMPARED_WINDOWS = 256
 
 
 def decoder_windows(tokenizer, paths, contents, n_tokens, n_windows, held_out):
@@ -448,3 +451,93 @@ class DecoderSource:
         report["loaded_back_held_out_relative_error"] = load_back_error(
             self.model, checkpoint, tensors, data.ids[data.held], data.y[data.held]
         )
+
+    def tensors(self, layer):
+        """The learned layer ``layer`` in the checkpoint's own tensor names."""
+        checkpoint = self.checkpoint(layer)
+        weights = decoder_weights(
+            module_ranks(clone(self._written[layer]), checkpoint["settings"]),
+            checkpoint["settings"],
+            checkpoint["shapes"],
+        )
+        return {checkpoint["prefix"] + name: w for name, w in weights.items()}
+
+    def _run(self, ids):
+        """Final hidden states and next-token log-probabilities on ``ids``."""
+        torch = require("torch", extra="transformers", feature="Decoder checkpoints")
+        hidden, log_probs = [], []
+        with torch.no_grad():
+            for start in range(0, len(ids), 64):
+                batch = torch.as_tensor(np.asarray(ids[start : start + 64]))
+                output = self.model(input_ids=batch, output_hidden_states=True)
+                hidden.append(output.hidden_states[-1].numpy())
+                log_probs.append(torch.log_softmax(output.logits, -1).numpy())
+        return np.concatenate(hidden), np.concatenate(log_probs)
+
+    def compare_models(self, learned, ids):
+        """The original model against the model with each learned layer alone
+        in place of its attention, and all of them (``"all"``), on the token
+        windows ``ids`` (at most ``COMPARED_WINDOWS``): final hidden states,
+        next-token log-probabilities and perplexity
+        (:func:`~skattn.experiments._model.compare_outputs`)."""
+        torch = require("torch", extra="transformers", feature="Decoder checkpoints")
+        from ._model import compare_outputs
+
+        ids = np.asarray(ids)[:COMPARED_WINDOWS]
+        base_hidden, base_log_probs = self._run(ids)
+        state = self.model.state_dict()
+
+        def compare(which):
+            tensors = {}
+            for layer in which:
+                tensors.update(self.tensors(layer))
+            original = {key: state[key].clone() for key in tensors}
+            self.model.load_state_dict(
+                {
+                    key: torch.as_tensor(value, dtype=state[key].dtype)
+                    for key, value in tensors.items()
+                },
+                strict=False,
+            )
+            try:
+                hidden, log_probs = self._run(ids)
+            finally:
+                self.model.load_state_dict(original, strict=False)
+            return compare_outputs(
+                base_hidden, hidden, log_probs=(base_log_probs, log_probs), ids=ids
+            )
+
+        result = {str(layer): compare(which=[layer]) for layer in learned}
+        result["all"] = compare(list(learned))
+        result["n_windows"] = len(ids)
+        return result
+
+    def write_model(self, folder, learned):
+        """The learned model: the checkpoint's files with the learned layers'
+        attention in its own tensor names and dtypes, loadable by
+        transformers' ``AutoModelForCausalLM.from_pretrained`` as the original."""
+        from safetensors import safe_open
+        from safetensors.numpy import save_file
+
+        from ..datasets._encoder_checkpoint import _copy_small_files
+
+        files = self.checkpoint(0)["weight_files"]
+        if len(files) != 1:
+            raise ValueError(
+                f"{str(self.folder)!r} is a sharded checkpoint: writing the learned "
+                f"model back needs one model.safetensors (learn its layers with "
+                f"skattn layer instead)."
+            )
+        with safe_open(files[0], framework="numpy") as handle:
+            metadata = handle.metadata()
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        for layer in learned:
+            for key, value in self.tensors(layer).items():
+                if key not in tensors:
+                    raise ValueError(f"the checkpoint has no tensor {key!r}.")
+                # C order: safetensors writes the buffer as it lies in memory
+                tensors[key] = np.ascontiguousarray(value, dtype=tensors[key].dtype)
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        _copy_small_files(self.folder, folder)
+        save_file(tensors, folder / "model.safetensors", metadata=metadata)

@@ -419,6 +419,12 @@ def _plot(teacher, learned, X_held, path, layer):
     plt.close(display.figure_)
 
 
+# A learned layer is written in BERT's shapes cut to head_dim directions per head
+# (bert_attention_tensors' rtol): what a fit that did not converge has beyond
+# them is dropped, and the models' comparison measures what is written.
+_CUT = 1.0
+
+
 class EncoderSource:
     """A BERT-style checkpoint as the pipeline reads it (see the module).
 
@@ -530,3 +536,50 @@ class EncoderSource:
         if "plot" in files:
             X = data.X3.reshape(len(data.X3), -1)
             _plot(teacher, learned, X[data.held], files["plot"], layer)
+
+    def compare_models(self, learned, ids):
+        """The original model against the model with each learned layer alone
+        in place of its attention, and all of them (``"all"``), on the token
+        windows ``ids``: final hidden states and mean-pooled embeddings
+        (:func:`~skattn.experiments._model.compare_outputs`).  The learned
+        tensors enter in float64, each head cut to the module's ``head_dim``
+        directions (a fit that did not converge may have more), as written."""
+        from safetensors.numpy import load_file
+
+        from ..datasets._encoder_checkpoint import bert_attention_tensors
+        from ._model import compare_outputs
+
+        original = load_file(self.model_file)
+        name = next(name for name in original if "encoder.layer." in name)
+        prefix = name[: name.index("encoder.layer.")]
+        encoder = self.encoder
+        eps = self.config.get("layer_norm_eps", 1e-12)
+        base = encoder.hidden_states(ids, encoder.n_layers)
+
+        def replaced(which):
+            tensors = dict(original)
+            for layer in which:
+                tensors.update(
+                    {
+                        prefix + key: value
+                        for key, value in bert_attention_tensors(
+                            learned[layer], layer_index=layer, rtol=_CUT
+                        ).items()
+                    }
+                )
+            model = BertEncoder(tensors, encoder.n_heads, eps=eps)
+            return model.hidden_states(ids, encoder.n_layers)
+
+        result = {
+            str(layer): compare_outputs(base, replaced([layer])) for layer in learned
+        }
+        result["all"] = compare_outputs(base, replaced(list(learned)))
+        return result
+
+    def write_model(self, folder, learned):
+        """The learned model: the checkpoint folder with the learned layers'
+        attention in its own tensor names and dtypes
+        (:func:`~skattn.datasets._encoder_checkpoint.write_encoder_checkpoint`)."""
+        from ..datasets._encoder_checkpoint import write_encoder_checkpoint
+
+        write_encoder_checkpoint(folder, self.folder, learned, rtol=_CUT)

@@ -417,7 +417,7 @@ def _learn_one_layer(
             X3, y, reused = source.examples(layer, teacher, ids, memory)
             verdict = source.verdict(layer, teacher, X3[fit])
     if not verdict["determined"] and not fit_anyway:
-        raise UnidentifiableDataError(verdict["message"])
+        raise UnidentifiableDataError(verdict["message"], verdict)
     if not verdict["determined"]:  # fit_anyway
         _say(verbose, _fitting_anyway(verdict["message"]))
     elif verdict.get("margin"):  # a thin margin: said, not stopped (a measured rule)
@@ -475,5 +475,6 @@ def _learn_one_layer(
         learned=learned,
         X_held_out=X3[held].reshape(len(held), -1),
         y_held_out=y[held].reshape(len(held), -1),
+        held_out_ids=ids[held],
         files=files,
     )

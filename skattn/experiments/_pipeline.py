@@ -312,7 +312,14 @@ def _sample_windows(ids, n_windows, n_held, random_state):
 
 
 class UnidentifiableDataError(ValueError):
-    """The windows cannot pin some head of the layer (raised before the fit)."""
+    """The windows cannot pin some head of the layer (raised before the fit).
+
+    ``verdict``: the verdict that says so (per head, the windows that would
+    pin it), when the pipeline raised it."""
+
+    def __init__(self, message, verdict=None):
+        super().__init__(message)
+        self.verdict = verdict
 
 
 # The end of a verdict that stops the fit (without fit_anyway)

@@ -1,0 +1,359 @@
+"""Learn every attention layer of a model, write them back, compare the models.
+
+:func:`learn_model` (``skattn model`` on the command line) runs the pipeline of
+:func:`~skattn.experiments.learn_layer` on each attention layer of a checkpoint
+in turn, each from the original model's own inputs to that layer (so that one
+layer's error does not feed the next), each kept in the cache and resumable;
+then writes a checkpoint folder with every learned attention in the
+checkpoint's own tensor names, and compares the original and the learned model
+on held-out windows, one layer replaced at a time and all together
+(:meth:`EncoderSource.compare_models`, :meth:`DecoderSource.compare_models`).
+"""
+
+import json
+import time
+
+import numpy as np
+from sklearn.utils import Bunch
+
+from ._layer import _learn_one_layer, _open_source
+from ._pipeline import (
+    UnidentifiableDataError,
+    _check_arguments,
+    _check_device,
+    _check_out,
+    _jsonable,
+    _read_texts,
+    _sample_windows,
+    _say,
+    window_plan,
+)
+
+__all__ = ["compare_outputs", "learn_model", "table_text"]
+
+# What learn_model writes into ``out`` besides a folder per layer.
+MODEL_FILES = {"report": "report.json", "checkpoint": "checkpoint", "plot": "heads.png"}
+
+
+def _check_layers(layers, n_layers):
+    """The layers to learn, sorted: all (``None``) or those given, each checked."""
+    if layers is None:
+        return list(range(n_layers))
+    layers = sorted(set(layers))
+    wrong = [
+        layer
+        for layer in layers
+        if isinstance(layer, bool) or not isinstance(layer, int | np.integer)
+    ]
+    outside = [layer for layer in layers if layer not in wrong]
+    outside = [layer for layer in outside if not 0 <= layer < n_layers]
+    if not layers or wrong or outside:
+        raise ValueError(
+            f"layers={layers!r}: give layer numbers from 0 to {n_layers - 1} "
+            f"(the checkpoint has {n_layers} layers), or None for all."
+        )
+    return [int(layer) for layer in layers]
+
+
+def _layer_row(layer, result=None, error=None):
+    """One row of the layer x head table: each head's verdict, and the
+    windows that would pin the heads these windows do not."""
+    if result is None:
+        verdict = error.verdict
+        heads = [
+            {
+                "head": h["head"],
+                "verdict": "not pinned by this data",
+                "windows_needed": h.get("windows_needed"),
+            }
+            for h in verdict["heads"]
+        ]
+        return {
+            "layer": layer,
+            "learned": False,
+            "held_out_relative_error": None,
+            "heads": heads,
+            "message": str(error),
+        }
+    report = result.report
+    errors = {h["real_head"]: h.get("attention_error") for h in report["heads"]}
+    heads = [
+        {
+            "head": h["head"],
+            "verdict": h["verdict"],
+            "attention_error": errors.get(h["head"]),
+            "windows_needed": None if h.get("pinned", True) else h["windows_needed"],
+        }
+        for h in report["verdict"]["heads"]
+    ]
+    return {
+        "layer": layer,
+        "learned": True,
+        "held_out_relative_error": report["held_out_relative_error"],
+        "fit_seconds": report["fit_seconds"],
+        "heads": heads,
+    }
+
+
+def table_text(rows):
+    """The layer x head table as text: one line per layer, a letter per head
+    (``=`` exact, ``~`` not converged, ``?`` not pinned by this data).
+
+    Examples
+    --------
+    >>> rows = [{"layer": 0, "held_out_relative_error": 2e-13, "heads": [
+    ...     {"verdict": "exact"}, {"verdict": "not pinned by this data"}]}]
+    >>> print(table_text(rows))
+    layer  heads  held-out
+        0  =?     2e-13
+    (= exact, ~ not converged, ? not pinned by this data)
+    """
+    marks = {"exact": "=", "not converged": "~", "not pinned by this data": "?"}
+    width = max(len(row["heads"]) for row in rows)
+    lines = [f"layer  {'heads'.ljust(width)}  held-out"]
+    for row in rows:
+        letters = "".join(marks[h["verdict"]] for h in row["heads"]).ljust(width)
+        error = row["held_out_relative_error"]
+        shown = "not learned" if error is None else f"{error:.3g}"
+        lines.append(f"{row['layer']:5d}  {letters}  {shown}")
+    lines.append("(= exact, ~ not converged, ? not pinned by this data)")
+    return "\n".join(lines)
+
+
+def _plot_heads(rows, path):
+    """A layer x head heatmap of the held-out attention errors (log10)."""
+    import matplotlib.pyplot as plt
+
+    width = max(len(row["heads"]) for row in rows)
+    grid = np.full((len(rows), width), np.nan)
+    for i, row in enumerate(rows):
+        for j, head in enumerate(row["heads"]):
+            error = head.get("attention_error")
+            if error is not None:
+                grid[i, j] = np.log10(max(error, 1e-16))
+    fig, ax = plt.subplots(figsize=(1 + 0.5 * width, 1 + 0.5 * len(rows)))
+    image = ax.imshow(grid, cmap="viridis", vmin=-16, vmax=0, aspect="auto")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_yticks(range(len(rows)), [str(row["layer"]) for row in rows])
+    fig.colorbar(image, ax=ax, label="log10 held-out attention error")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def learn_model(
+    checkpoint=None,
+    *,
+    texts,
+    layers=None,
+    n_tokens=16,
+    n_windows=None,
+    held_out=0.2,
+    out=None,
+    plot=False,
+    random_state=0,
+    memory=None,
+    device=None,
+    fit_anyway=False,
+    verbose=0,
+):
+    """Learn every attention layer of a model back, and compare the models.
+
+    Each layer (all, or ``layers``) is learned by the pipeline of
+    :func:`~skattn.experiments.learn_layer` with its default learner, from the
+    original model's inputs to that layer on the same windows of the text; a
+    layer whose heads these windows cannot pin is not fitted (its row says
+    which heads and about how many windows would pin them) and keeps its
+    original attention in the learned model.  Then the original and the
+    learned model are compared on the held-out windows, with each learned
+    layer alone in place of the original's and with all of them: for a
+    BERT-style encoder its final hidden states and the mean-pooled sentence
+    embeddings (as sentence-transformers pools them: cosine similarity and
+    relative difference), for a decoder its final hidden states, its
+    next-token log-probabilities and the perplexity of the held-out windows.
+
+    Parameters
+    ----------
+    checkpoint : str or path-like, default=None
+        As :func:`~skattn.experiments.learn_layer`'s (default: the packaged
+        all-MiniLM-L6-v2).
+    texts : str, path-like or sequence of them
+        As :func:`~skattn.experiments.learn_layer`'s.
+    layers : sequence of int, default=None
+        The layers to learn; ``None``: every one.
+    n_tokens, n_windows, held_out, random_state, device :
+        As :func:`~skattn.experiments.learn_layer`'s, for every layer.
+    out : str or path-like, default=None
+        Folder to write into: ``layer-L/`` per layer (as ``learn_layer``'s
+        ``out``), ``checkpoint/`` (the learned model, loadable as the
+        original is), ``report.json``, with ``plot`` ``heads.png``.
+    plot : bool, default=False
+        Draw the layer x head heatmap of held-out attention errors (encoders;
+        needs matplotlib and ``out``).
+    memory : str or None, default=None
+        Where every layer keeps its finished stages (one folder for all: a
+        run interrupted and started again resumes at the layer and stage it
+        reached).
+    fit_anyway : bool, default=False
+        Fit the layers whose heads the windows cannot pin too (their heads are
+        reported ``not pinned by this data``); by default they are not fitted.
+    verbose : int, default=0
+        As :func:`~skattn.experiments.learn_layer`'s.
+
+    Returns
+    -------
+    result : sklearn.utils.Bunch
+        report : dict
+            ``layers`` (the table's rows: per layer its held-out error, fit
+            time and per head ``verdict``, ``attention_error`` and
+            ``windows_needed``), ``model`` (the comparison: per layer replaced
+            and ``"all"``), ``n_windows_fit``, ``n_windows_held_out``,
+            ``total_seconds``, ``files``.
+        layers : dict
+            Layer -> the result of its ``learn_layer`` pipeline.
+        table : str
+            The layer x head table (:func:`table_text`).
+
+    Examples
+    --------
+    A tiny decoder, two layers (slow: a few minutes; see
+    ``tests/test_experiments_model.py``)::
+
+        from skattn.experiments import learn_model
+        result = learn_model("tiny-llama", texts="stdlib-docs.txt", n_tokens=32,
+                             out="skattn-model")
+        print(result.table)
+        result.report["model"]["all"]["perplexity"]
+    """
+    start = time.perf_counter()
+    _check_arguments(0, n_tokens, n_windows, held_out, None, plot, out)
+    device = _check_device(device, None)
+    paths, contents = _read_texts(texts)
+    if out is not None:
+        out = _check_out(out)
+    source = _open_source(checkpoint, n_tokens)
+    if plot and source.kind != "encoder":
+        raise ValueError(
+            "plot=True: the heatmap shows heads matched one to one, which decoder "
+            "layers (learned whole) do not report yet; leave plot out."
+        )
+    layers = _check_layers(layers, source.n_layers)
+    for layer in layers:
+        source.check(layer, None, False)
+    all_ids = source.windows(paths, contents, n_windows, held_out)
+    results, rows, learned = {}, [], {}
+    for layer in layers:
+        arguments = {
+            "checkpoint": None if checkpoint is None else str(checkpoint),
+            "layer": layer,
+            "texts": [str(p) for p in paths],
+            "n_tokens": n_tokens,
+            "n_windows": n_windows,
+            "held_out": held_out,
+            "random_state": random_state,
+            "device": None if device is None else str(device),
+            "fit_anyway": bool(fit_anyway),
+            "command": "model",
+        }
+        _say(verbose, f"layer {layer} of {source.n_layers}:")
+        try:
+            result = _learn_one_layer(
+                source,
+                layer,
+                all_ids,
+                paths=paths,
+                n_windows=n_windows,
+                held_out=held_out,
+                n_heads=None,
+                out=None if out is None else out / f"layer-{layer}",
+                plot=False,
+                estimator=None,
+                random_state=random_state,
+                memory=memory,
+                device=device,
+                fit_anyway=fit_anyway,
+                verbose=verbose,
+                arguments=arguments,
+                start=time.perf_counter(),
+            )
+        except UnidentifiableDataError as exc:
+            _say(verbose, f"layer {layer} not fitted: {exc}")
+            rows.append(_layer_row(layer, error=exc))
+            continue
+        results[layer] = result
+        rows.append(_layer_row(layer, result))
+        learned[layer] = result.learned
+    wanted = source.windows_wanted(layers[0], None)
+    n_total, n_held, _ = window_plan(len(all_ids), n_windows, held_out, wanted)
+    ids, fit, held = _sample_windows(all_ids, n_total, n_held, random_state)
+    _say(verbose, f"comparing the models on {len(held)} held-out windows.")
+    comparison = source.compare_models(learned, ids[held]) if learned else {}
+    files = {}
+    if out is not None:
+        files["report"] = out / MODEL_FILES["report"]
+        if learned:
+            files["checkpoint"] = out / MODEL_FILES["checkpoint"]
+            source.write_model(files["checkpoint"], learned)
+        if plot:
+            files["plot"] = out / MODEL_FILES["plot"]
+            _plot_heads(rows, files["plot"])
+    report = _jsonable(
+        {
+            "layers": rows,
+            "model": comparison,
+            "n_windows_fit": len(fit),
+            "n_windows_held_out": len(held),
+            "checkpoint": str(source.folder),
+            "total_seconds": time.perf_counter() - start,
+            "files": {role: str(path) for role, path in files.items()},
+        }
+    )
+    if "report" in files:
+        files["report"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    return Bunch(report=report, layers=results, table=table_text(rows), files=files)
+
+
+def _relative(a, b):
+    norm = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / norm) if norm else 0.0
+
+
+def compare_outputs(hidden, hidden_learned, *, log_probs=None, ids=None):
+    """The comparison entries of two models' outputs on the same windows:
+    ``hidden_states_relative_difference`` (final hidden states ``(n, k, d)``),
+    ``embedding_cosine_min`` and ``embedding_relative_difference`` (mean over
+    tokens, as sentence-transformers pools), and with ``log_probs`` (the two
+    models' next-token log-probabilities ``(n, k, V)``) and ``ids`` their
+    ``log_probs_relative_difference`` and each model's ``perplexity`` of the
+    windows' next tokens.
+
+    Examples
+    --------
+    >>> H = np.ones((2, 3, 4))
+    >>> compare_outputs(H, H)["embedding_cosine_min"]
+    1.0
+    """
+    e0, e1 = hidden.mean(axis=1), hidden_learned.mean(axis=1)
+    cosine = np.sum(e0 * e1, axis=1) / (
+        np.linalg.norm(e0, axis=1) * np.linalg.norm(e1, axis=1)
+    )
+    entry = {
+        "hidden_states_relative_difference": _relative(hidden_learned, hidden),
+        "embedding_cosine_min": float(np.min(cosine)),
+        "embedding_relative_difference": _relative(e1, e0),
+    }
+    if log_probs is not None:
+        lp0, lp1 = log_probs
+        nxt = np.asarray(ids)[:, 1:, None]
+
+        def perplexity(lp):
+            taken = np.take_along_axis(lp[:, :-1], nxt, axis=2)
+            return float(np.exp(-taken.mean()))
+
+        entry.update(
+            log_probs_relative_difference=_relative(lp1, lp0),
+            perplexity_original=perplexity(lp0),
+            perplexity_learned=perplexity(lp1),
+        )
+    return entry
