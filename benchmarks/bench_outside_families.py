@@ -137,12 +137,19 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=600.0)
     parser.add_argument("--values", choices=["full", "low"], default="full")
     parser.add_argument("--n", type=int, default=20000, help="positional: sequences")
+    parser.add_argument(
+        "--head-rank",
+        default="16",
+        help="positional: the estimator's head_rank ('none': full-rank heads)",
+    )
     args = parser.parse_args(argv)
     if args.family == "positional":
         for seed in args.seeds:
             data = positional_family(seed, n=args.n, values=args.values)
-            row = fit(*data, args.budget, n_heads=2, head_rank=16)
+            head_rank = None if args.head_rank == "none" else int(args.head_rank)
+            row = fit(*data, args.budget, n_heads=2, head_rank=head_rank)
             line = {"family": "positional", "values": args.values, "seed": seed}
+            line["head_rank"] = head_rank
             print(json.dumps({**line, "n": args.n, **row}), flush=True)
         return
     for m in args.heads:
