@@ -18,11 +18,7 @@ import skattn.solvers._decoder as decoder_module  # noqa: E402
 from skattn.cli import main  # noqa: E402
 from skattn.datasets._decoder_checkpoint import save_random_decoder  # noqa: E402
 from skattn.experiments import learn_model  # noqa: E402
-from skattn.experiments._model import (  # noqa: E402
-    _check_layers,
-    compare_outputs,
-    table_text,
-)
+from skattn.experiments._model import _check_layers, table_text  # noqa: E402
 
 WORDS = (
     "return the number of items in the list open the file and read every line "
@@ -137,24 +133,6 @@ def test_skattn_model_layers_option_is_parsed(capsys):
     with pytest.raises(SystemExit):
         parse([*base, "--layers", "2-1"])
     assert "expected layers as 0-3, 1,4 or 2" in capsys.readouterr().err
-
-
-def test_compare_outputs_measures_what_it_says():
-    rng = np.random.default_rng(0)
-    H = rng.normal(size=(3, 4, 5))
-    logits = rng.normal(size=(3, 4, 7))
-    lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    ids = rng.integers(7, size=(3, 4))
-    same = compare_outputs(H, H, log_probs=(lp, lp), ids=ids)
-    assert same["hidden_states_relative_difference"] == 0
-    assert same["embedding_cosine_min"] == pytest.approx(1)
-    assert same["perplexity_learned"] == same["perplexity_original"]
-    # the perplexity of the next tokens: exp of their mean negative log-probability
-    taken = [lp[i, t, ids[i, t + 1]] for i in range(3) for t in range(3)]
-    assert same["perplexity_original"] == pytest.approx(np.exp(-np.mean(taken)))
-    moved = compare_outputs(H, 1.1 * H)
-    assert moved["hidden_states_relative_difference"] == pytest.approx(0.1)
-    assert moved["embedding_cosine_min"] == pytest.approx(1)
 
 
 def test_table_marks_each_head():

@@ -130,3 +130,21 @@ def test_windows_to_pin_are_asked_only_where_the_count_was_left_to_decide():
     assert _windows_to_pin({**verdict, "determined": True}, 300, None) is None
     heads[1]["windows_needed"] = None  # no window of this text splits it
     assert _windows_to_pin(verdict, 300, None) is None
+
+
+def test_compare_outputs_measures_what_it_says():
+    rng = np.random.default_rng(0)
+    H = rng.normal(size=(3, 4, 5))
+    logits = rng.normal(size=(3, 4, 7))
+    lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    ids = rng.integers(7, size=(3, 4))
+    same = pipeline_module.compare_outputs(H, H, log_probs=(lp, lp), ids=ids)
+    assert same["hidden_states_relative_difference"] == 0
+    assert same["embedding_cosine_min"] == pytest.approx(1)
+    assert same["perplexity_learned"] == same["perplexity_original"]
+    # the perplexity of the next tokens: exp of their mean negative log-probability
+    taken = [lp[i, t, ids[i, t + 1]] for i in range(3) for t in range(3)]
+    assert same["perplexity_original"] == pytest.approx(np.exp(-np.mean(taken)))
+    moved = pipeline_module.compare_outputs(H, 1.1 * H)
+    assert moved["hidden_states_relative_difference"] == pytest.approx(0.1)
+    assert moved["embedding_cosine_min"] == pytest.approx(1)

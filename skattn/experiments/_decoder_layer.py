@@ -35,7 +35,7 @@ from ..layer._hf import ARCHITECTURES, decoder_weights
 from ..metrics import data_verdict
 from ..metrics._identifiability import SEARCH_MARGIN, describe_verdict
 from ..utils._optional import require
-from ._pipeline import _FIT_ANYWAY, _held_out_count
+from ._pipeline import _FIT_ANYWAY, _held_out_count, compare_outputs
 
 __all__ = [
     "decoder_learner",
@@ -479,9 +479,8 @@ class DecoderSource:
         in place of its attention, and all of them (``"all"``), on the token
         windows ``ids`` (at most ``COMPARED_WINDOWS``): final hidden states,
         next-token log-probabilities and perplexity
-        (:func:`~skattn.experiments._model.compare_outputs`)."""
+        (:func:`~skattn.experiments._pipeline.compare_outputs`)."""
         torch = require("torch", extra="transformers", feature="Decoder checkpoints")
-        from ._model import compare_outputs
 
         ids = np.asarray(ids)[:COMPARED_WINDOWS]
         base_hidden, base_log_probs = self._run(ids)

@@ -39,7 +39,7 @@ from ..metrics._identifiability import describe_margin, describe_verdict
 from ..solvers._checkpoints import StageMemory, _sha256
 from ..solvers.stages._search import _BATCH_SIZE
 from ..utils._optional import require
-from ._pipeline import _FIT_ANYWAY, _held_out_count
+from ._pipeline import _FIT_ANYWAY, _held_out_count, compare_outputs
 
 # The learned layer's tensors in layer.safetensors: AttentionLayer's arguments.
 _LAYER_TENSORS = ("attention", "projection", "key_bias", "intercept")
@@ -541,13 +541,12 @@ class EncoderSource:
         """The original model against the model with each learned layer alone
         in place of its attention, and all of them (``"all"``), on the token
         windows ``ids``: final hidden states and mean-pooled embeddings
-        (:func:`~skattn.experiments._model.compare_outputs`).  The learned
+        (:func:`~skattn.experiments._pipeline.compare_outputs`).  The learned
         tensors enter in float64, each head cut to the module's ``head_dim``
         directions (a fit that did not converge may have more), as written."""
         from safetensors.numpy import load_file
 
         from ..datasets._encoder_checkpoint import bert_attention_tensors
-        from ._model import compare_outputs
 
         original = load_file(self.model_file)
         name = next(name for name in original if "encoder.layer." in name)

@@ -29,7 +29,7 @@ from ._pipeline import (
     window_plan,
 )
 
-__all__ = ["compare_outputs", "learn_model", "table_text"]
+__all__ = ["learn_model", "table_text"]
 
 # What learn_model writes into ``out`` besides a folder per layer.
 MODEL_FILES = {"report": "report.json", "checkpoint": "checkpoint", "plot": "heads.png"}
@@ -217,14 +217,27 @@ def learn_model(
 
     Examples
     --------
-    A tiny decoder, two layers (slow: a few minutes; see
-    ``tests/test_experiments_model.py``)::
+    A tiny random GPT-2 (2 layers, hidden 16), made offline, learned back from
+    60 windows of 8 tokens:
 
-        from skattn.experiments import learn_model
-        result = learn_model("tiny-llama", texts="stdlib-docs.txt", n_tokens=32,
-                             out="skattn-model")
-        print(result.table)
-        result.report["model"]["all"]["perplexity"]
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> import numpy as np
+    >>> import torch, transformers  # the transformers extra
+    >>> from skattn.datasets._decoder_checkpoint import save_random_decoder
+    >>> from skattn.experiments import learn_model
+    >>> words = "open the file and read every line then close it".split()
+    >>> text = " ".join(np.random.default_rng(0).choice(words, size=1200))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     folder, _ = save_random_decoder(Path(tmp, "gpt2"), "gpt2", [text])
+    ...     _ = Path(tmp, "text.txt").write_text(text)
+    ...     result = learn_model(folder, texts=Path(tmp, "text.txt"), n_tokens=8,
+    ...                          n_windows=60)
+    >>> [[h["verdict"] for h in row["heads"]] for row in result.report["layers"]]
+    [['exact', 'exact'], ['exact', 'exact']]
+    >>> entry = result.report["model"]["all"]
+    >>> bool(entry["log_probs_relative_difference"] < 1e-8)
+    True
     """
     start = time.perf_counter()
     _check_arguments(0, n_tokens, n_windows, held_out, None, plot, out)
@@ -312,48 +325,3 @@ def learn_model(
     if "report" in files:
         files["report"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     return Bunch(report=report, layers=results, table=table_text(rows), files=files)
-
-
-def _relative(a, b):
-    norm = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / norm) if norm else 0.0
-
-
-def compare_outputs(hidden, hidden_learned, *, log_probs=None, ids=None):
-    """The comparison entries of two models' outputs on the same windows:
-    ``hidden_states_relative_difference`` (final hidden states ``(n, k, d)``),
-    ``embedding_cosine_min`` and ``embedding_relative_difference`` (mean over
-    tokens, as sentence-transformers pools), and with ``log_probs`` (the two
-    models' next-token log-probabilities ``(n, k, V)``) and ``ids`` their
-    ``log_probs_relative_difference`` and each model's ``perplexity`` of the
-    windows' next tokens.
-
-    Examples
-    --------
-    >>> H = np.ones((2, 3, 4))
-    >>> compare_outputs(H, H)["embedding_cosine_min"]
-    1.0
-    """
-    e0, e1 = hidden.mean(axis=1), hidden_learned.mean(axis=1)
-    cosine = np.sum(e0 * e1, axis=1) / (
-        np.linalg.norm(e0, axis=1) * np.linalg.norm(e1, axis=1)
-    )
-    entry = {
-        "hidden_states_relative_difference": _relative(hidden_learned, hidden),
-        "embedding_cosine_min": float(np.min(cosine)),
-        "embedding_relative_difference": _relative(e1, e0),
-    }
-    if log_probs is not None:
-        lp0, lp1 = log_probs
-        nxt = np.asarray(ids)[:, 1:, None]
-
-        def perplexity(lp):
-            taken = np.take_along_axis(lp[:, :-1], nxt, axis=2)
-            return float(np.exp(-taken.mean()))
-
-        entry.update(
-            log_probs_relative_difference=_relative(lp1, lp0),
-            perplexity_original=perplexity(lp0),
-            perplexity_learned=perplexity(lp1),
-        )
-    return entry

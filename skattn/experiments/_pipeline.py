@@ -557,3 +557,48 @@ def _fit_learner(learner, X, y, device, pieces):
     for w in caught:  # shown after all, and recorded in the report
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return fit_seconds, caught
+
+
+def _relative(a, b):
+    norm = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / norm) if norm else 0.0
+
+
+def compare_outputs(hidden, hidden_learned, *, log_probs=None, ids=None):
+    """The comparison entries of two models' outputs on the same windows:
+    ``hidden_states_relative_difference`` (final hidden states ``(n, k, d)``),
+    ``embedding_cosine_min`` and ``embedding_relative_difference`` (mean over
+    tokens, as sentence-transformers pools), and with ``log_probs`` (the two
+    models' next-token log-probabilities ``(n, k, V)``) and ``ids`` their
+    ``log_probs_relative_difference`` and each model's ``perplexity`` of the
+    windows' next tokens.
+
+    Examples
+    --------
+    >>> H = np.ones((2, 3, 4))
+    >>> compare_outputs(H, H)["embedding_cosine_min"]
+    1.0
+    """
+    e0, e1 = hidden.mean(axis=1), hidden_learned.mean(axis=1)
+    cosine = np.sum(e0 * e1, axis=1) / (
+        np.linalg.norm(e0, axis=1) * np.linalg.norm(e1, axis=1)
+    )
+    entry = {
+        "hidden_states_relative_difference": _relative(hidden_learned, hidden),
+        "embedding_cosine_min": float(np.min(cosine)),
+        "embedding_relative_difference": _relative(e1, e0),
+    }
+    if log_probs is not None:
+        lp0, lp1 = log_probs
+        nxt = np.asarray(ids)[:, 1:, None]
+
+        def perplexity(lp):
+            taken = np.take_along_axis(lp[:, :-1], nxt, axis=2)
+            return float(np.exp(-taken.mean()))
+
+        entry.update(
+            log_probs_relative_difference=_relative(lp1, lp0),
+            perplexity_original=perplexity(lp0),
+            perplexity_learned=perplexity(lp1),
+        )
+    return entry
