@@ -537,7 +537,6 @@ def test_planted_causal_decoder_is_learned_to_held_out_precision(decoder, capsys
         ({"n_kv_heads": 3, "n_heads": 4, "head_rank": 2}, "n_kv_heads dividing"),
         ({"causal": True, "polish": False}, "polish=True"),
         ({"causal": True, "certificate": True}, "certificate=False"),
-        ({"causal": True, "whiten": True}, "does not whiten"),
     ],
 )
 def test_decoder_settings_the_path_cannot_learn_are_one_line_errors(params, message):

@@ -216,3 +216,37 @@ def test_an_interrupted_decoder_fit_resumes_to_the_uninterrupted_layer(tmp_path)
     )
     assert info["memory"]["computed"] == [] and len(info["memory"]["reused"]) == 4
     np.testing.assert_array_equal(again[2], uninterrupted[2])
+
+
+def test_anisotropic_tokens_are_whitened_and_the_heads_mapped_back():
+    # a rotary causal layer on tokens whose coordinates span two decades (as a
+    # trained GPT-2's second layer sees): the same layer in other coordinates,
+    # fitted on whitened tokens and mapped back to these
+    from skattn import MultiHeadAttentionRegressor
+    from skattn.datasets import make_attention_regression
+
+    X, y = make_attention_regression(
+        600,
+        4,
+        6,
+        2,
+        head_rank=2,
+        causal=True,
+        rope=True,
+        rope_theta=100.0,
+        random_state=0,
+    )
+    X = (X.reshape(600, 4, 6) * np.logspace(-1, 1, 6)).reshape(600, -1)
+    est = MultiHeadAttentionRegressor(
+        n_heads=2,
+        n_tokens=4,
+        head_rank=2,
+        causal=True,
+        rope=True,
+        rope_theta=100.0,
+        random_state=0,
+    ).fit(X, y)
+    info = est.phase_report_[-1].info
+    assert info["whitening"]["applied"] and info["whitening"]["condition"] > 1e3
+    error = np.linalg.norm(est.predict(X) - y) / np.linalg.norm(y)
+    assert error <= 1e-8

@@ -792,8 +792,6 @@ n_features_per_token)
             needs = "polish=True (the random-start path is a polish)"
         elif self.certificate:
             needs = "certificate=False (the certificate is of position-free heads)"
-        elif self.whiten is True:
-            needs = "whiten='auto' or False (the decoder path does not whiten)"
         elif isinstance(X3, TokenBatches):
             needs = "in-memory X (the decoder path reads no batches)"
         elif (self.rope or self.n_kv_heads is not None) and self.head_rank is None:
@@ -836,6 +834,7 @@ n_features_per_token)
             tol=self.polish_tol,
             n_polish_samples=self.polish_samples,
             intercept=self.fit_intercept,
+            whiten=self.whiten,
             verbose=self.verbose,
             memory=self.memory,
         )

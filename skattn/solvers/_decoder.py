@@ -49,6 +49,7 @@ from .kernels._loss import REALISABLE_RESIDUAL
 from .kernels._near_gauge import reflect_slow_dims, slow_rotary_dims
 from .kernels._parametrization import FactoredHeads, LowRank
 from .kernels._varpro import VarproProblem, _intercept_direction
+from .kernels._whitening import _whiten
 from .optimizers._lm_matrix_free import varpro_least_squares
 from .stages._common import _blas_limits, _on_accelerator, _take, _threads
 from .stages._polish import choose_factor_values, warmup_size
@@ -268,6 +269,7 @@ def fit_decoder_from_random_starts(
     n_warmup_samples="auto",
     intercept=False,
     regroup_keys=True,
+    whiten=False,
     verbose=0,
     memory=None,
 ):
@@ -310,6 +312,14 @@ def fit_decoder_from_random_starts(
         grouped search from a random start stalls when it puts query heads in
         the wrong groups (no step moves a head to another group): on a tiny
         Llama layer, 3 starts of 6 (benchmarks/HISTORY.md).
+    whiten : {"auto", True, False}, default=False
+        Fit on whitened tokens (:func:`~skattn.solvers.whitening_map`, as the
+        encoder's driver does) and map the heads back: ``Q_i = A Q'_i``,
+        ``K_g = A K'_g``, ``W_i = A W'_i`` (a linear map of the tokens acts
+        before the rotations and groups, so the same function);
+        ``"auto"``: when the tokens' second moment has a condition number
+        above ``WHITEN_MIN_CONDITION`` or reaches a proper subspace (a trained
+        GPT-2's second layer: about 40 on its 64 dimensions).
     verbose : int, default=0
         1 prints a line per stage, 2 also the search's checks and the polish's
         iterations.
@@ -379,11 +389,14 @@ def fit_decoder_from_random_starts(
             "n_warmup_samples": repr(n_warmup_samples),
             "intercept": bool(intercept),
             "regroup_keys": bool(regroup_keys),
+            "whiten": repr(whiten),
             "random_state": joblib.hash(_rng_state(rng)),
             "namespace": xp.__name__,
             "device": str(device(X)),
         }
         memory = StageMemory(memory, key, (X, Y, sample_weight))
+    X, whitener, whitening = _whiten(X, sample_weight, whiten)
+    d = X.shape[2]
     searched = FactoredHeads(m, d, r, **decoder)
     factored = choose_factor_values(m, d, r) or not r < d
     polished = searched if factored else LowRank(m, d, r, **decoder)
@@ -535,7 +548,12 @@ def fit_decoder_from_random_starts(
             break
     params, projection, info = best
     query, key = polished.factors(params)[:2]
+    if whitener is not None:  # back to the tokens' own coordinates
+        query, key, projection = (
+            einsum(xp, "ap,mpq->maq", whitener, a) for a in (query, key, projection)
+        )
     info.update(
+        whitening=whitening,
         factored_values=bool(factored),
         decoupled=None,
         decoupled_note=(

@@ -38,7 +38,7 @@ from ._options import PolishOptions, RandomStartOptions
 from .kernels._loss import REALISABLE_RESIDUAL, uniform_residual
 from .kernels._parametrization import FactoredHeads, random_attention
 from .kernels._varpro import _intercept_direction
-from .kernels._whitening import WHITEN_MIN_CONDITION, _unwhiten, whitening_map
+from .kernels._whitening import _unwhiten, _whiten
 from .stages._common import _blas_limits, _on_accelerator, _threads
 from .stages._polish import choose_factor_values, staged_polish, warmup_size
 from .stages._refine import refine_heads
@@ -265,22 +265,6 @@ def _memory_key(xp, X, n_heads, starts, polish, n_warmup_samples, rng):
         "namespace": xp.__name__,
         "device": str(device(X)),
     }
-
-
-def _whiten(X, sample_weight, whiten):
-    """``(X A or X, A or None, record)``: the tokens whitened when ``whiten``
-    says so (``"auto"``: their second moment's condition number above
-    ``WHITEN_MIN_CONDITION`` on the subspace they reach, or that subspace
-    proper)."""
-    d = X.shape[2]
-    if not whiten:
-        return X, None, {"applied": False, "condition": None, "rank": d}
-    A, condition = whitening_map(X, sample_weight)
-    record = {"applied": True, "condition": condition, "rank": A.shape[1]}
-    if whiten == "auto" and condition <= WHITEN_MIN_CONDITION and A.shape[1] == d:
-        record["applied"] = False
-        return X, None, record
-    return X @ A, A, record
 
 
 # Features per token from which start_search='auto' searches low-rank heads that

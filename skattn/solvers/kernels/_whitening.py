@@ -87,3 +87,19 @@ def _unwhiten(attention, projection, A):
         _einsum(xp, "ap,mpq,bq->mab", A, attention, A),
         _einsum(xp, "ap,mpo->mao", A, projection),
     )
+
+
+def _whiten(X, sample_weight, whiten):
+    """``(X A or X, A or None, record)``: the tokens whitened when ``whiten``
+    says so (``"auto"``: their second moment's condition number above
+    ``WHITEN_MIN_CONDITION`` on the subspace they reach, or that subspace
+    proper)."""
+    d = X.shape[2]
+    if not whiten:
+        return X, None, {"applied": False, "condition": None, "rank": d}
+    A, condition = whitening_map(X, sample_weight)
+    record = {"applied": True, "condition": condition, "rank": A.shape[1]}
+    if whiten == "auto" and condition <= WHITEN_MIN_CONDITION and A.shape[1] == d:
+        record["applied"] = False
+        return X, None, record
+    return X @ A, A, record
