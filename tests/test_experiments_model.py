@@ -119,7 +119,8 @@ def test_layers_not_pinned_are_said_and_kept_original(gpt2, text):
 def test_layers_are_checked():
     assert _check_layers(None, 3) == [0, 1, 2]
     assert _check_layers([2, 0, 2], 3) == [0, 2]
-    for bad in ([3], [-1], [], [True], ["1"]):
+    assert _check_layers(np.int64(1), 3) == [1]
+    for bad in ([3], [-1], [], [True], ["1"], ["1", 2], 1.5):
         with pytest.raises(ValueError, match="give layer numbers from 0 to 2"):
             _check_layers(bad, 3)
 

@@ -1,4 +1,4 @@
-"""The command line: ``skattn demo``, ``fit``, ``sweep`` and ``layer``.
+"""The command line: ``skattn demo``, ``fit``, ``sweep``, ``layer`` and ``model``.
 
 ``skattn demo`` plants a multi-head attention layer, samples examples, learns it back
 with the phased learner of Chen & Li and with the gradient baseline, and prints what
@@ -26,6 +26,11 @@ errors and sharpness, time, memory) and with ``--plot`` the real and learned
 attention patterns (``patterns.png``) into ``--out``: see
 :func:`skattn.experiments.learn_layer`.  Every input is checked before the model is
 loaded.
+
+``skattn model [CHECKPOINT] --text FILE [FILE ...]`` learns every attention
+layer of the checkpoint (or ``--layers``) that way, writes the learned model back
+in the checkpoint's own tensor names, and compares the original and learned
+models on held-out windows: see :func:`skattn.experiments.learn_model`.
 
 Bad input never ends in a Python traceback: argparse refuses malformed options
 (status 2, with the usage), and any other error -- a missing or unreadable file, an

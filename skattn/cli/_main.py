@@ -1,4 +1,5 @@
-"""``main`` and the commands: ``skattn demo``, ``fit``, ``sweep``, ``layer``."""
+"""``main`` and the commands: ``skattn demo``, ``fit``, ``sweep``, ``layer``,
+``model``."""
 
 import os
 import shlex

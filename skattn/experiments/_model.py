@@ -36,23 +36,28 @@ MODEL_FILES = {"report": "report.json", "checkpoint": "checkpoint", "plot": "hea
 
 
 def _check_layers(layers, n_layers):
-    """The layers to learn, sorted: all (``None``) or those given, each checked."""
+    """The layers to learn, sorted: all (``None``), one (an int) or those given,
+    each checked."""
     if layers is None:
         return list(range(n_layers))
-    layers = sorted(set(layers))
-    wrong = [
-        layer
+    if isinstance(layers, int | np.integer) and not isinstance(layers, bool):
+        layers = [layers]
+    try:
+        layers = list(layers)
+    except TypeError:
+        layers = [layers]
+    good = all(
+        isinstance(layer, int | np.integer)
+        and not isinstance(layer, bool)
+        and 0 <= layer < n_layers
         for layer in layers
-        if isinstance(layer, bool) or not isinstance(layer, int | np.integer)
-    ]
-    outside = [layer for layer in layers if layer not in wrong]
-    outside = [layer for layer in outside if not 0 <= layer < n_layers]
-    if not layers or wrong or outside:
+    )
+    if not layers or not good:
         raise ValueError(
             f"layers={layers!r}: give layer numbers from 0 to {n_layers - 1} "
             f"(the checkpoint has {n_layers} layers), or None for all."
         )
-    return [int(layer) for layer in layers]
+    return sorted({int(layer) for layer in layers})
 
 
 def _layer_row(layer, result=None, error=None):
@@ -63,8 +68,8 @@ def _layer_row(layer, result=None, error=None):
         heads = [
             {
                 "head": h["head"],
-                "verdict": "not pinned by this data",
-                "windows_needed": h.get("windows_needed"),
+                "verdict": "not fitted" if h["pinned"] else "not pinned by this data",
+                "windows_needed": None if h["pinned"] else h.get("windows_needed"),
             }
             for h in verdict["heads"]
         ]
@@ -97,7 +102,8 @@ def _layer_row(layer, result=None, error=None):
 
 def table_text(rows):
     """The layer x head table as text: one line per layer, a letter per head
-    (``=`` exact, ``~`` not converged, ``?`` not pinned by this data).
+    (``=`` exact, ``~`` not converged, ``?`` not pinned by this data, ``-``
+    not fitted: pinned, in a layer with a head that is not).
 
     Examples
     --------
@@ -106,9 +112,14 @@ def table_text(rows):
     >>> print(table_text(rows))
     layer  heads  held-out
         0  =?     2e-13
-    (= exact, ~ not converged, ? not pinned by this data)
+    (= exact, ~ not converged, ? not pinned by this data, - not fitted)
     """
-    marks = {"exact": "=", "not converged": "~", "not pinned by this data": "?"}
+    marks = {
+        "exact": "=",
+        "not converged": "~",
+        "not pinned by this data": "?",
+        "not fitted": "-",
+    }
     width = max(len(row["heads"]) for row in rows)
     lines = [f"layer  {'heads'.ljust(width)}  held-out"]
     for row in rows:
@@ -116,7 +127,7 @@ def table_text(rows):
         error = row["held_out_relative_error"]
         shown = "not learned" if error is None else f"{error:.3g}"
         lines.append(f"{row['layer']:5d}  {letters}  {shown}")
-    lines.append("(= exact, ~ not converged, ? not pinned by this data)")
+    lines.append("(= exact, ~ not converged, ? not pinned by this data, - not fitted)")
     return "\n".join(lines)
 
 
