@@ -225,7 +225,10 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         all-MiniLM-L6-v2: held-out error 1.2e-3 without, 9e-8 with, after the
         same 30 iterations).  ``"auto"``: when that condition number exceeds 10
         or the subspace is proper; uniform Boolean and standard Gaussian tokens
-        are left as they are.  ``phase_report_`` records it.
+        are left as they are.  ``phase_report_`` records it.  Decoder layers
+        too (``causal``, ``rope``, ``n_kv_heads``: ``Q_i = A Q'_i``, ``K_g = A
+        K'_g``, the rotations acting after the map): a trained GPT-2's second
+        layer, 0.026 held out without, 4e-15 with.
     start_search : {"auto", "minibatch", "none"}, default="auto"
         Random starts of low-rank heads only: first move each start by Adam on
         the reduced loss of random batches of 256 sequences (the output factors

@@ -437,7 +437,6 @@ class EncoderSource:
     def __init__(self, checkpoint, *, n_tokens):
         self.folder, self.model_file, self.config = _checkpoint(checkpoint)
         self.n_tokens = n_tokens
-        self.n_layers = self.config.get("num_hidden_layers")
         self._encoder = None
 
     def check(self, layer, n_heads, plot):
@@ -473,6 +472,12 @@ class EncoderSource:
         d, m, rank = self._shape(n_heads)
         minutes = _rough_minutes(n_fit, m, self.n_tokens, d, rank)
         return f"layer {layer}: {m} head(s) of rank {rank}", f"roughly {minutes}"
+
+    @property
+    def n_layers(self):
+        """The encoder's layers (``config.json``'s count, else the weights')."""
+        n_layers = self.config.get("num_hidden_layers")
+        return n_layers if isinstance(n_layers, Integral) else self.encoder.n_layers
 
     @property
     def encoder(self):
