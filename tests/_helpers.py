@@ -297,3 +297,18 @@ def two_rank_four_heads(X, Y):
         polish=PolishOptions(head_rank=4, intercept=True),
         starts=RandomStartOptions(start_search="minibatch"),
     )[2]
+
+
+# The words of the tiny decoders' texts (tests of decoder checkpoints).
+WORDS = (
+    "return the number of items in the list open the file and read every line "
+    "raise a value error when the argument is negative or not a number the cache "
+    "keeps the last result so that the next call is fast"
+).split()
+
+
+def word_text(path, size=1200, seed=0):
+    """Write ``size`` random words of ``WORDS`` to ``path``; returns ``path``."""
+    rng = np.random.default_rng(seed)
+    path.write_text(" ".join(rng.choice(WORDS, size=size)))
+    return path

@@ -17,6 +17,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+from _helpers import word_text  # noqa: E402
+
 import skattn.datasets._decoder_checkpoint as loader  # noqa: E402
 from skattn.cli import main  # noqa: E402
 from skattn.datasets._decoder_checkpoint import save_random_decoder  # noqa: E402
@@ -29,19 +31,10 @@ from skattn.experiments._layer import UnidentifiableDataError  # noqa: E402
 from skattn.layer._files import read_safetensors  # noqa: E402
 from skattn.layer._hf import decoder_settings  # noqa: E402
 
-WORDS = (
-    "return the number of items in the list open the file and read every line "
-    "raise a value error when the argument is negative or not a number the cache "
-    "keeps the last result so that the next call is fast"
-).split()
-
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "text.txt"
-    rng = np.random.default_rng(0)
-    path.write_text(" ".join(rng.choice(WORDS, size=1200)))
-    return path
+    return word_text(tmp_path_factory.mktemp("text") / "text.txt")
 
 
 @pytest.fixture(scope="module")

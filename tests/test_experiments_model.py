@@ -13,6 +13,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
 import torch  # noqa: E402
+from _helpers import word_text  # noqa: E402
 
 import skattn.solvers._decoder as decoder_module  # noqa: E402
 from skattn.cli import main  # noqa: E402
@@ -20,19 +21,10 @@ from skattn.datasets._decoder_checkpoint import save_random_decoder  # noqa: E40
 from skattn.experiments import learn_model  # noqa: E402
 from skattn.experiments._model import _check_layers, table_text  # noqa: E402
 
-WORDS = (
-    "return the number of items in the list open the file and read every line "
-    "raise a value error when the argument is negative or not a number the cache "
-    "keeps the last result so that the next call is fast"
-).split()
-
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "text.txt"
-    rng = np.random.default_rng(0)
-    path.write_text(" ".join(rng.choice(WORDS, size=1200)))
-    return path
+    return word_text(tmp_path_factory.mktemp("text") / "text.txt")
 
 
 @pytest.fixture(scope="module")
