@@ -258,3 +258,36 @@ def test_fit_anyway_fits_and_reports_each_heads_verdict(text):
     for head in verdict["heads"]:
         assert head["split_rows"] <= 8 * 16 < head["split_rows_needed"] == 1596
         assert head["windows_needed"] > 10
+
+
+@pytest.mark.parametrize("needed, grown", [(60, True), (10**6, False)])
+def test_the_fit_grows_for_a_sharp_head_only_where_the_text_pins_it(
+    text, monkeypatch, needed, grown
+):
+    # a head that asks for more windows than the count: the fit takes them
+    # when the text has them, else the verdict stops it before any fit (the
+    # text's windows would not pin the head either)
+    real = encoder_module.EncoderSource.verdict
+    calls = []
+
+    def verdict(self, layer, teacher, X3_fit):
+        found = real(self, layer, teacher, X3_fit)
+        calls.append(len(X3_fit))
+        if len(calls) == 1:  # the count's windows: one head short
+            found["determined"] = False
+            found["heads"][0].update(pinned=False, windows_needed=needed)
+            found["message"] = "head 0 is not pinned"
+        else:  # the windows the head asked for pin it
+            found["determined"] = True
+        return found
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the fit started")
+
+    monkeypatch.setattr(encoder_module.EncoderSource, "verdict", verdict)
+    monkeypatch.setattr(encoder_module.EncoderSource, "windows_wanted", lambda *a: 20)
+    monkeypatch.setattr(pipeline_module, "_fit_on", no_fit)
+    error = AssertionError if grown else pipeline_module.UnidentifiableDataError
+    with pytest.raises(error):
+        learn_layer(layer=3, texts=text, n_tokens=8, n_heads=1)
+    assert calls == ([20, 60] if grown else [20])

@@ -404,9 +404,11 @@ def _learn_one_layer(
     # -- what these windows can pin, before the long fit ---------------------------
     verdict = source.verdict(layer, teacher, X3[fit])
     more = _windows_to_pin(verdict, len(fit), n_windows)
-    if more is not None:  # the text has the windows that a sharp head asks for
+    if more is not None:  # a sharp head asks for more windows than the count
         n_total, n_held, why = window_plan(n_available, None, held_out, more)
-        if n_total - n_held > len(fit):
+        # grown only where the text has them: else the verdict stops the fit
+        # now, rather than after a fit on all the text that still cannot pin it
+        if n_total - n_held >= more:
             ids, fit, held = _sample_windows(all_ids, n_total, n_held, random_state)
             _say(
                 verbose,
