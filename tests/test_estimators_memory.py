@@ -15,10 +15,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _helpers import refine_planted
 
-from skattn import MultiHeadAttentionRegressor
+from skattn import MultiHeadAttentionRegressor, make_attention_regression
 from skattn.solvers import _checkpoints
 from skattn.solvers._checkpoints import DamagedCacheError
 
@@ -288,3 +289,40 @@ def test_memory_parameter_is_validated():
     X, y = _data()
     with pytest.raises(ValueError, match="memory"):
         MultiHeadAttentionRegressor(memory=3, **PARAMS).fit(X, y)
+
+
+def test_a_whitening_that_rounds_otherwise_still_resumes(tmp_path, monkeypatch):
+    # the kept stages are keyed by the tokens as given: a second run whose
+    # whitening map rounds otherwise (another number of BLAS threads) reads
+    # every stage back (keyed by the whitened tokens, it recomputed them all)
+    import skattn.solvers._driver as driver_module
+
+    X, y = make_attention_regression(
+        2000, 4, 8, 2, head_rank=2, distribution="gaussian", random_state=0
+    )
+    X = (X.reshape(2000, 4, 8) * np.logspace(-1, 1, 8)).reshape(2000, -1)
+
+    def learner():
+        return MultiHeadAttentionRegressor(
+            n_heads=2,
+            n_tokens=4,
+            head_rank=2,
+            init="random",
+            random_state=0,
+            input_distribution="gaussian",
+            memory=str(tmp_path),
+        )
+
+    first = learner().fit(X, y)
+    assert first.phase_report_[-1].info["whitening"]["applied"]
+    whiten = driver_module._whiten
+
+    def rounded(X, sample_weight, option):
+        _, A, record = whiten(X, sample_weight, option)
+        A = A * (1 + 4e-16)
+        return X @ A, A, record
+
+    monkeypatch.setattr(driver_module, "_whiten", rounded)
+    again = learner().fit(X, y)
+    kept = again.phase_report_[-1].info["memory"]
+    assert kept["computed"] == [] and len(kept["reused"]) > 0

@@ -149,6 +149,11 @@ def fit_from_random_starts(
         n_warmup_samples = warmup_size(
             n_heads, X.shape[1], X.shape[2], polish.head_rank
         )
+    if not isinstance(memory, StageMemory):
+        # the tokens as given, not whitened: a whitening computed with another
+        # number of threads rounds otherwise, and would miss every kept stage
+        key = _memory_key(xp, X, n_heads, starts, polish, n_warmup_samples, rng)
+        memory = StageMemory(memory, key, (X, Y, sample_weight))
     X, A, whitening = _whiten(X, sample_weight, starts.whiten)
     d, d_out, head_rank = X.shape[2], Y.shape[2], polish.head_rank
     factored, search, decouple = _plan(n_heads, d, d_out, starts, polish)
@@ -160,9 +165,6 @@ def fit_from_random_starts(
     # that ends no better found no head
     uniform = uniform_residual(X, Y, sample_weight) if search else None
     report = progress if progress is not None else (lambda message, done: None)
-    if not isinstance(memory, StageMemory):
-        key = _memory_key(xp, X, n_heads, starts, polish, n_warmup_samples, rng)
-        memory = StageMemory(memory, key, (X, Y, sample_weight))
     best, best_search, residuals = None, None, []
     for start in range(1, starts.n_starts + 1):
         # drawn on the host: the same start in every namespace
