@@ -188,3 +188,18 @@ def test_an_encoder_model_is_compared_by_its_sentence_embeddings(
     assert difference == pytest.approx(
         compared["all"]["hidden_states_relative_difference"], rel=1e-3
     )
+
+
+def test_the_models_are_compared_on_windows_every_layer_held_out():
+    from sklearn.utils import Bunch
+
+    from skattn.experiments._model import _held_by_every_layer
+
+    def result(rows):
+        return Bunch(held_out_ids=np.array(rows))
+
+    held = _held_by_every_layer(
+        {0: result([[1, 2], [3, 4], [5, 6]]), 1: result([[5, 6], [1, 2], [7, 8]])}
+    )
+    assert held.tolist() == [[1, 2], [5, 6]]
+    assert _held_by_every_layer({}).shape == (0, 0)

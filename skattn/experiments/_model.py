@@ -24,9 +24,7 @@ from ._pipeline import (
     _check_out,
     _jsonable,
     _read_texts,
-    _sample_windows,
     _say,
-    window_plan,
 )
 
 __all__ = ["learn_model", "table_text"]
@@ -98,6 +96,17 @@ def _layer_row(layer, result=None, error=None):
         "fit_seconds": report["fit_seconds"],
         "heads": heads,
     }
+
+
+def _held_by_every_layer(results):
+    """The windows (token ids) that every learned layer held out, in the first
+    one's order: the models are compared on windows no layer was fitted on (a
+    layer whose sharp heads asked for more windows fitted on others)."""
+    if not results:
+        return np.zeros((0, 0), dtype=np.int64)
+    held = [result.held_out_ids for result in results.values()]
+    common = set.intersection(*({tuple(row) for row in ids} for ids in held))
+    return np.asarray([row for row in held[0] if tuple(row) in common])
 
 
 def table_text(rows):
@@ -219,7 +228,9 @@ def learn_model(
             ``layers`` (the table's rows: per layer its held-out error, fit
             time and per head ``verdict``, ``attention_error`` and
             ``windows_needed``), ``model`` (the comparison: per layer replaced
-            and ``"all"``), ``n_windows_fit``, ``n_windows_held_out``,
+            and ``"all"``), ``n_windows_fit`` (the most a layer fitted),
+            ``n_windows_held_out`` (those every layer held out: the models are
+            compared on them),
             ``total_seconds``, ``files``.
         layers : dict
             Layer -> the result of its ``learn_layer`` pipeline.
@@ -308,11 +319,10 @@ def learn_model(
         results[layer] = result
         rows.append(_layer_row(layer, result))
         learned[layer] = result.learned
-    wanted = source.windows_wanted(layers[0], None)
-    n_total, n_held, _ = window_plan(len(all_ids), n_windows, held_out, wanted)
-    ids, fit, held = _sample_windows(all_ids, n_total, n_held, random_state)
+    held = _held_by_every_layer(results)
+    n_fit = max((r.report["n_windows_fit"] for r in results.values()), default=0)
     _say(verbose, f"comparing the models on {len(held)} held-out windows.")
-    comparison = source.compare_models(learned, ids[held]) if learned else {}
+    comparison = source.compare_models(learned, held) if learned else {}
     files = {}
     if out is not None:
         files["report"] = out / MODEL_FILES["report"]
@@ -326,7 +336,7 @@ def learn_model(
         {
             "layers": rows,
             "model": comparison,
-            "n_windows_fit": len(fit),
+            "n_windows_fit": n_fit,
             "n_windows_held_out": len(held),
             "checkpoint": str(source.folder),
             "total_seconds": time.perf_counter() - start,
