@@ -375,6 +375,8 @@ def _parser():
         layer,
         "skattn-layer-L, L the layer",
         "also draw real vs learned attention patterns (needs matplotlib)",
+        "fit even when the windows cannot pin some head (by default the command "
+        "stops before the fit, naming the heads and the windows needed)",
     )
 
     model = sub.add_parser(
@@ -406,11 +408,14 @@ def _parser():
         "skattn-model",
         "also draw the layer x head heatmap of held-out attention errors "
         "(encoders; needs matplotlib)",
+        "fit the layers whose heads the windows cannot pin too (by default such "
+        "a layer is not fitted: its row names the heads and the windows needed, "
+        "and the learned model keeps its original attention)",
     )
     return parser
 
 
-def _checkpoint_options(parser, default_out, plot_help):
+def _checkpoint_options(parser, default_out, plot_help, anyway_help):
     """The options of the commands that learn from a checkpoint (``skattn layer``,
     ``skattn model``): the checkpoint, the text and its windows, the output
     folder, the seed, the cache, the device, the progress."""
@@ -486,8 +491,7 @@ def _checkpoint_options(parser, default_out, plot_help):
     parser.add_argument(
         "--fit-anyway",
         action="store_true",
-        help="fit even when the windows cannot pin some head (by default the "
-        "command stops before the fit, naming the heads and the windows needed)",
+        help=anyway_help,
     )
     parser.add_argument(
         "--device",
