@@ -4,7 +4,6 @@
 import os
 import shlex
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -226,14 +225,11 @@ def _check_output(path, option="--out", suffix=".npz"):
         raise _error(
             f"{option} {path!r} is a folder; give a file name ending in {suffix}."
         )
-    folder = out.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    from ..experiments._pipeline import _nearest_existing, _probe
+
+    folder = _nearest_existing(out.parent)
     try:
-        if not folder.is_dir():
-            raise NotADirectoryError(20, f"{str(folder)!r} is a file")
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".skattn-probe-"):
-            pass
+        _probe(folder)
     except OSError as exc:
         raise _error(
             f"{option} {path!r} cannot be written in {str(folder)!r} "

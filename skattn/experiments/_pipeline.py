@@ -194,6 +194,22 @@ def _read_texts(texts):
     return texts, contents
 
 
+def _nearest_existing(path):
+    """``path`` itself if it exists, else its nearest existing parent."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _probe(folder):
+    """An OSError unless a file can be created in ``folder`` (none is left)."""
+    if not folder.is_dir():
+        raise NotADirectoryError(20, f"{str(folder)!r} is a file")
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".skattn-probe-"):
+        pass
+
+
 def _check_out(out):
     """Refuse an output folder that cannot be made or written in, creating nothing.
 
@@ -205,14 +221,8 @@ def _check_out(out):
         raise ValueError(
             f"out {str(out)!r} is a file; give a folder (created if missing)."
         )
-    parent = out
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
     try:
-        if not parent.is_dir():
-            raise NotADirectoryError(20, f"{str(parent)!r} is a file")
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".skattn-probe-"):
-            pass
+        _probe(_nearest_existing(out))
     except OSError as exc:
         raise ValueError(
             f"out {str(out)!r} is not a folder skattn can write in "
