@@ -15,6 +15,8 @@ from skattn.solvers import (
     varpro_least_squares,
 )
 from skattn.solvers.kernels._decoupling import decoupling_map
+from skattn.solvers.kernels._parametrization import random_attention
+from skattn.solvers.kernels._whitening import whitening_map
 from skattn.utils._array_api import namespace, to_numpy
 
 
@@ -281,3 +283,47 @@ def test_other_namespaces_give_numpys_result(to_array, case):
         np.testing.assert_allclose(
             got_projection, projection, rtol=0, atol=1e-10 * abs(projection).max()
         )
+
+
+def _positional_layer(seed, n=150, d=12, k=6):
+    """Issue 61's positional previous-token head (logit 10 on token l - 1, from
+    the positions' features alone) beside a random head, full-rank ``W_i``."""
+    rng = np.random.default_rng(seed)
+    half = d // 2
+    positions = np.zeros((k, d))
+    positions[:, half:] = 0.8 * rng.normal(size=(k, half))
+    plus = np.linalg.pinv(positions)
+    attention = np.stack(
+        [
+            10 * plus @ np.eye(k, k=-1) @ plus.T,
+            rng.normal(scale=d**-0.5, size=(d, d)),
+        ]
+    )
+    projection = rng.normal(scale=d**-0.5, size=(2, d, d))
+    words = rng.normal(size=(500, half))[rng.integers(500, size=(n, k))]
+    X = np.concatenate([words, np.broadcast_to(positions[:, half:], (n, k, half))], -1)
+    Y = forward(X, attention, projection)
+    A, _ = whitening_map(X)  # as the random-start path polishes it
+    return X @ A, Y
+
+
+def test_a_sharp_heads_steps_in_the_heads_blocks():
+    # the previous-token head's small weights sit at the bottom of the Gauss-Newton
+    # spectrum: truncated LSMR steps miss them and the polish crawls, where the
+    # steps in each head's block converge (issue 61)
+    X, Y = _positional_layer(0)
+    par = FullRank(2, 12)
+    start = par.from_attention(random_attention(2, 12, np.random.RandomState(0)))
+    runs = {
+        blocks: varpro_least_squares(X, Y, start, par, max_iter=30, head_blocks=blocks)
+        for blocks in (True, False)
+    }
+    blocked, plain = runs[True][2], runs[False][2]
+    assert blocked["converged"] and blocked["loss"] <= 1e-28 * blocked["loss_start"]
+    # the same start, several times the products (at the evaluations' cap or not)
+    assert blocked["n_products"] < 0.5 * plain["n_products"]
+    np.testing.assert_allclose(
+        par.attention(runs[True][0]),
+        par.attention(runs[False][0]),
+        atol=1e-4 * np.abs(par.attention(runs[True][0])).max(),
+    )

@@ -29,8 +29,13 @@ import numpy as np
 from ...utils._array_api import device, einsum, namespace, to_namespace, to_numpy
 from ...utils._progress import _Silent, iteration_bar
 from ...utils._validation import _normalized_weights
+from ..kernels._head_gram import (
+    block_preconditioner,
+    full_rank_head_grams,
+    gram_sequences,
+)
 from ..kernels._near_gauge import SlowMixing, lift_near_gauge, slow_rotary_dims
-from ..kernels._parametrization import _group_index
+from ..kernels._parametrization import FullRank, _group_index
 from ..kernels._varpro import VarproProblem, _intercept_direction
 from ._trf import trf
 
@@ -84,6 +89,7 @@ def varpro_least_squares(
     stop_below=None,
     n_jobs=1,
     near_gauge="auto",
+    head_blocks="auto",
     verbose=0,
     memory=None,
 ):
@@ -146,6 +152,16 @@ def varpro_least_squares(
         ``max_products``, miss those nearly flat directions and the polish
         converges linearly.  ``"auto"``: when the parametrization has rotary
         heads with slow pairs over the window.
+    head_blocks : bool or "auto", default="auto"
+        Solve the steps of the float64 stage in the variables of each head's
+        Gauss-Newton block (:func:`~skattn.solvers.kernels._head_gram.
+        block_preconditioner`, computed afresh every ``BLOCK_REFRESH``
+        evaluations): a sharp head's small weights otherwise sit at the bottom
+        of the spectrum, where truncated LSMR steps miss them, and the stage
+        crawls.  ``"auto"``: for full ``Theta_i`` (:class:`FullRank`) of at
+        most ``HEAD_BLOCK_MAX`` parameters a head, once the stage's first
+        ``BLOCK_REFRESH`` evaluations have not converged (a stage that
+        converges in them is as without); True: from the start.
     verbose : int, default=0
         Passed to :func:`~skattn.solvers.optimizers._trf.trf`: 2 prints one line
         per iteration.
@@ -274,6 +290,12 @@ def varpro_least_squares(
         # lifted slow mixings are whitened at a stage's start: stages of
         # LIFT_REFRESH evaluations, each lifted afresh
         chunk = max_iter if options["slow_dims"] is None else LIFT_REFRESH
+        # the heads' blocks from the start (True), or ("auto") where a stage of
+        # BLOCK_REFRESH evaluations did not converge: a sharp head's crawl
+        blocks = _head_blocks(problem, head_blocks)
+        if blocks is not None:
+            chunk = min(chunk, BLOCK_REFRESH)
+        in_blocks = blocks if head_blocks is True else None
         part, whitening = 0, {}
         while status in (None, 0, -2) and n_evaluations < max_iter:
             suffix = "" if part == 0 else f"-{part}"
@@ -286,8 +308,10 @@ def varpro_least_squares(
                 products=products,
                 keep=None if memory is None else (memory, f"{name}-iterate{suffix}"),
                 whitening=whitening,
+                preconditioner=in_blocks,
                 **options,
             )
+            in_blocks = blocks
             n_iter += int(result.njev)
             n_evaluations += int(result.nfev)
             status, part = result.status, part + 1
@@ -331,6 +355,7 @@ def _stage(
     keep=None,
     slow_dims=None,
     whitening=None,
+    preconditioner=None,
     **options,
 ):
     """One run of :func:`~skattn.solvers.optimizers._trf.trf` (LSMR steps) from
@@ -348,7 +373,9 @@ def _stage(
     into variables of their own (:func:`~skattn.solvers.kernels._near_gauge.
     lift_near_gauge`), or None; ``whitening``: a dict that keeps the lift's
     scale and the tokens' constant direction from one stage to the next
-    (computed where it has none).
+    (computed where it has none).  ``preconditioner``: a function of ``params``
+    that gives ``M`` in place of the parametrization's (see
+    :func:`_head_blocks`).
     """
     products = problem if products is None else products
     resume = None
@@ -362,7 +389,10 @@ def _stage(
     if problem.factored:  # balance V_i against the eliminated O_i
         problem.residual(params)
         params = problem.par.regauge(params, problem.output_factors)
-    precond = problem.par.preconditioner(params)
+    if preconditioner is None:
+        precond = problem.par.preconditioner(params)
+    else:
+        precond = preconditioner(params)
     lift = None
     if slow_dims is not None:
         lift = _lifted(problem, products, params, precond, slow_dims, whitening)
@@ -419,6 +449,49 @@ def _stage(
         **options,
     )
     return point(result.x), result
+
+
+# Most parameters a head's Gauss-Newton block has for head_blocks="auto" (its
+# eigendecomposition costs O(size^3), its memory size^2 doubles).
+HEAD_BLOCK_MAX = 2048
+# Evaluations of a stage in the heads' blocks before they are computed again (a
+# sharp head's small weights, which set its block's smallest directions, move
+# by orders of magnitude as they converge), and of the first stage before
+# head_blocks="auto" turns to them (quadratic convergence from COARSE_UNTIL
+# takes fewer).
+BLOCK_REFRESH = 8
+
+
+def _head_blocks(problem, head_blocks):
+    """The function of ``params`` that gives the heads' block preconditioner
+    (:func:`~skattn.solvers.kernels._head_gram.block_preconditioner` of
+    :func:`~skattn.solvers.kernels._head_gram.full_rank_head_grams` on the
+    sequences of :func:`~skattn.solvers.kernels._head_gram.gram_sequences`,
+    the ``W_i`` eliminated at ``params``), or None where ``head_blocks`` says
+    no or, with ``"auto"``, the parametrization is not full ``Theta_i`` of at
+    most ``HEAD_BLOCK_MAX`` parameters a head."""
+    par = problem.par
+    if head_blocks is False or type(par) is not FullRank or problem.factored:
+        return None
+    if head_blocks == "auto" and par.n_features**2 > HEAD_BLOCK_MAX:
+        return None
+    xp = namespace(problem.X)
+    n, k, d = problem.X.shape
+    rows = to_namespace(gram_sequences(n, k, d), xp, device(problem.X))
+    X = xp.take(problem.X, rows, axis=0)
+    weights = xp.take(problem.root, rows, axis=0) ** 2
+
+    def preconditioner(params):
+        problem.residual(params)  # the W_i eliminated there
+        grams = full_rank_head_grams(
+            X, par.attention(params), problem.projection, weights
+        )
+        try:
+            return block_preconditioner(grams)
+        except np.linalg.LinAlgError:  # a block not finite: the plain variables
+            return par.preconditioner(params)
+
+    return preconditioner
 
 
 def _slow_dims(parametrization, n_tokens, near_gauge):
