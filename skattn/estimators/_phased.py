@@ -189,8 +189,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         values; a polish that does not factor them fits whole ``W_i``.  A layer
         whose ``W_i`` have a larger rank than its ``Theta_i`` is outside the
         search's model: a sharp positional head beside another, both with
-        full-rank ``W_i``, ends at 0.03 held out, exact when its ``W_i`` have
-        the heads' rank (benchmarks/HISTORY.md, issue 61).  The polish works on
+        full-rank ``W_i``, ends at 0.03 held out with ``head_rank=16``, exact
+        without ``head_rank`` or when its ``W_i`` have the heads' rank
+        (benchmarks/HISTORY.md, issue 61).  The polish works on
         the factors ``Q_i, K_i`` (matrix-free), with the ``W_i`` (or their output
         factors) eliminated by least squares;
         phases 1-5 and the net are unchanged (full rank), and their winner is

@@ -5,7 +5,7 @@ hundreds of products a step.  A sharp head makes them badly conditioned: the
 derivative of an attention weight is proportional to the weight, so the
 directions of ``Theta_i`` that move a sharp head's small weights have singular
 values thousands of times below the others, and the truncated steps leave them
-out; the polish then converges linearly, a few per cent an evaluation.  (Issue
+out; the polish then crawls, its cost falling 10-50 % an evaluation.  (Issue
 61's positional previous-token head beside a random one, d = 32, k = 16, 1000
 sequences, next to the truth: the reduced Jacobian's non-null singular values
 spread over 4.6e4, the residual in the smallest tenth; in the variables of the

@@ -452,7 +452,7 @@ def _stage(
 
 
 # Most parameters a head's Gauss-Newton block has for head_blocks="auto" (its
-# eigendecomposition costs O(size^3), its memory size^2 doubles).
+# factor and the factor's inverse cost O(size^3) flops, size^2 doubles each).
 HEAD_BLOCK_MAX = 2048
 # Evaluations of a stage in the heads' blocks before they are computed again (a
 # sharp head's small weights, which set its block's smallest directions, move
