@@ -13,7 +13,9 @@ vectors times 0.8, in the other 16); head 0 = 10 P^+ S P^+^T (S the shift
 t -> t - 1, P^+ the pseudo-inverse of the position vectors: weight 0.9994 on
 token l - 1 in every row but the first), head 1 a random rank-16 head over all 32
 dimensions (Q, K ~ N(0, 1/d)); ``W_i ~ N(0, 1/d)``; 2e4 sequences, 2000 held out;
-fitted with ``head_rank=16``.  With ``--values low`` the same layer's values have
+fitted with the estimator's defaults (full-rank heads; ``--head-rank 16``: the
+heads' rank, which also bounds the ``W_i``'s in the search's model, so that
+full-rank ``W_i`` are outside it).  With ``--values low`` the same layer's values have
 the rank of its heads, as in a transformer: ``W_i = V_i O_i``, ``V_i`` the first 16
 columns of the ``W_i`` above and ``O_i ~ N(0, 1/16)`` (16 x 32).
 
@@ -23,7 +25,7 @@ error, seconds, the fit's route), each fit stopped at ``--budget`` seconds.
     OMP_NUM_THREADS=1 python benchmarks/bench_outside_families.py --family soft \\
         [--heads 2 4 8] [--ranks 2 4] [--seeds 0 1 2] [--budget 600]
     OMP_NUM_THREADS=1 python benchmarks/bench_outside_families.py --family positional \\
-        [--values full|low] [--n 20000]
+        [--values full|low] [--head-rank none|16] [--n 20000]
 """
 
 import argparse
@@ -139,8 +141,8 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=20000, help="positional: sequences")
     parser.add_argument(
         "--head-rank",
-        default="16",
-        help="positional: the estimator's head_rank ('none': full-rank heads)",
+        default="none",
+        help="positional: the estimator's head_rank (default 'none': full-rank heads)",
     )
     args = parser.parse_args(argv)
     if args.family == "positional":
