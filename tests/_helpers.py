@@ -312,3 +312,52 @@ def word_text(path, size=1200, seed=0):
     rng = np.random.default_rng(seed)
     path.write_text(" ".join(rng.choice(WORDS, size=size)))
     return path
+
+
+def tiny_bert_tensors(
+    d=8,
+    d_ff=12,
+    n_layers=2,
+    vocab=30,
+    max_pos=10,
+    *,
+    prefix="",
+    seed=0,
+    dtype=np.float32,
+    bias_scale=0.1,
+    position_ids=False,
+):
+    """Random tensors of a small BERT in transformers' names (``prefix`` before
+    each), drawn in float64 and stored in ``dtype``; with ``position_ids`` also
+    the position-ids buffer transformers saves."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=0.5):
+        return (scale * rng.normal(size=shape)).astype(dtype)
+
+    t = {
+        "embeddings.word_embeddings.weight": normal(vocab, d),
+        "embeddings.position_embeddings.weight": normal(max_pos, d),
+        "embeddings.token_type_embeddings.weight": normal(2, d),
+        "embeddings.LayerNorm.weight": 1 + normal(d, scale=0.1),
+        "embeddings.LayerNorm.bias": normal(d, scale=0.1),
+    }
+    if position_ids:
+        t["embeddings.position_ids"] = np.arange(max_pos, dtype=np.int64)[None]
+    shapes = {
+        "attention.self.query": (d, d),
+        "attention.self.key": (d, d),
+        "attention.self.value": (d, d),
+        "attention.output.dense": (d, d),
+        "intermediate.dense": (d_ff, d),
+        "output.dense": (d, d_ff),
+    }
+    for layer in range(n_layers):
+        base = f"encoder.layer.{layer}."
+        for name, shape in shapes.items():
+            t[base + name + ".weight"] = normal(*shape)
+            t[base + name + ".bias"] = normal(shape[0], scale=bias_scale)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            t[base + norm + ".weight"] = 1 + normal(d, scale=0.1)
+            t[base + norm + ".bias"] = normal(d, scale=0.1)
+    return {prefix + key: value for key, value in t.items()}

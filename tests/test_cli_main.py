@@ -518,9 +518,9 @@ def test_layer_learns_and_writes_the_layer_the_report_and_the_plot(
     assert set(report["files"]) == {"layer", "report", "plot"}
 
 
-def test_layer_writes_into_skattn_layer_L_by_default(
-    tmp_path, capsys, checkpoint, monkeypatch
-):
+def _fast_layer_argv(tmp_path, checkpoint, monkeypatch):
+    """``skattn layer``'s arguments for a one-head fit of a few iterations on
+    ``tmp_path/text.txt``, run from ``tmp_path``."""
     import skattn.experiments._encoder_layer as encoder_module
 
     monkeypatch.chdir(tmp_path)
@@ -530,16 +530,15 @@ def test_layer_writes_into_skattn_layer_L_by_default(
         "MultiHeadAttentionRegressor",
         lambda **kw: fast(**kw, init="random", polish_max_iter=1, start_search="none"),
     )
-    argv = [
-        "layer",
-        "--fit-anyway",
-        str(checkpoint),
-        "--layer",
-        "0",
-        "--text",
-        "text.txt",
-    ]
-    argv += ["--n-tokens", "4", "--n-windows", "20", "--n-heads", "1"]
+    argv = ["layer", "--fit-anyway", str(checkpoint), "--layer", "0"]
+    argv += ["--text", "text.txt", "--n-tokens", "4", "--n-windows", "20"]
+    return argv + ["--n-heads", "1"]
+
+
+def test_layer_writes_into_skattn_layer_L_by_default(
+    tmp_path, capsys, checkpoint, monkeypatch
+):
+    argv = _fast_layer_argv(tmp_path, checkpoint, monkeypatch)
     assert main(argv) == 0
     assert sorted(p.name for p in (tmp_path / "skattn-layer-0").iterdir()) == [
         "cache",
@@ -557,26 +556,8 @@ def test_layer_fits_on_the_device_asked(tmp_path, capsys, checkpoint, monkeypatc
     # --device cpu: the fit through the array API on torch CPU tensors, recorded
     import json
 
-    import skattn.experiments._encoder_layer as encoder_module
-
     pytest.importorskip("torch")
-    monkeypatch.chdir(tmp_path)
-    fast = encoder_module.MultiHeadAttentionRegressor
-    monkeypatch.setattr(
-        encoder_module,
-        "MultiHeadAttentionRegressor",
-        lambda **kw: fast(**kw, init="random", polish_max_iter=1, start_search="none"),
-    )
-    argv = [
-        "layer",
-        "--fit-anyway",
-        str(checkpoint),
-        "--layer",
-        "0",
-        "--text",
-        "text.txt",
-    ]
-    argv += ["--n-tokens", "4", "--n-windows", "20", "--n-heads", "1"]
+    argv = _fast_layer_argv(tmp_path, checkpoint, monkeypatch)
     assert main([*argv, "--device", "cpu", "--out", "o", "--no-cache"]) == 0
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["device"] == "cpu" and report["arguments"]["device"] == "cpu"

@@ -8,6 +8,7 @@ import sysconfig
 
 import numpy as np
 import pytest
+from _helpers import tiny_bert_tensors
 
 from skattn.datasets import (
     BertEncoder,
@@ -31,37 +32,9 @@ def _rel(a, b):
 # -- small synthetic checkpoints ---------------------------------------------------
 
 
-def _tiny_bert(d=8, d_ff=12, n_layers=2, vocab=30, max_pos=10, prefix="", seed=0):
+def _tiny_bert(prefix=""):
     """Random BERT tensors (float32, as checkpoints store them)."""
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape, scale=0.5):
-        return (scale * rng.normal(size=shape)).astype(np.float32)
-
-    t = {
-        "embeddings.word_embeddings.weight": normal(vocab, d),
-        "embeddings.position_embeddings.weight": normal(max_pos, d),
-        "embeddings.token_type_embeddings.weight": normal(2, d),
-        "embeddings.LayerNorm.weight": 1 + normal(d, scale=0.1),
-        "embeddings.LayerNorm.bias": normal(d, scale=0.1),
-    }
-    shapes = {
-        "attention.self.query": (d, d),
-        "attention.self.key": (d, d),
-        "attention.self.value": (d, d),
-        "attention.output.dense": (d, d),
-        "intermediate.dense": (d_ff, d),
-        "output.dense": (d, d_ff),
-    }
-    for layer in range(n_layers):
-        base = f"encoder.layer.{layer}."
-        for name, shape in shapes.items():
-            t[base + name + ".weight"] = normal(*shape)
-            t[base + name + ".bias"] = normal(shape[0], scale=0.1)
-        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
-            t[base + norm + ".weight"] = 1 + normal(d, scale=0.1)
-            t[base + norm + ".bias"] = normal(d, scale=0.1)
-    return {prefix + key: value for key, value in t.items()}
+    return tiny_bert_tensors(prefix=prefix)
 
 
 def _write(tmp_path, tensors, config=None):

@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pytest
+from _helpers import tiny_bert_tensors
 from scipy.special import ndtr
 
 from skattn import AttentionLayer, MultiHeadAttentionRegressor
@@ -66,40 +67,13 @@ def _assert_same_layer(got, expected, X, tol=1e-12):
 _D, _HEADS, _FF, _LAYERS, _VOCAB, _POS = 8, 2, 12, 2, 30, 10
 
 
-def _tiny_bert(dtype=np.float64, prefix="", seed=0):
+def _tiny_bert(prefix=""):
     """Random BERT tensors (attention biases included), plus a position_ids buffer
     as transformers saves it."""
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape, scale=0.5):
-        return (scale * rng.normal(size=shape)).astype(dtype)
-
-    d = _D
-    t = {
-        "embeddings.word_embeddings.weight": normal(_VOCAB, d),
-        "embeddings.position_embeddings.weight": normal(_POS, d),
-        "embeddings.token_type_embeddings.weight": normal(2, d),
-        "embeddings.LayerNorm.weight": 1 + normal(d, scale=0.1),
-        "embeddings.LayerNorm.bias": normal(d, scale=0.1),
-        "embeddings.position_ids": np.arange(_POS, dtype=np.int64)[None],
-    }
-    shapes = {
-        "attention.self.query": (d, d),
-        "attention.self.key": (d, d),
-        "attention.self.value": (d, d),
-        "attention.output.dense": (d, d),
-        "intermediate.dense": (_FF, d),
-        "output.dense": (d, _FF),
-    }
-    for layer in range(_LAYERS):
-        base = f"encoder.layer.{layer}."
-        for name, shape in shapes.items():
-            t[base + name + ".weight"] = normal(*shape)
-            t[base + name + ".bias"] = normal(shape[0], scale=0.3)
-        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
-            t[base + norm + ".weight"] = 1 + normal(d, scale=0.1)
-            t[base + norm + ".bias"] = normal(d, scale=0.1)
-    return {prefix + key: value for key, value in t.items()}
+    return tiny_bert_tensors(
+        _D, _FF, _LAYERS, _VOCAB, _POS, prefix=prefix, dtype=np.float64,
+        bias_scale=0.3, position_ids=True,
+    )  # fmt: skip
 
 
 _CONFIG = {

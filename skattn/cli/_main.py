@@ -376,26 +376,33 @@ def _resumed_line(reused, computed, seconds_all=None):
     return line
 
 
+def _checkpoint_arguments(args, cache):
+    """The keywords of ``learn_layer`` and ``learn_model`` that their commands'
+    shared options give (see ``_parser._checkpoint_options``)."""
+    return {
+        "texts": args.text,
+        "n_tokens": args.n_tokens,
+        "n_windows": args.n_windows,
+        "held_out": args.held_out,
+        "out": _out_of(args),
+        "plot": args.plot,
+        "random_state": args.random_state,
+        "memory": cache,
+        "device": args.device,
+        "fit_anyway": args.fit_anyway,
+        "verbose": args.verbose,
+    }
+
+
 def _layer(args):
     from ..experiments import learn_layer
 
-    out = _out_of(args)
     cache = _cache_of(args)
     result = learn_layer(
         args.checkpoint,
         layer=args.layer,
-        texts=args.text,
-        n_tokens=args.n_tokens,
-        n_windows=args.n_windows,
-        held_out=args.held_out,
         n_heads=args.n_heads,
-        out=out,
-        plot=args.plot,
-        random_state=args.random_state,
-        memory=cache,
-        device=args.device,
-        fit_anyway=args.fit_anyway,
-        verbose=args.verbose,
+        **_checkpoint_arguments(args, cache),
     )
     report = result.report
     error = report["held_out_relative_error"]
@@ -434,21 +441,10 @@ def _layer(args):
 def _model(args):
     from ..experiments import learn_model
 
-    cache = _cache_of(args)
     result = learn_model(
         args.checkpoint,
-        texts=args.text,
         layers=args.layers,
-        n_tokens=args.n_tokens,
-        n_windows=args.n_windows,
-        held_out=args.held_out,
-        out=_out_of(args),
-        plot=args.plot,
-        random_state=args.random_state,
-        memory=cache,
-        device=args.device,
-        fit_anyway=args.fit_anyway,
-        verbose=args.verbose,
+        **_checkpoint_arguments(args, _cache_of(args)),
     )
     report = result.report
     print(

@@ -198,13 +198,9 @@ def _parser():
     demo.add_argument(
         "--noise", type=_non_negative_float, default=0.0, help="label noise std"
     )
-    demo.add_argument(
-        "--random-state",
-        "--seed",
-        dest="random_state",
-        type=_non_negative_int,
-        default=0,
-        help="random seed (--seed: the same)",
+    _seed_option(
+        demo,
+        "random seed (--seed: the same)",
     )
     demo.add_argument(
         "--no-gradient", action="store_true", help="skip the gradient baseline"
@@ -288,13 +284,9 @@ def _parser():
         default=defaults["polish_max_iter"],
         help="iterations of the polish",
     )
-    fit.add_argument(
-        "--random-state",
-        "--seed",
-        dest="random_state",
-        type=_non_negative_int,
-        default=0,
-        help="the learner's seed (--seed: the same)",
+    _seed_option(
+        fit,
+        "the learner's seed (--seed: the same)",
     )
     fit.add_argument(
         "--cache",
@@ -415,6 +407,18 @@ def _parser():
     return parser
 
 
+def _seed_option(parser, help):
+    """``--random-state`` (alias ``--seed``): a non-negative integer, 0 by default."""
+    parser.add_argument(
+        "--random-state",
+        "--seed",
+        dest="random_state",
+        type=_non_negative_int,
+        default=0,
+        help=help,
+    )
+
+
 def _checkpoint_options(parser, default_out, plot_help, anyway_help):
     """The options of the commands that learn from a checkpoint (``skattn layer``,
     ``skattn model``): the checkpoint, the text and its windows, the output
@@ -468,13 +472,9 @@ def _checkpoint_options(parser, default_out, plot_help, anyway_help):
         action="store_true",
         help=plot_help,
     )
-    parser.add_argument(
-        "--random-state",
-        "--seed",
-        dest="random_state",
-        type=_non_negative_int,
-        default=0,
-        help="which windows are used and held out, and the learner's seed (--seed: "
+    _seed_option(
+        parser,
+        "which windows are used and held out, and the learner's seed (--seed: "
         "the same)",
     )
     parser.add_argument(

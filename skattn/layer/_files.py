@@ -32,6 +32,19 @@ __all__ = [
 SAFETENSORS_FORMAT = "skattn attention layer: AttentionLayer(**tensors, n_tokens=...)"
 
 
+def _atomic_write(path, write):
+    """``write(file)`` into a temporary file of ``path``'s folder, renamed over
+    ``path``: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            write(file)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_safetensors(path, tensors, metadata=None):
     """Write float64 tensors to a ``.safetensors`` file, the same bytes for the
     same content.
@@ -91,14 +104,7 @@ def write_safetensors(path, tensors, metadata=None):
         for data in blobs:
             file.write(data)
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _atomic_write(path, write)
     return path
 
 
@@ -162,19 +168,6 @@ LAYER_FILE_ARRAYS = (
 
 # The layer files save_layer writes and load_layer reads.
 LAYER_FILE_SUFFIXES = (".npz", ".safetensors")
-
-
-def _atomic_write(path, write):
-    """``write(file)`` into a temporary file of ``path``'s folder, renamed over
-    ``path``: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_layer(layer, path):

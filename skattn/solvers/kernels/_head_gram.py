@@ -96,6 +96,8 @@ def full_rank_head_grams(X, attention, projection, sample_weight=None):
     root = None
     if sample_weight is not None:
         root = xp.sqrt(xp.asarray(sample_weight, dtype=xp.float64))
+    # x_l x_l^T of every row, the same for every head: (n k, d^2)
+    outer = xp.reshape(X[..., :, None] * X[..., None, :], (n * k, d * d))
     grams = []
     for i in range(m):
         s = softmax(einsum(xp, "nla,ab,nmb->nlm", X, attention[i, ...], X))
@@ -106,8 +108,7 @@ def full_rank_head_grams(X, attention, projection, sample_weight=None):
         if root is not None:
             B = B * root[:, None, None, None]
         C = B @ xp.matrix_transpose(B)  # (n, k, d, d)
-        outer = X[..., :, None] * X[..., None, :]  # (n, k, d, d)
-        flat = xp.reshape(outer, (n * k, d * d)).T @ xp.reshape(C, (n * k, d * d))
+        flat = outer.T @ xp.reshape(C, (n * k, d * d))
         # [(a, c), (b, e)] -> [(a, b), (c, e)]
         G = xp.permute_dims(xp.reshape(flat, (d, d, d, d)), (0, 2, 1, 3))
         grams.append(xp.reshape(G, (d * d, d * d)))
