@@ -9,7 +9,8 @@ then the joint Levenberg-Marquardt polish), and the held-out relative error
 ``||F_hat(X) - Y|| / ||Y||`` is measured on ``--held-out`` more.
 
     python benchmarks/bench_decoder.py [--setting issue|small] [--n N]
-        [--threads T] [--restarts R] [--polish-max-iter I] [--out F.json]
+        [--threads T] [--restarts R] [--rope-theta B] [--polish-max-iter I]
+        [--out F.json]
 
 Prints the fit's time, peak resident memory, stages and the held-out error;
 ``--out`` writes them as JSON.
@@ -50,6 +51,9 @@ def main(argv=None):
         help="residual evaluations of each polish stage (a cap on the fit's time)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--rope-theta", type=float, default=10000.0, help="RoPE's base (both layers)"
+    )
     parser.add_argument("--verbose", type=int, default=1)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -65,6 +69,7 @@ def main(argv=None):
         rope=True,
         n_kv_heads=m_kv,
         distribution="gaussian",
+        rope_theta=args.rope_theta,
         random_state=args.seed,
     )
     est = MultiHeadAttentionRegressor(
@@ -74,6 +79,7 @@ def main(argv=None):
         causal=True,
         rope=True,
         n_kv_heads=m_kv,
+        rope_theta=args.rope_theta,
         n_restarts=args.restarts,
         polish_max_iter=args.polish_max_iter,
         random_state=args.seed,
@@ -95,6 +101,7 @@ def main(argv=None):
         "n_features": d,
         "n_tokens": k,
         "head_rank": r,
+        "rope_theta": args.rope_theta,
         "threads": args.threads,
         "fit_seconds": seconds,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

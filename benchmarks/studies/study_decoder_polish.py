@@ -81,6 +81,7 @@ def main(argv=None):
     )
     parser.add_argument("--mode", choices=["joint", "groups"], default="joint")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rope-theta", type=float, default=10000.0)
     parser.add_argument("--max-products", type=int, default=None)
     parser.add_argument("--verbose", type=int, default=0)
     parser.add_argument(
@@ -92,6 +93,7 @@ def main(argv=None):
     X, y, layer = make_attention_regression(
         n, k, d, m, head_rank=r, causal=True, rope=True, n_kv_heads=m_kv,
         distribution="gaussian", random_state=args.seed, return_layer=True,
+        rope_theta=args.rope_theta,
     )  # fmt: skip
     X, Y = X.reshape(n, k, d), y.reshape(n, k, -1)
     decoder = {"causal": True, "rope_theta": layer.rope_theta}

@@ -13,6 +13,7 @@ replaced, live here, each with a branch per library and a portable fallback:
                            ``linalg.cholesky`` and two triangular solves
 :func:`solve_triangular`   scipy / torch / CuPy; else ``linalg.solve``
 :func:`lstsq`              scipy ``lstsq`` on numpy; else an SVD
+:func:`expm`               scipy / torch ``matrix_exp`` / CuPy; else the host
 :func:`to_numpy`           a host copy of any of them
 :func:`free_memory`        bytes free on the array's device (None on the host)
 =========================  ==============================================
@@ -46,6 +47,7 @@ __all__ = [
     "cholesky_solve",
     "solve_triangular",
     "lstsq",
+    "expm",
     "free_memory",
     "is_out_of_memory",
     "synchronize",
@@ -301,6 +303,40 @@ def lstsq(xp, a, b):
     coef = xp.linalg.matrix_transpose(u) @ b
     coef = coef * (inverse[:, None] if b.ndim == 2 else inverse)
     return xp.linalg.matrix_transpose(vt) @ coef
+
+
+def expm(xp, a):
+    """The matrix exponential of a stack of square matrices ``a`` (``(..., s,
+    s)``) in ``xp`` and on ``a``'s device: scipy on numpy, ``matrix_exp`` on
+    torch, CuPy's own where it has one; other namespaces through the host.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import expm, namespace
+    >>> a = np.array([[0.0, 1.0], [0.0, 0.0]])
+    >>> expm(namespace(a), a).tolist()
+    [[1.0, 1.0], [0.0, 1.0]]
+    """
+    if is_numpy(xp):
+        from scipy import linalg
+
+        return linalg.expm(a)
+    if _compat.is_torch_namespace(xp):
+        import torch
+
+        return torch.linalg.matrix_exp(a)
+    if _compat.is_cupy_namespace(xp):
+        try:
+            from cupyx.scipy.linalg import expm as cupy_expm
+        except ImportError:  # older CuPy: through the host
+            pass
+        else:
+            flat = xp.reshape(a, (-1, *a.shape[-2:]))  # one matrix at a time
+            return xp.reshape(xp.stack([cupy_expm(b) for b in flat]), a.shape)
+    from scipy import linalg
+
+    return to_namespace(linalg.expm(to_numpy(a)), xp, device(a), dtype=a.dtype)
 
 
 def free_memory(x):

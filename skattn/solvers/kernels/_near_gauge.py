@@ -41,11 +41,18 @@ other one.
 import math
 
 import numpy as np
-import scipy.linalg
 from sklearn.utils import check_random_state
 
 from ...layer._positions import key_head_index, rotary_frequencies, rotary_pairs
-from ...utils._array_api import device, is_numpy, namespace, to_namespace, to_numpy
+from ...utils._array_api import (
+    device,
+    einsum,
+    expm,
+    is_numpy,
+    namespace,
+    to_namespace,
+    to_numpy,
+)
 from ._parametrization import _like
 
 # A rotary pair is slow, and its dimensions take part in the near-gauge mixing,
@@ -189,6 +196,16 @@ class SlowMixing:
         _, gK, _ = self._split(g)
         return (self.constant @ gK) @ self.select
 
+    def raw_index(self):
+        """Each key head's positions in :meth:`directions`' ``raw``: its mixings,
+        then its shifts, ``(m_kv, s^2 [+ s])``."""
+        s2 = self.s * self.s
+        index = [np.arange(self.m_kv)[:, None] * s2 + np.arange(s2)]
+        if self.n_shifts:
+            shift = self.n_mixings + np.arange(self.m_kv)[:, None] * self.s
+            index.append(shift + np.arange(self.s))
+        return np.concatenate(index, axis=1)
+
     def directions(self, p, raw):
         """``B raw``: mixings (``m_kv s^2``, first) and shifts as directions at
         ``p``; each mixing moves ``G`` by ``dE`` and ``H`` by ``-dE^T``."""
@@ -213,42 +230,52 @@ class SlowMixing:
 
 class NearGaugeLift:
     """The parameters ``p(z, e) = act(M z, expm(E), expm(-E^T))``,
-    ``E = (S e)`` per key head, as the trust-region solver's variables (with
-    the orbit's ``constant``, ``M z`` also shifted by ``S e``'s shifts).
+    ``E_g = (S_g e_g)`` per key head, as the trust-region solver's variables
+    (with the orbit's ``constant``, ``M z`` also shifted by ``S_g e_g``'s
+    shifts).
 
     ``point(z)``, ``push(z, v)`` (the map's derivative: a direction in ``p``),
     ``pull(z, g)`` (its transpose: a gradient in ``z``) and ``start(p)`` (a
-    ``z`` of ``p``).  Built by :func:`lift_near_gauge`.
+    ``z`` of ``p``).  Built by :func:`lift_near_gauge`.  The exponential's
+    derivatives are taken along each direction (a block exponential), never
+    formed: the lift's memory at a point is that of ``E`` and ``expm(E)``, and
+    every array stays in the parameters' namespace and on their device.
     """
 
     def __init__(self, orbit, scale, apply, transpose, inverse, size):
-        self.orbit, self.scale = orbit, scale  # numpy (m_kv s^2, q)
+        self.orbit, self.scale = orbit, scale  # numpy (m_kv, s^2 [+ s], q)
         self.apply, self.transpose, self.inverse = apply, transpose, inverse
-        self.size, self.n_lifted = size, scale.shape[1]
+        self.size = size
+        self.n_lifted = scale.shape[0] * scale.shape[2]
         self._at = (None, None, None)  # z, its state, its point
         self._scale = None  # in the variables' namespace, once seen
 
+    def _raw(self, e):
+        """``S e`` per key head: mixings ``(m_kv, s, s)`` and shifts ``(m_kv, s)``
+        (None without a constant)."""
+        orbit, xp = self.orbit, self.orbit.xp
+        m_kv, s = orbit.m_kv, orbit.s
+        raw = einsum(xp, "gij,gj->gi", self._scale, xp.reshape(e, (m_kv, -1)))
+        shifts = raw[:, s * s :] if orbit.n_shifts else None
+        return xp.reshape(raw[:, : s * s], (m_kv, s, s)), shifts
+
     def _state(self, z):
-        """At ``z``: ``M z``, ``G``, ``H`` and the Frechet derivatives of expm
-        at ``E`` and at ``-E^T`` as ``(m_kv, s^2, s^2)`` matrices."""
+        """At ``z``: ``M z`` (shifted), ``E``, ``G = expm(E)``, ``H =
+        expm(-E^T)``."""
         if self._at[0] is z:
             return self._at[1]
-        orbit = self.orbit
-        m_kv, s = orbit.m_kv, orbit.s
-        raw = self.scale @ to_numpy(z[self.size :])
-        E = np.reshape(raw[: orbit.n_mixings], (m_kv, s, s))
-        G, L_G = _expm_and_derivative(E)
-        H, L_H = _expm_and_derivative(-np.swapaxes(E, 1, 2))
         if self._scale is None:
             self._scale = _like(self.scale, z)
+        E, shifts = self._raw(z[self.size :])
+        G, _ = _expm_and_frechet(E, None)
+        H, _ = _expm_and_frechet(-self.orbit.xp.matrix_transpose(E), None)
         base = self.apply(z[: self.size])
-        if orbit.n_shifts:
-            shifts = np.reshape(raw[orbit.n_mixings :], (m_kv, s))
-            base = base + orbit.shift(base, _like(shifts, z))
-        state = (base, *(_like(a, z) for a in (G, H, L_G, L_H)))
+        if shifts is not None:
+            base = base + self.orbit.shift(base, shifts)
+        state = (base, E, G, H)
         # the same point array for the same z: the problem knows it again
         # without comparing values (a host read on a device)
-        self._at = (z, state, self.orbit.act(state[0], state[1], state[2]))
+        self._at = (z, state, self.orbit.act(base, G, H))
         return state
 
     def point(self, z):
@@ -257,37 +284,30 @@ class NearGaugeLift:
 
     def push(self, z, v):
         orbit, xp = self.orbit, self.orbit.xp
-        base, G, H, L_G, L_H = self._state(z)
-        m_kv, s = orbit.m_kv, orbit.s
-        raw = self._scale @ v[self.size :]
-        dE = xp.reshape(raw[: orbit.n_mixings], (m_kv, s * s, 1))
-        dE_T = xp.reshape(
-            xp.matrix_transpose(xp.reshape(dE, (m_kv, s, s))), (m_kv, s * s, 1)
-        )
-        dG = xp.reshape(L_G @ dE, (m_kv, s, s))
-        dH = -xp.reshape(L_H @ dE_T, (m_kv, s, s))
+        base, E, G, H = self._state(z)
+        dE, shifts = self._raw(v[self.size :])
+        _, dG = _expm_and_frechet(E, dE)
+        _, dH = _expm_and_frechet(-xp.matrix_transpose(E), -xp.matrix_transpose(dE))
         moved = self.apply(v[: self.size])
-        if orbit.n_shifts:
-            moved = moved + orbit.shift(
-                moved, xp.reshape(raw[orbit.n_mixings :], (m_kv, s))
-            )
+        if shifts is not None:
+            moved = moved + orbit.shift(moved, shifts)
         return orbit.act(moved, G, H) + orbit.derivative(base, dG, dH)
 
     def pull(self, z, g):
         orbit, xp = self.orbit, self.orbit.xp
-        base, G, H, L_G, L_H = self._state(z)
-        m_kv, s = orbit.m_kv, orbit.s
+        base, E, G, H = self._state(z)
+        m_kv = orbit.m_kv
         moved_back = orbit.act(g, xp.matrix_transpose(G), xp.matrix_transpose(H))
         A_G, A_H = orbit.derivative_transpose(base, g)
-        vec = (m_kv, s * s, 1)
-        from_G = xp.matrix_transpose(L_G) @ xp.reshape(A_G, vec)
-        from_H = xp.matrix_transpose(L_H) @ xp.reshape(A_H, vec)
-        from_H = xp.matrix_transpose(xp.reshape(from_H, (m_kv, s, s)))
-        raw = [xp.reshape(from_G, (-1,)) - xp.reshape(from_H, (-1,))]
+        # the derivative of expm at E, transposed, is its derivative at E^T
+        _, from_G = _expm_and_frechet(xp.matrix_transpose(E), A_G)
+        _, from_H = _expm_and_frechet(-E, A_H)
+        raw = [xp.reshape(from_G - xp.matrix_transpose(from_H), (m_kv, -1))]
         if orbit.n_shifts:
-            raw.append(xp.reshape(orbit.shift_transpose(moved_back), (-1,)))
-        raw = xp.concat(raw)
-        return xp.concat([self.transpose(moved_back), self._scale.T @ raw])
+            raw.append(orbit.shift_transpose(moved_back))
+        raw = xp.concat(raw, axis=1)
+        lifted = einsum(xp, "gij,gi->gj", self._scale, raw)
+        return xp.concat([self.transpose(moved_back), xp.reshape(lifted, (-1,))])
 
     def start(self, p):
         xp = namespace(p)
@@ -311,9 +331,9 @@ def lift_near_gauge(
         The parametrization's own right preconditioner (``p = M z``); None: the
         identity.
     orbit : SlowMixing
-    scale : array of shape (m_kv s^2 [+ m_kv s], q) or None
+    scale : array of shape (m_kv, s^2 [+ s], q) or None
         A lift's ``scale`` to use again (an earlier stage's, at a point close
-        by): no products are spent on the Gram matrix and the probes.
+        by): no products are spent on the Gram matrices and the probes.
     random_state : int, RandomState instance or None
         The probes of the typical singular value.
 
@@ -321,10 +341,14 @@ def lift_near_gauge(
     -------
     NearGaugeLift or None
         None when every mixing is exact gauge (nothing to lift).  Its scale
-        ``S`` (``(m_kv s^2, q)``) makes the columns of ``J B S`` orthogonal,
-        each of the root-mean-square singular value of ``J M``; ``q`` leaves
-        out the exact gauge (Gram eigenvalues below ``GAUGE_EIGENVALUE`` of the
-        largest).
+        ``S_g`` (``(s^2 [+ s], q)`` for each key head ``g``) makes the columns
+        of ``J B_g S_g`` orthogonal, each of the root-mean-square singular
+        value of ``J M``: the Gram matrix of a key head's mixings (and shifts),
+        one block per key head (memory linear in the key heads; the blocks of
+        two key heads' mixings together are left out), its eigenvectors below
+        ``GAUGE_EIGENVALUE`` of the largest eigenvalue left out (the exact
+        gauge; ``q`` the most any key head keeps, the others padded with zero
+        columns).
 
     Examples
     --------
@@ -348,19 +372,20 @@ def lift_near_gauge(
     n_raw = orbit.n_mixings + orbit.n_shifts
     if n_raw == 0:
         return None
-    # Gram of J B, a column a product pair: B^T J^T J (B e_i)
-    columns = []
-    for i in range(n_raw):
-        unit = np.zeros(n_raw)
-        unit[i] = 1.0
-        direction = orbit.directions(params, _like(unit, params))
-        columns.append(
-            to_numpy(orbit.directions_transpose(params, vjp(jvp(direction))))
-        )
-    gram = np.stack(columns, axis=1)
-    gram = 0.5 * (gram + gram.T)
-    values, vectors = np.linalg.eigh(gram)
-    keep = values > GAUGE_EIGENVALUE * max(values[-1], np.finfo(float).tiny)
+    # each key head's Gram of J B_g, a column a product pair: B_g^T J^T J (B e_i)
+    m_kv = orbit.m_kv
+    index = orbit.raw_index()  # (m_kv, s^2 [+ s]) positions in B's columns
+    grams = np.zeros((m_kv, index.shape[1], index.shape[1]))
+    for g in range(m_kv):
+        for j, i in enumerate(index[g]):
+            unit = np.zeros(n_raw)
+            unit[i] = 1.0
+            direction = orbit.directions(params, _like(unit, params))
+            back = to_numpy(orbit.directions_transpose(params, vjp(jvp(direction))))
+            grams[g, :, j] = back[index[g]]
+    grams = 0.5 * (grams + np.swapaxes(grams, 1, 2))
+    values, vectors = np.linalg.eigh(grams)
+    keep = values > GAUGE_EIGENVALUE * max(values.max(), np.finfo(float).tiny)
     if not keep.any():
         return None
     # the typical singular value of J M: ||J M||_F^2 / size by Gaussian probes
@@ -370,24 +395,28 @@ def lift_near_gauge(
         for _ in range(N_PROBES)
     ]
     typical = math.sqrt(np.mean([probe @ probe for probe in probes]) / size)
-    scale = vectors[:, keep] * (typical / np.sqrt(values[keep]))
+    q = int(keep.sum(axis=1).max())
+    scale = np.zeros((m_kv, index.shape[1], q))
+    for g in range(m_kv):
+        kept = keep[g]
+        columns = vectors[g][:, kept] * (typical / np.sqrt(values[g][kept]))
+        scale[g, :, : columns.shape[1]] = columns
     return NearGaugeLift(orbit, scale, apply, transpose, inverse, size)
 
 
-def _expm_and_derivative(E):
-    """``expm(E_g)`` and its Frechet derivative as ``(s^2, s^2)`` matrices (row-major
-    vectorisation), for a stack ``E`` ``(m_kv, s, s)``: the upper right block of
-    ``expm([[E, B], [0, E]])`` is the derivative along ``B``, one basis ``B`` a
-    column."""
-    m_kv, s, _ = E.shape
-    blocks = np.zeros((m_kv, s * s, 2 * s, 2 * s))
-    blocks[:, :, :s, :s] = E[:, None]
-    blocks[:, :, s:, s:] = E[:, None]
-    basis = np.eye(s * s).reshape(s * s, s, s)
-    blocks[:, :, :s, s:] = basis[None]
-    exp = scipy.linalg.expm(blocks)
-    derivative = exp[:, :, :s, s:].reshape(m_kv, s * s, s * s)
-    return exp[:, 0, :s, :s], np.swapaxes(derivative, 1, 2)
+def _expm_and_frechet(E, B):
+    """``expm(E_g)`` and, with ``B`` (else None), its Frechet derivative along
+    ``B_g``, for stacks ``(m_kv, s, s)`` in their namespace: the upper right
+    block of ``expm([[E, B], [0, E]])`` (Higham, *Functions of Matrices*,
+    3.2)."""
+    if B is None:
+        return expm(namespace(E), E), None
+    xp = namespace(E, B)
+    s = E.shape[-1]
+    top = xp.concat([E, B], axis=-1)
+    bottom = xp.concat([xp.zeros_like(E), E], axis=-1)
+    exp = expm(xp, xp.concat([top, bottom], axis=-2))
+    return exp[..., :s, :s], exp[..., :s, s:]
 
 
 def _identity(v):
