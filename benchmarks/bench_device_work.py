@@ -14,6 +14,14 @@ its trust-region steps (LSMR's included) run.
 
     python benchmarks/bench_device_work.py [--n 4000 --heads 8 ...] [--out FILE.json]
     python benchmarks/bench_device_work.py --polish-nudge 0.02 [--n 2000 ...]
+    python benchmarks/bench_device_work.py --decoder-polish 1e-4 [--rope-theta B]
+
+``--decoder-polish EPS`` counts the decoder polish alone (issue 63): a planted
+causal rotary layer of 4 query heads sharing 2 key/value heads, d = 64, head
+dimension 16, k = 32, 160 Gaussian sequences, its query and key maps nudged by
+``EPS`` of their RMS in the slow rotary pairs, polished jointly
+(``varpro_least_squares``, the slow pairs' mixings lifted) with
+``--polish-iters`` evaluations: operations and round trips per LM step.
 
 Prints one row per stage (operations, host reads, round trips of every kind) and
 the fit's time and held-out error; ``--out`` writes them as JSON, to compare versions.
@@ -21,6 +29,7 @@ the fit's time and held-out error; ``--out`` writes them as JSON, to compare ver
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -62,9 +71,19 @@ def main(argv=None):
         default=None,
         help="count the polish alone, from the planted layer nudged by this",
     )
+    parser.add_argument(
+        "--decoder-polish",
+        type=float,
+        default=None,
+        help="count the decoder polish alone, from a planted rotary layer nudged",
+    )
+    parser.add_argument("--rope-theta", type=float, default=500000.0)
+    parser.add_argument("--polish-iters", type=int, default=8)
     args = parser.parse_args(argv)
     if args.polish_nudge is not None:
         return count_polish(args)
+    if args.decoder_polish is not None:
+        return count_decoder_polish(args)
     n_test = 1000
     X, y = make_attention_regression(
         args.n + n_test,
@@ -181,6 +200,80 @@ def count_polish(args):
             "seconds": seconds,
             "n_iter": info["n_iter"],
             "relative_residual": info["relative_residual"],
+            "reads_by_source": dict(work.reads_by_source.most_common()),
+            "torch": torch.__version__,
+        }
+        with open(args.out, "w") as handle:
+            json.dump(record, handle, indent=1)
+    return 0
+
+
+def count_decoder_polish(args):
+    """The decoder polish alone (the slow rotary pairs lifted) on torch CPU,
+    from a planted layer nudged in its slow pairs: operations and round trips
+    per LM step."""
+    from threadpoolctl import threadpool_limits
+
+    from skattn.solvers.kernels._near_gauge import slow_rotary_dims
+    from skattn.solvers.kernels._parametrization import LowRank
+    from skattn.solvers.optimizers._lm_matrix_free import varpro_least_squares
+
+    n, m, m_kv, d, k, r = 160, 4, 2, 64, 32, 16
+    X, y, layer = make_attention_regression(
+        n, k, d, m, head_rank=r, causal=True, rope=True, n_kv_heads=m_kv,
+        rope_theta=args.rope_theta, distribution="gaussian",
+        random_state=args.seed, return_layer=True,
+    )  # fmt: skip
+    par = LowRank(m, d, r, n_kv_heads=m_kv, causal=True, rope_theta=args.rope_theta)
+    truth = np.concatenate([layer.rotary_query.ravel(), layer.rotary_key.ravel()])
+    noise = np.zeros((m + m_kv, d, r))
+    dims = slow_rotary_dims(r, args.rope_theta, "half", k)
+    rng = np.random.default_rng(args.seed + 1)
+    noise[..., dims] = rng.normal(size=noise[..., dims].shape)
+    start = truth + args.decoder_polish * np.sqrt(np.mean(truth**2)) * noise.ravel()
+    work = DeviceWork(where=args.sources > 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    clock = time.perf_counter()
+    try:
+        with threadpool_limits(1), work, work.stage("decoder polish"):
+            _, _, info = varpro_least_squares(
+                torch.asarray(X.reshape(n, k, d)),
+                torch.asarray(y.reshape(n, k, -1)),
+                torch.asarray(start),
+                par,
+                max_iter=args.polish_iters,
+                coarse=False,
+                max_products=40,
+            )
+    finally:
+        torch.set_num_threads(threads)
+    seconds = time.perf_counter() - clock
+    row = work.summary()["decoder polish"]
+    steps = max(info["n_iter"], 1)
+    relative = math.sqrt(2 * info["loss"]) / float(np.linalg.norm(y))
+    print(f"{'stage':<16} {'operations':>12} {'host reads':>12} {'round trips':>12}")
+    print(
+        f"{'decoder polish':<16} {row['operations']:>12} {row['host_reads']:>12} "
+        f"{row['round_trips']:>12}"
+    )
+    print(
+        f"{info['n_iter']} LM steps, {info['n_evaluations']} evaluations: "
+        f"{row['round_trips'] / steps:.1f} round trips a step; "
+        f"{seconds:.1f} s (counting included), relative residual {relative:.3g}"
+    )
+    if args.sources:
+        print("round trips by source:")
+        for source, count in work.reads_by_source.most_common(args.sources):
+            print(f"{count:>10}  {source}")
+    if args.out:
+        record = {
+            "settings": vars(args),
+            "stages": work.summary(),
+            "seconds": seconds,
+            "n_iter": info["n_iter"],
+            "n_evaluations": info["n_evaluations"],
+            "relative_residual": relative,
             "reads_by_source": dict(work.reads_by_source.most_common()),
             "torch": torch.__version__,
         }

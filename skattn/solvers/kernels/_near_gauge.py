@@ -373,16 +373,21 @@ def lift_near_gauge(
     if n_raw == 0:
         return None
     # each key head's Gram of J B_g, a column a product pair: B_g^T J^T J (B e_i)
-    m_kv = orbit.m_kv
+    # (on the parameters' device, read by the host once)
+    xp = namespace(params)
     index = orbit.raw_index()  # (m_kv, s^2 [+ s]) positions in B's columns
-    grams = np.zeros((m_kv, index.shape[1], index.shape[1]))
-    for g in range(m_kv):
-        for j, i in enumerate(index[g]):
+    rows = index if is_numpy(xp) else xp.asarray(index, device=device(params))
+    blocks = []
+    for g, block in enumerate(index):
+        columns = []
+        for i in block:
             unit = np.zeros(n_raw)
             unit[i] = 1.0
             direction = orbit.directions(params, _like(unit, params))
-            back = to_numpy(orbit.directions_transpose(params, vjp(jvp(direction))))
-            grams[g, :, j] = back[index[g]]
+            back = orbit.directions_transpose(params, vjp(jvp(direction)))
+            columns.append(xp.take(back, rows[g], axis=0))
+        blocks.append(xp.stack(columns, axis=1))
+    grams = to_numpy(xp.stack(blocks))
     grams = 0.5 * (grams + np.swapaxes(grams, 1, 2))
     values, vectors = np.linalg.eigh(grams)
     keep = values > GAUGE_EIGENVALUE * max(values.max(), np.finfo(float).tiny)
@@ -390,14 +395,14 @@ def lift_near_gauge(
         return None
     # the typical singular value of J M: ||J M||_F^2 / size by Gaussian probes
     size = params.shape[0]
-    probes = [
-        to_numpy(jvp(apply(_like(rng.standard_normal(size), params))))
-        for _ in range(N_PROBES)
-    ]
-    typical = math.sqrt(np.mean([probe @ probe for probe in probes]) / size)
+    probes = []
+    for _ in range(N_PROBES):
+        probe = jvp(apply(_like(rng.standard_normal(size), params)))
+        probes.append(probe @ probe)
+    typical = math.sqrt(float(to_numpy(xp.stack(probes)).mean()) / size)
     q = int(keep.sum(axis=1).max())
-    scale = np.zeros((m_kv, index.shape[1], q))
-    for g in range(m_kv):
+    scale = np.zeros((len(index), index.shape[1], q))
+    for g in range(len(index)):
         kept = keep[g]
         columns = vectors[g][:, kept] * (typical / np.sqrt(values[g][kept]))
         scale[g, :, : columns.shape[1]] = columns
