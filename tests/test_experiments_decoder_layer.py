@@ -182,6 +182,22 @@ def test_the_command_line_names_an_unsupported_variant_in_one_line(
     assert "\n" not in message
 
 
+def test_a_fit_the_machine_cannot_hold_is_refused_before_the_model_loads(
+    checkpoints, text, monkeypatch
+):
+    import skattn.experiments._decoder_layer as decoder_layer
+
+    monkeypatch.setattr(loader, "_load_model", _no_model)
+    monkeypatch.setattr(decoder_layer, "available_memory", lambda: 2**20)
+    argv = ["layer", str(checkpoints["llama"]), "--layer", "1", "--text", str(text)]
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--n-tokens", "8"])
+    message = str(info.value)
+    assert message.startswith("skattn: error: The fit of ")
+    assert "of memory at the peak" in message and "has 1 MiB available" in message
+    assert "--n-windows" in message and "\n" not in message
+
+
 def test_the_learner_and_the_count_follow_the_config():
     llama = decoder_settings(
         {
@@ -291,5 +307,6 @@ def test_more_text_than_the_count_asks_for_is_held_out_not_fitted(
     assert (
         f"to fit on {wanted} windows of 8 tokens ({available - wanted} held out) of "
         f"the {available} of 1 text file(s): the count asks for {wanted} with its "
-        f"margin; the rest held out." in first
+        f"margin; the rest held out; about " in first
     )
+    assert "MiB of memory at the peak (the polish " in first

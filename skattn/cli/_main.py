@@ -561,5 +561,7 @@ def main(argv=None):
             raise _error(exc) from exc
         except (OSError, ImportError) as exc:  # a file, a folder, a missing extra
             raise _error(f"{type(exc).__name__}: {exc}") from exc
+        except MemoryError as exc:  # refused before the fit, or out of memory
+            raise _error(exc) from exc
         finally:
             _messages._WORDS = words

@@ -34,6 +34,7 @@ from ..layer import AttentionLayer
 from ..layer._hf import ARCHITECTURES, decoder_weights
 from ..metrics import data_verdict
 from ..metrics._identifiability import SEARCH_MARGIN, describe_verdict
+from ..solvers._memory import _gib, available_memory, decoder_fit_memory
 from ..utils._optional import require
 from ._pipeline import _FIT_ANYWAY, _held_out_count, compare_outputs
 
@@ -115,6 +116,53 @@ def decoder_learner(settings, n_tokens, *, random_state=0, verbose=0, memory=Non
         verbose=verbose,
         memory=None if memory is None else str(memory),
     )
+
+
+def fit_memory_line(settings, n_tokens, n_fit, available):
+    """The first line's account of the memory a decoder layer's fit needs at its
+    peak (:func:`~skattn.solvers._memory.decoder_fit_memory` of the layer's
+    shapes), its largest stage named; a ``MemoryError`` of one line where
+    ``available`` bytes (None: unknown) are fewer.
+
+    Examples
+    --------
+    >>> from skattn.layer._hf import decoder_settings
+    >>> s = decoder_settings({"model_type": "llama", "hidden_size": 4096,
+    ...     "num_attention_heads": 32, "num_key_value_heads": 8,
+    ...     "rope_theta": 500000.0})
+    >>> print(fit_memory_line(s, 32, 320, None))
+    about 25.0 GiB of memory at the peak (the slow rotary pairs' lift 18.0 GiB)
+    >>> fit_memory_line(s, 32, 320, 16 * 2**30)
+    Traceback (most recent call last):
+    ...
+    MemoryError: The fit of 320 windows of 32 tokens needs about 25.0 GiB of memory at the peak (the slow rotary pairs' lift 18.0 GiB); this machine has 16.0 GiB available: fit fewer windows (n_windows) or shorter ones (n_tokens), or run on a machine with more memory.
+    """  # noqa: E501
+    d = settings["n_features"] + bool(settings["biases"])  # [x, 1] with biases
+    need = decoder_fit_memory(
+        n_fit,
+        n_tokens,
+        d,
+        settings["n_features"],
+        settings["n_heads"],
+        settings["head_dim"],
+        n_kv_heads=settings["n_kv_heads"],
+        rope_theta=settings["rope_theta"],
+    )
+    stage = max(("search", "polish", "lift"), key=need.get)
+    name = {"search": "the search", "polish": "the polish"}.get(
+        stage, "the slow rotary pairs' lift"
+    )
+    line = (
+        f"about {_gib(need['peak'])} of memory at the peak ({name} {_gib(need[stage])})"
+    )
+    if available is not None and need["peak"] > available:
+        raise MemoryError(
+            f"The fit of {n_fit} windows of {n_tokens} tokens needs {line}; this "
+            f"machine has {_gib(available)} available: fit fewer windows "
+            f"(n_windows) or shorter ones (n_tokens), or run on a machine with "
+            f"more memory."
+        )
+    return line
 
 
 def _unknowns(settings, n_in):
@@ -349,13 +397,15 @@ class DecoderSource:
         return count["count"]["search_samples_needed"]
 
     def describe(self, layer, n_heads, n_fit):
-        """The first line's account of what is fitted."""
+        """The first line's account of what is fitted, and the memory its fit
+        needs at the peak (:func:`fit_memory_line`; refused where the host lacks
+        it)."""
         s = self.settings(layer)
         return (
             f"layer {layer} of a {s['architecture']} checkpoint: {s['n_heads']} "
             f"query heads ({s['n_kv_heads']} key/value) of dimension "
             f"{s['head_dim']}",
-            None,
+            fit_memory_line(s, self.n_tokens, n_fit, available_memory()),
         )
 
     @property
