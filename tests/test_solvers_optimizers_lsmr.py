@@ -2,6 +2,8 @@
 documented stopping behaviour on numpy, the same solution on torch and
 array-api-strict."""
 
+import math
+
 import numpy as np
 import pytest
 from _helpers import array_namespaces
@@ -151,3 +153,70 @@ def test_off_numpy_the_host_reads_once_an_iteration(case):
     assert result.istop == expected.istop and abs(result.itn - expected.itn) <= 1
     if case in ("well", "wide", "maxiter", "loose", "tight", "tight_damped"):
         np.testing.assert_allclose(to_numpy(result.x), expected.x, rtol=1e-9)
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+@pytest.mark.parametrize("case", ["well", "tight", "tight_damped", "maxiter"])
+def test_scalars_on_the_device_give_numpys_solution_read_at_the_checks(to_array, case):
+    # check_every > 1: the recurrences on the device, the stopping tests at the
+    # checks only, so a run stops at the first check at or after numpy's stop
+    args, options = CASES[case]
+    A, b = _problem(*args)
+    expected = lsmr(namespace(b), *_products(A), b, **options)
+    A_x, b_x = to_array(A), to_array(b)
+    xp = namespace(b_x)
+    result = lsmr(
+        xp,
+        lambda v: A_x @ v,
+        lambda u: xp.linalg.matrix_transpose(A_x) @ u,
+        b_x,
+        check_every=4,
+        **options,
+    )
+    assert namespace(result.x) is xp
+    assert result.istop == expected.istop
+    assert expected.itn <= result.itn <= expected.itn + 4
+    # numpy's run to the same iteration (its tolerances off; at machine
+    # precision it may stop one before): the same x
+    options = {**options, "atol": 0.0, "btol": 0.0, "conlim": 0.0}
+    same = lsmr(namespace(b), *_products(A), b, **{**options, "maxiter": result.itn})
+    assert result.itn - 1 <= same.itn <= result.itn
+    np.testing.assert_allclose(to_numpy(result.x), same.x, rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("check_every, maxiter", [(4, 30), (40, 40), (7, 20)])
+def test_scalars_on_the_device_are_read_only_at_the_checks(check_every, maxiter):
+    torch = pytest.importorskip("torch")
+    from skattn.utils._device_work import DeviceWork
+
+    A, b = _problem(4, 80, 50, 8)
+    A_t, b_t = torch.asarray(A), torch.asarray(b)
+    with DeviceWork() as work:
+        result = lsmr(
+            namespace(b_t),
+            lambda v: A_t @ v,
+            lambda u: A_t.T @ u,
+            b_t,
+            maxiter=maxiter,
+            check_every=check_every,
+        )
+    assert result.itn == maxiter  # an ill-conditioned problem: runs to maxiter
+    assert work.host_reads["other"] == math.ceil(maxiter / check_every)
+    assert work.round_trips()["other"] == work.host_reads["other"]
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_scalars_on_the_device_solve_a_zero_right_hand_side(to_array):
+    A, _ = _problem(0, 10, 4)
+    A_x = to_array(A)
+    xp = namespace(A_x)
+    result = lsmr(
+        xp,
+        lambda v: A_x @ v,
+        lambda u: xp.linalg.matrix_transpose(A_x) @ u,
+        to_array(np.zeros(10)),
+        shape=A.shape,
+        check_every=3,
+    )
+    np.testing.assert_array_equal(to_numpy(result.x), np.zeros(4))
+    assert (result.istop, result.itn) == (0, 0)

@@ -373,11 +373,11 @@ def lift_near_gauge(
     if n_raw == 0:
         return None
     # each key head's Gram of J B_g, a column a product pair: B_g^T J^T J (B e_i)
-    # (on the parameters' device, read by the host once)
+    # (on the parameters' device, read by the host once a key group)
     xp = namespace(params)
     index = orbit.raw_index()  # (m_kv, s^2 [+ s]) positions in B's columns
     rows = index if is_numpy(xp) else xp.asarray(index, device=device(params))
-    blocks = []
+    grams = np.empty((len(index), index.shape[1], index.shape[1]))
     for g, block in enumerate(index):
         columns = []
         for i in block:
@@ -385,10 +385,11 @@ def lift_near_gauge(
             unit[i] = 1.0
             direction = orbit.directions(params, _like(unit, params))
             back = orbit.directions_transpose(params, vjp(jvp(direction)))
-            columns.append(xp.take(back, rows[g], axis=0))
-        blocks.append(xp.stack(columns, axis=1))
-    grams = to_numpy(xp.stack(blocks))
-    grams = 0.5 * (grams + np.swapaxes(grams, 1, 2))
+            columns.append(xp.take(back, rows[g, ...], axis=0))
+        gram = to_numpy(xp.stack(columns, axis=1))
+        del columns  # (one group's columns at a time, then its Gram alone)
+        np.add(gram, gram.T, out=grams[g])
+        grams[g] *= 0.5
     values, vectors = np.linalg.eigh(grams)
     keep = values > GAUGE_EIGENVALUE * max(values.max(), np.finfo(float).tiny)
     if not keep.any():

@@ -273,19 +273,21 @@ class VarproProblem:
         The very array evaluated last, unchanged since (a torch tensor's version
         counter counts its in-place changes), is that point without a look at
         its values: on a device comparing them is a read by the host, a wait for
-        the device, at every residual and product.  Otherwise the values are
-        compared."""
+        the device, at every residual and product.  On numpy the values are
+        compared; on a device another array is taken for another point (its
+        evaluation queued, not a wait: the solvers pass the array they
+        evaluated)."""
         if self._params is None:
             return False
         if is_numpy(self._xp):
             return np.array_equal(params, self._params)
+        if params is not self._source:
+            return False
         version = getattr(params, "_version", None)
-        if version is not None and params is self._source:
-            if version == self._source_version:
-                return True
-        return params.shape == self._params.shape and bool(
-            self._xp.all(params == self._params)
-        )
+        if version is not None:
+            return version == self._source_version
+        # the same array, no version counter (CuPy): its values may have changed
+        return bool(self._xp.all(params == self._params))
 
     def _evaluate(self, params):
         """Patterns, ``W*``, its Gram factor and the residual at ``params``."""

@@ -98,6 +98,7 @@ def lsmr(
     conlim=1e8,
     maxiter=None,
     shape=None,
+    check_every=1,
 ):
     """Least-squares solution of ``A x = b`` (damped) by LSMR, from products.
 
@@ -122,6 +123,15 @@ def lsmr(
     shape : tuple (m, n) or None
         The shape of ``A``; ``None``: ``n`` is read from the first ``rmatvec``
         (when ``b = 0`` that costs one product).
+    check_every : int, default=1
+        Off numpy only: above 1, every scalar of the recurrences stays on the
+        device and the host reads them (one stacked read) only every
+        ``check_every`` iterations and at ``maxiter``, where the stopping
+        tests are decided (:func:`_lsmr_on_device`): a run that stops between
+        two reads goes on to the next, up to ``check_every - 1`` pairs of
+        products spent beyond scipy's stop, its solution no worse.  (A
+        ``maxiter`` of truncated steps, ``check_every >= maxiter``: one read a
+        run.)
 
     Returns
     -------
@@ -152,6 +162,12 @@ def lsmr(
     """
     m = b.shape[0]
     lagged = not is_numpy(xp)
+    if lagged and check_every > 1:
+        n = rmatvec(b).shape[0] if shape is None else shape[1]
+        return _lsmr_on_device(
+            xp, matvec, rmatvec, b, n, damp, atol, btol, conlim,
+            min(m, n) if maxiter is None else maxiter, int(check_every),
+        )  # fmt: skip
     if lagged:  # ||b|| and the first alpha in one read
         u, v, normb, alpha = _first_vectors(xp, rmatvec, b)
         beta = normb
@@ -354,3 +370,116 @@ def _next_vectors(xp, rmatvec, u, v, alpha, x=None):
     if values[0] == 0:  # A v = alpha u: nothing more to add
         return u, v, 0.0, alpha, xx
     return scaled, (w * (1 / norm) if values[1] > 0 else w), values[0], values[1], xx
+
+
+def _sym_ortho_xp(xp, a, b):
+    """:func:`_sym_ortho` of 0-d device arrays: ``r = (a^2 + b^2)^{1/2} >= 0``,
+    ``c = a / r``, ``s = b / r`` (0, 0 for ``a = b = 0``), SymOrtho's values to
+    rounding without a branch on the host."""
+    r = xp.sqrt(a * a + b * b)
+    safe = xp.where(r > 0, r, 1.0)
+    return xp.where(r > 0, a / safe, 0.0), xp.where(r > 0, b / safe, 0.0), r
+
+
+def _lsmr_on_device(
+    xp, matvec, rmatvec, b, n, damp, atol, btol, conlim, maxiter, check_every
+):
+    """:func:`lsmr` off numpy with every scalar a 0-d array on ``b``'s device:
+    the recurrences of the host's run, the host reading ``||b||`` and the
+    stopping tests' scalars only at the checks (every ``check_every``
+    iterations and at ``maxiter``).  A breakdown (``beta`` or ``alpha`` zero)
+    keeps the vectors as the host's run does, by ``where``."""
+    on = device(b)
+    dtype = b.dtype
+
+    def zero():
+        return xp.zeros((), dtype=dtype, device=on)
+
+    def safe(a):
+        return xp.where(a > 0, a, 1.0)
+
+    def div(a, c):  # a / c, 0 where c is 0 (a breakdown the host's run stops at)
+        return xp.where(c != 0, a / xp.where(c != 0, c, 1.0), 0.0)
+
+    normb = xp.sqrt(b @ b)
+    u = b * (1 / safe(normb))
+    w = rmatvec(u)
+    alpha = xp.sqrt(w @ w)
+    v = w * (1 / safe(alpha))
+    beta = normb
+    alpha0, normar0 = alpha, alpha * beta
+    x = xp.zeros(n, dtype=dtype, device=on)
+    damp = xp.asarray(float(damp), dtype=dtype, device=on)
+    zetabar = alpha * beta
+    alphabar = alpha
+    rho = rhobar = cbar = zero() + 1
+    sbar = zero()
+    h = xp.asarray(v, copy=True)
+    hbar = xp.zeros(n, dtype=dtype, device=on)
+    betadd, betad, rhodold = beta, zero(), zero() + 1
+    tautildeold = thetatilde = zeta = d = zero()
+    norma2 = alpha * alpha
+    maxrbar, minrbar = zero(), zero() + 1e100
+    norma = xp.sqrt(norma2)
+    conda = zero() + 1
+    normr, normar = beta, alpha * beta
+    ctol = 1 / conlim if conlim > 0 else 0
+    itn = 0
+    while True:
+        if itn == maxiter or (itn > 0 and itn % check_every == 0):
+            scalars = (normb, normar0, alpha0, normr, normar, norma, conda, x @ x)
+            nb, nar0, a0, nr, nar, na, cd, xx = (float(a) for a in _host(xp, *scalars))
+            if nb == 0 or nar0 == 0 or itn == 0:  # x = 0 solves it, or no iteration
+                return _result(xp.zeros_like(x), 0, 0, nb, nar0, a0, 1.0, 0.0)
+            normx = math.sqrt(xx)
+            istop = _stop(itn, nr, nar, na, cd, normx, nb, atol, btol, ctol, maxiter)
+            if istop > 0:
+                return _result(x, istop, itn, nr, nar, na, cd, normx)
+        itn += 1
+        # bidiagonalization, the vectors kept where a norm is zero
+        u = matvec(v) - alpha * u
+        beta_new = xp.sqrt(u @ u)
+        u = xp.where(beta_new > 0, u * (1 / safe(beta_new)), u)
+        w = rmatvec(u) - beta_new * v
+        alpha_new = xp.sqrt(w @ w)
+        w = xp.where(alpha_new > 0, w * (1 / safe(alpha_new)), w)
+        v = xp.where(beta_new > 0, w, v)
+        alpha = xp.where(beta_new > 0, alpha_new, alpha)
+        beta = beta_new
+        # the host's recurrences, on the device
+        chat, shat, alphahat = _sym_ortho_xp(xp, alphabar, damp)
+        rhoold = rho
+        c, s, rho = _sym_ortho_xp(xp, alphahat, beta)
+        thetanew = s * alpha
+        alphabar = c * alpha
+        rhobarold = rhobar
+        zetaold = zeta
+        thetabar = sbar * rho
+        rhotemp = cbar * rho
+        cbar, sbar, rhobar = _sym_ortho_xp(xp, cbar * rho, thetanew)
+        zeta = cbar * zetabar
+        zetabar = -sbar * zetabar
+        hbar = h - div(thetabar * rho, rhoold * rhobarold) * hbar
+        x = x + div(zeta, rho * rhobar) * hbar
+        h = v - div(thetanew, rho) * h
+        betaacute = chat * betadd
+        betacheck = -shat * betadd
+        betahat = c * betaacute
+        betadd = -s * betaacute
+        thetatildeold = thetatilde
+        ctildeold, stildeold, rhotildeold = _sym_ortho_xp(xp, rhodold, thetabar)
+        thetatilde = stildeold * rhobar
+        rhodold = ctildeold * rhobar
+        betad = -stildeold * betad + ctildeold * betahat
+        tautildeold = div(zetaold - thetatildeold * tautildeold, rhotildeold)
+        taud = div(zeta - thetatilde * tautildeold, rhodold)
+        d = d + betacheck * betacheck
+        normr = xp.sqrt(d + (betad - taud) ** 2 + betadd * betadd)
+        norma2 = norma2 + beta * beta
+        norma = xp.sqrt(norma2)
+        norma2 = norma2 + alpha * alpha
+        maxrbar = xp.maximum(maxrbar, rhobarold)
+        if itn > 1:
+            minrbar = xp.minimum(minrbar, rhobarold)
+        conda = div(xp.maximum(maxrbar, rhotemp), xp.minimum(minrbar, rhotemp))
+        normar = xp.abs(zetabar)
