@@ -179,32 +179,18 @@ def count_polish(args):
     finally:
         torch.set_num_threads(threads)
     seconds = time.perf_counter() - clock
-    row = work.summary()["polish"]
-    print(f"{'stage':<12} {'operations':>12} {'host reads':>12} {'round trips':>12}")
-    print(
-        f"{'polish':<12} {row['operations']:>12} {row['host_reads']:>12} "
-        f"{row['round_trips']:>12}"
-    )
-    print(
+    _report(
+        work,
+        "polish",
+        args,
         f"polish {seconds:.1f} s (counting included), {info['n_iter']} iterations, "
-        f"relative residual {info['relative_residual']:.3g}"
-    )
-    if args.sources:
-        print("host reads by source:")
-        for source, count in work.reads_by_source.most_common(args.sources):
-            print(f"{count:>10}  {source}")
-    if args.out:
-        record = {
-            "settings": vars(args),
-            "stages": work.summary(),
+        f"relative residual {info['relative_residual']:.3g}",
+        {
             "seconds": seconds,
             "n_iter": info["n_iter"],
             "relative_residual": info["relative_residual"],
-            "reads_by_source": dict(work.reads_by_source.most_common()),
-            "torch": torch.__version__,
-        }
-        with open(args.out, "w") as handle:
-            json.dump(record, handle, indent=1)
+        },
+    )
     return 0
 
 
@@ -249,37 +235,52 @@ def count_decoder_polish(args):
     finally:
         torch.set_num_threads(threads)
     seconds = time.perf_counter() - clock
-    row = work.summary()["decoder polish"]
     steps = max(info["n_iter"], 1)
     relative = math.sqrt(2 * info["loss"]) / float(np.linalg.norm(y))
-    print(f"{'stage':<16} {'operations':>12} {'host reads':>12} {'round trips':>12}")
+    trips = work.summary()["decoder polish"]["round_trips"]
+    _report(
+        work,
+        "decoder polish",
+        args,
+        f"{info['n_iter']} LM steps, {info['n_evaluations']} evaluations: "
+        f"{trips / steps:.1f} round trips a step; {seconds:.1f} s (counting "
+        f"included), relative residual {relative:.3g}",
+        {
+            "seconds": seconds,
+            "n_iter": info["n_iter"],
+            "n_evaluations": info["n_evaluations"],
+            "relative_residual": relative,
+        },
+    )
+    return 0
+
+
+def _report(work, stage, args, line, record):
+    """Print a stage's row of ``work``, ``line`` and the sources of most round
+    trips; with ``--out``, write them with ``record``."""
+    row = work.summary()[stage]
+    width = max(12, len(stage))
+    names = ("operations", "host reads", "round trips")
+    print(f"{'stage':<{width}} " + " ".join(f"{name:>12}" for name in names))
     print(
-        f"{'decoder polish':<16} {row['operations']:>12} {row['host_reads']:>12} "
+        f"{stage:<{width}} {row['operations']:>12} {row['host_reads']:>12} "
         f"{row['round_trips']:>12}"
     )
-    print(
-        f"{info['n_iter']} LM steps, {info['n_evaluations']} evaluations: "
-        f"{row['round_trips'] / steps:.1f} round trips a step; "
-        f"{seconds:.1f} s (counting included), relative residual {relative:.3g}"
-    )
+    print(line)
     if args.sources:
-        print("round trips by source:")
+        print("host reads by source:")
         for source, count in work.reads_by_source.most_common(args.sources):
             print(f"{count:>10}  {source}")
     if args.out:
         record = {
             "settings": vars(args),
             "stages": work.summary(),
-            "seconds": seconds,
-            "n_iter": info["n_iter"],
-            "n_evaluations": info["n_evaluations"],
-            "relative_residual": relative,
+            **record,
             "reads_by_source": dict(work.reads_by_source.most_common()),
             "torch": torch.__version__,
         }
         with open(args.out, "w") as handle:
             json.dump(record, handle, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -28,6 +28,19 @@ def _products(A):
     return (lambda v: A.dot(v)), (lambda u: A.T.dot(u))
 
 
+def _lsmr_in(to_array, A, b, **options):
+    """:func:`lsmr` of ``A x = b`` with the arrays of ``to_array``'s namespace."""
+    A_x, b_x = to_array(A), to_array(b)
+    xp = namespace(b_x)
+    return lsmr(
+        xp,
+        lambda v: A_x @ v,
+        lambda u: xp.linalg.matrix_transpose(A_x) @ u,
+        b_x,
+        **options,
+    )
+
+
 CASES = {
     "well": ((0, 60, 20, None), {}),
     "wide": ((1, 15, 40, None), {}),
@@ -100,16 +113,8 @@ def test_other_namespaces_give_numpys_solution(to_array, case):
     args, options = CASES[case]
     A, b = _problem(*args)
     expected = lsmr(namespace(b), *_products(A), b, **options)
-    A_x, b_x = to_array(A), to_array(b)
-    xp = namespace(b_x)
-    result = lsmr(
-        xp,
-        lambda v: A_x @ v,
-        lambda u: xp.linalg.matrix_transpose(A_x) @ u,
-        b_x,
-        **options,
-    )
-    assert namespace(result.x) is xp
+    result = _lsmr_in(to_array, A, b, **options)
+    assert namespace(result.x) is namespace(to_array(b))
     # (a stopping test at its tolerance may hold an iteration earlier or later)
     assert result.istop == expected.istop and abs(result.itn - expected.itn) <= 1
     np.testing.assert_allclose(to_numpy(result.x), expected.x, rtol=1e-10, atol=0)
@@ -163,17 +168,8 @@ def test_scalars_on_the_device_give_numpys_solution_read_at_the_checks(to_array,
     args, options = CASES[case]
     A, b = _problem(*args)
     expected = lsmr(namespace(b), *_products(A), b, **options)
-    A_x, b_x = to_array(A), to_array(b)
-    xp = namespace(b_x)
-    result = lsmr(
-        xp,
-        lambda v: A_x @ v,
-        lambda u: xp.linalg.matrix_transpose(A_x) @ u,
-        b_x,
-        check_every=4,
-        **options,
-    )
-    assert namespace(result.x) is xp
+    result = _lsmr_in(to_array, A, b, check_every=4, **options)
+    assert namespace(result.x) is namespace(to_array(b))
     assert result.istop == expected.istop
     assert expected.itn <= result.itn <= expected.itn + 4
     # numpy's run to the same iteration (its tolerances off; at machine
