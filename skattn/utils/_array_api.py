@@ -270,12 +270,12 @@ def _solve_with_factor(xp, lower, rhs):
     return out[..., 0] if vector else out
 
 
-def cholesky_solve_unchecked(xp, gram, rhs, fallback_ridge):
-    """``cholesky_solve`` without a host check, on torch: ``gram``'s factor by
-    ``torch.linalg.cholesky_ex``, and where it is not definite (its status, read
-    by no one) the factor of ``gram + fallback_ridge * I`` instead, chosen on
-    the device (``fallback_ridge`` a 0-d array or a float).  ``None`` in other
-    namespaces (the caller checks there).
+def cholesky_unchecked(xp, gram, fallback_ridge):
+    """The lower Cholesky factor of ``gram`` without a host check, on torch:
+    ``torch.linalg.cholesky_ex``, and where ``gram`` is not definite (its
+    status, read by no one) the factor of ``gram + fallback_ridge * I``
+    instead, chosen on the device (``fallback_ridge`` a 0-d array or a float).
+    ``None`` in other namespaces (the caller checks there).
 
     A checked ``torch.linalg.cholesky`` makes a GPU's host wait at every call
     for its error check (issue 63); both factors cost a ``p x p`` Cholesky each.
@@ -287,8 +287,14 @@ def cholesky_solve_unchecked(xp, gram, rhs, fallback_ridge):
     eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
     first, info = torch.linalg.cholesky_ex(gram)
     second, _ = torch.linalg.cholesky_ex(gram + fallback_ridge * eye)
-    lower = torch.where((info == 0)[..., None, None], first, second)
-    return _solve_with_factor(xp, lower, rhs)
+    return torch.where((info == 0)[..., None, None], first, second)
+
+
+def cholesky_solve_unchecked(xp, gram, rhs, fallback_ridge):
+    """``cholesky_solve`` by :func:`cholesky_unchecked`'s factor, on torch;
+    ``None`` in other namespaces (the caller checks there)."""
+    lower = cholesky_unchecked(xp, gram, fallback_ridge)
+    return None if lower is None else _solve_with_factor(xp, lower, rhs)
 
 
 def lstsq(xp, a, b):

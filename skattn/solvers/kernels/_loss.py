@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 from scipy import linalg
+from sklearn.externals import array_api_compat as _compat
 
 from ...layer._math import (
     _chunk_floats,
@@ -42,6 +43,7 @@ from ...layer._math import (
     forward,
 )
 from ...utils._array_api import (
+    cholesky_unchecked,
     device,
     is_numpy,
     lstsq,
@@ -310,7 +312,13 @@ def _factor(matrix):
     is not positive definite (singular, or indefinite by rounding).
 
     numpy: scipy's ``cho_factor``; other namespaces: a :class:`_Cholesky` (their
-    Cholesky raises, or -- CuPy -- returns NaN, on a matrix that is not).
+    Cholesky raises, or -- CuPy -- returns NaN, on a matrix that is not).  On
+    torch no value is read by the host (a GPU's host would wait at every
+    residual for the check, issue 63): the factor of ``matrix``, and where it
+    is not definite that of ``matrix`` ridged by ``w eps max(diag)`` (the rank
+    tolerance of ``numpy.linalg.matrix_rank``, as the batched heads' solves:
+    coefficients of least norm up to it, the same fitted values), chosen on the
+    device.
     """
     xp = _namespace(matrix)
     if is_numpy(xp):
@@ -318,6 +326,10 @@ def _factor(matrix):
             return linalg.cho_factor(matrix, lower=False, check_finite=False)
         except linalg.LinAlgError:
             return _PseudoInverse(matrix)
+    if _compat.is_torch_namespace(xp):
+        w = matrix.shape[-1]
+        ridge = w * float(np.finfo(float).eps) * xp.max(xp.linalg.diagonal(matrix))
+        return _Cholesky(cholesky_unchecked(xp, matrix, ridge))
     try:
         lower = xp.linalg.cholesky(matrix)
     except Exception:  # torch: _LinAlgError, others: their LinAlgError

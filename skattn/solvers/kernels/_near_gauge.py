@@ -20,7 +20,9 @@ own right preconditioner, ``E_g = (S e)_g`` and ``act`` the exact orbit
 ``Q_i -> Q_i G_g``, ``K_g -> K_g G_g^{-T}`` on the slow dimensions, so that a
 mixing, however large, leaves the logits at equal positions as they were.
 ``S`` whitens the mixings' Jacobian columns at the polish's first stage (their
-Gram matrix's inverse root; later stages re-base the orbit and keep ``S``) and
+Gram matrix's inverse root, one block a key group, the blocks of two groups
+together left out: memory linear in the groups; later stages re-base the orbit
+and keep ``S``) and
 scales them to the Jacobian's typical singular value: the near-gauge
 directions no longer sit at the bottom of the spectrum.
 The variables are redundant, which the least-squares steps allow (LSMR's
