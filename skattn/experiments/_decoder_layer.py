@@ -34,7 +34,7 @@ from ..layer import AttentionLayer
 from ..layer._hf import ARCHITECTURES, decoder_weights
 from ..metrics import data_verdict
 from ..metrics._identifiability import SEARCH_MARGIN, describe_verdict
-from ..solvers._memory import _gib, available_memory, decoder_fit_memory
+from ..solvers._memory import _size_text, available_memory, decoder_fit_memory
 from ..utils._optional import require
 from ._pipeline import _FIT_ANYWAY, _held_out_count, compare_outputs
 
@@ -153,12 +153,13 @@ def fit_memory_line(settings, n_tokens, n_fit, available):
         stage, "the slow rotary pairs' lift"
     )
     line = (
-        f"about {_gib(need['peak'])} of memory at the peak ({name} {_gib(need[stage])})"
+        f"about {_size_text(need['peak'])} of memory at the peak ({name} "
+        f"{_size_text(need[stage])})"
     )
     if available is not None and need["peak"] > available:
         raise MemoryError(
             f"The fit of {n_fit} windows of {n_tokens} tokens needs {line}; this "
-            f"machine has {_gib(available)} available: fit fewer windows "
+            f"machine has {_size_text(available)} available: fit fewer windows "
             f"(n_windows) or shorter ones (n_tokens), or run on a machine with "
             f"more memory."
         )

@@ -149,12 +149,12 @@ def available_memory():
         return None
 
 
-def _gib(n_bytes):
+def _size_text(n_bytes):
     """``n_bytes`` for a line: GiB with one decimal from 1 GiB, MiB below.
 
     Examples
     --------
-    >>> _gib(25 * 2**30), _gib(3 * 2**20), _gib(10)
+    >>> _size_text(25 * 2**30), _size_text(3 * 2**20), _size_text(10)
     ('25.0 GiB', '3 MiB', '1 MiB')
     """
     if n_bytes >= 2**30:

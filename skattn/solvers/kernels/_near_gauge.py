@@ -380,12 +380,12 @@ def lift_near_gauge(
     index = orbit.raw_index()  # (m_kv, s^2 [+ s]) positions in B's columns
     rows = index if is_numpy(xp) else xp.asarray(index, device=device(params))
     grams = np.empty((len(index), index.shape[1], index.shape[1]))
+    positions = xp.arange(n_raw, device=device(params))
     for g, block in enumerate(index):
         columns = []
-        for i in block:
-            unit = np.zeros(n_raw)
-            unit[i] = 1.0
-            direction = orbit.directions(params, _like(unit, params))
+        for i in block:  # e_i made on the device (no host copy a column)
+            unit = xp.astype(positions == int(i), xp.float64)
+            direction = orbit.directions(params, unit)
             back = orbit.directions_transpose(params, vjp(jvp(direction)))
             columns.append(xp.take(back, rows[g, ...], axis=0))
         gram = to_numpy(xp.stack(columns, axis=1))
