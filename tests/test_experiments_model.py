@@ -108,6 +108,21 @@ def test_layers_not_pinned_are_said_and_kept_original(gpt2, text):
     assert "not learned" in result.table
 
 
+def test_skattn_model_says_its_progress_in_its_own_words(gpt2, text, tmp_path, capsys):
+    # issue 64, point 4: the command's lines name itself and its flags
+    argv = ["model", str(gpt2), "--text", str(text), "--n-tokens", "8"]
+    main([*argv, "--n-windows", "6", "--layers", "1", "--out", str(tmp_path / "m")])
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "not fitted" in line]
+    assert said and said[0].startswith("skattn model: ")
+    assert "(or --fit-anyway: fit all the same)" in said[0]
+    assert "fit_anyway" not in err and "skattn layer:" not in err
+    # no layer learned: nothing compared, the report written all the same
+    assert "no layer learned" in err and "comparing" not in err
+    report = json.loads((tmp_path / "m" / "report.json").read_text())
+    assert report["model"] == {} and not report["layers"][0]["learned"]
+
+
 def test_layers_are_checked():
     assert _check_layers(None, 3) == [0, 1, 2]
     assert _check_layers([2, 0, 2], 3) == [0, 2]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..experiments._pipeline import voice
 from ..layer._files import LAYER_FILE_SUFFIXES, save_layer
 from . import _messages
-from ._messages import _command_words, _error, _show_warning
+from ._messages import _command_words, _error, _in_flags, _show_warning
 from ._parser import FIT_OPTIONS, _parser
 
 # Recovery threshold of ``skattn demo`` (head-matched relative parameter error).
@@ -551,7 +552,10 @@ def main(argv=None):
     }
     command = command[args.command]
     words, _messages._WORDS = _messages._WORDS, _command_words(args.command)
-    with warnings.catch_warnings():
+    reword = None
+    if _messages._WORDS is not None:
+        reword = lambda line: _in_flags(line, *_messages._WORDS)  # noqa: E731
+    with warnings.catch_warnings(), voice(f"skattn {args.command}", reword):
         warnings.showwarning = _show_warning
         try:
             return command(args)

@@ -321,10 +321,15 @@ def learn_model(
         learned[layer] = result.learned
     held = _held_by_every_layer(results)
     n_fit = max((r.report["n_windows_fit"] for r in results.values()), default=0)
-    _say(verbose, f"comparing the models on {len(held)} held-out windows.")
-    comparison = source.compare_models(learned, held) if learned else {}
+    comparison = {}
+    if learned:
+        _say(verbose, f"comparing the models on {len(held)} held-out windows.")
+        comparison = source.compare_models(learned, held)
+    else:
+        _say(verbose, "no layer learned: the models are the same model.")
     files = {}
     if out is not None:
+        out.mkdir(parents=True, exist_ok=True)  # no layer's folder made it
         files["report"] = out / MODEL_FILES["report"]
         if learned:
             files["checkpoint"] = out / MODEL_FILES["checkpoint"]

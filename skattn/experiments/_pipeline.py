@@ -14,6 +14,7 @@ kept for a resumed run (:func:`_fit_learner`, :class:`_Pieces`,
 :func:`~skattn.experiments.learn_model` are two uses of them.
 """
 
+import contextlib
 import hashlib
 import json
 import math
@@ -434,9 +435,38 @@ def _finish_report(report, files, start, verbose):
     return report
 
 
+# Whose lines the pipeline's progress reads as, and in whose words: from Python
+# "skattn layer" and parameter names; a command sets its own (:func:`voice`).
+_VOICE = {"name": "skattn layer", "words": None}
+
+
+@contextlib.contextmanager
+def voice(name, words=None):
+    """The pipeline's progress lines, while in the block, as ``name: line``
+    with ``words(line)`` for the line (a command's flags for parameters).
+
+    Examples
+    --------
+    >>> import io, contextlib as cl
+    >>> err = io.StringIO()
+    >>> with voice("skattn model", str.upper), cl.redirect_stderr(err):
+    ...     _say(True, "layer 0 of 6")
+    >>> err.getvalue()
+    'skattn model: LAYER 0 OF 6\\n'
+    """
+    before = dict(_VOICE)
+    _VOICE.update(name=name, words=words)
+    try:
+        yield
+    finally:
+        _VOICE.update(before)
+
+
 def _say(verbose, message):
     if verbose:
-        print(f"skattn layer: {message}", file=sys.stderr, flush=True)
+        words = _VOICE["words"]
+        message = words(message) if words is not None else message
+        print(f"{_VOICE['name']}: {message}", file=sys.stderr, flush=True)
 
 
 class _Pieces:
