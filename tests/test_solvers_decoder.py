@@ -10,6 +10,7 @@ from skattn.solvers._decoder import (
     _relative,
     _reorient,
     fit_decoder_from_random_starts,
+    group_query_heads,
     random_decoder_start,
     tie_key_heads,
 )
@@ -110,6 +111,41 @@ def test_tie_key_heads_recovers_the_groups_and_the_logits(layout):
     np.testing.assert_allclose(
         grouped.logits(X, tied), free.logits(X, params)[:, order], atol=1e-10
     )
+
+
+def test_tie_key_heads_maps_the_slow_block_freely():
+    """At a released base most rotary pairs barely turn over a window: query
+    heads searched apart have key maps that differ by any map of those slow
+    dimensions, not by scaled rotations only (issue 62)."""
+    rng = np.random.default_rng(4)
+    m, m_kv, d, r, k, theta = 4, 2, 10, 16, 32, 5e5
+    free = FactoredHeads(m, d, r, causal=True, rope_theta=theta)
+    grouped = FactoredHeads(m, d, r, causal=True, rope_theta=theta, n_kv_heads=m_kv)
+    slow = slow_rotary_dims(r, theta, "half", k)
+    assert 0 < len(slow) < r
+    Q, K, V = (rng.normal(size=(h, d, r)) for h in (m, m_kv, m))
+    group_of = np.array([0, 1, 0, 1])
+    Ks, Qs = [], []
+    for i in range(m):
+        M = np.eye(r)
+        if i >= m_kv:  # the second head of each group: moved by a slow-block map
+            M[np.ix_(slow, slow)] += rng.normal(size=(len(slow), len(slow)))
+        Ks.append(K[group_of[i]] @ M)
+        Qs.append(Q[i] @ np.linalg.inv(M).T)
+    params = np.concatenate([np.ravel(Qs), np.ravel(Ks), V.ravel()])
+    pairs = rotary_pairs(r, "half")
+    _, rotations = group_query_heads(np.stack(Ks), m_kv, pairs)
+    groups, misfit = group_query_heads(np.stack(Ks), m_kv, pairs, slow)
+    assert sorted(sorted(g) for g in groups) == [[0, 2], [1, 3]]
+    assert misfit[0, 2] < 1e-20 and misfit[1, 3] < 1e-20
+    assert rotations[0, 2] > 0.05 and rotations[1, 3] > 0.05
+    tied, groups = tie_key_heads(params, free, grouped, n_tokens=k)
+    query, key = grouped.factors(tied)[:2]
+    order = [j for group in groups for j in group]
+    for i, j in enumerate(order):  # each head's Q K^T, through its group's key
+        np.testing.assert_allclose(
+            query[i] @ key[i // 2].T, Qs[j] @ Ks[j].T, rtol=0, atol=1e-9
+        )
 
 
 def test_grouped_search_is_regrouped_and_recorded():
