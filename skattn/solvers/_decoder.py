@@ -57,12 +57,15 @@ from .stages._search import minibatch_search
 
 # The polish of rotary heads solves every step to LSMR's default tolerance, at
 # most this many LSMR iterations a step: loose steps (the coarse stage's) crawl
-# there.  On a planted layer of the tiny checkpoints' shape (4 query heads
-# sharing 2 key heads, d = 64, head dimension 16, k = 32, 160 sequences, from
-# the search's end at 2 %), 60 evaluations took the cost from 0.58 to 0.20
-# with loose steps (22 s), to 7.2e-3 with at most 40 iterations a step (130 s)
-# and to 2.0e-3 with at most 200 (over 400 s); benchmarks/HISTORY.md.
-ROTARY_LSMR_PRODUCTS = 40
+# there, and so do steps cut short where most pairs are slow.  On a planted
+# layer of the tiny checkpoints' shape (4 query heads sharing 2 key heads,
+# d = 64, head dimension 16, k = 32, 256 sequences, from the decoder path's
+# search at 1.8 %, 150 evaluations): at Llama 3's base (5e5; 12 of the 16
+# dimensions slow) 40 iterations a step crawled to 9.0e-3, 200 reached 2.6e-15
+# in 40 evaluations; at base 1e4 both stopped at the same 9.5e-4 (a slow block
+# of the wrong orientation, :func:`_reorient`), 200 in 1.3 times the time (its
+# steps end at LSMR's tolerance before the cap); benchmarks/HISTORY.md.
+ROTARY_LSMR_PRODUCTS = 200
 
 # Residual evaluations of the polish of a key group's reflected slow block
 # (:func:`_reorient`): on the planted layer of ROTARY_LSMR_PRODUCTS' note, the
