@@ -165,7 +165,7 @@ def key_gauge(K_from, K_to, pairs=None, free=None):
         M = np.zeros((r, r))
         turn = np.array([[0.0, -1.0], [1.0, 0.0]])
         free = np.asarray([] if free is None else free, dtype=int)
-        if len(free):  # the columns of M separate: free ones from free ones
+        if len(free):  # M block-diagonal: the free block fits on its own
             block = np.linalg.lstsq(K_from[:, free], K_to[:, free], rcond=None)[0]
             M[np.ix_(free, free)] = block
         for pair in pairs:
