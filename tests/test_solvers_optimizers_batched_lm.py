@@ -84,6 +84,27 @@ def test_every_head_converges_to_its_truth(to):
     assert info["host_reads"] <= 4 * max(info["n_evaluations"])
 
 
+def test_the_host_waits_only_where_the_solver_says():
+    # issue 63: counted as a device counts them (DeviceWork), not by the
+    # solver's own tally: its reads, the preconditioner's two eigh once a
+    # stage, and no error check of a factorization (cholesky_ex on the device)
+    torch = pytest.importorskip("torch")
+    from skattn.utils._device_work import DeviceWork
+
+    X, targets, truth, rng = _planted_heads()
+    start = truth + 0.05 * rng.normal(size=truth.shape)
+    with DeviceWork() as work:
+        problem = HeadBatch(torch.asarray(X), torch.asarray(targets), None, None)
+        with work.stage("lm"):
+            _, _, info = batched_least_squares(
+                problem, torch.asarray(start), max_nfev=30
+            )
+    assert max(info["n_evaluations"]) > 5
+    assert work.host_reads["lm"] == info["host_reads"]
+    assert dict(work.waits["lm"]) == {"eigh": 2}
+    assert work.round_trips()["lm"] == info["host_reads"] + 2
+
+
 def test_each_head_has_its_own_budget_and_stops_alone():
     X, targets, truth, rng = _planted_heads(h=3)
     start = truth + 0.05 * rng.normal(size=truth.shape)

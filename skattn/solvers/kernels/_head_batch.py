@@ -35,12 +35,23 @@ import numpy as np
 from sklearn.externals import array_api_compat as _compat
 
 from ...layer._math import _namespace, softmax
-from ...utils._array_api import device, solve_triangular, to_namespace
+from ...utils._array_api import (
+    cholesky_unchecked,
+    device,
+    solve_triangular,
+    to_namespace,
+)
 from ._loss import _chunks, _weights
 from ._parametrization import LowRank, _token_maps
 from ._varpro import _softmax_jvp
 
 __all__ = ["HeadBatch", "head_layout", "lowrank_layout"]
+
+# On torch, a head's Gram whose ridged Cholesky fails (indefinite by rounding
+# beyond the rank tolerance's ridge) is factored ridged this many times more,
+# chosen on the device (:func:`_psd_factor`): still about 1e-13 w of its largest
+# diagonal, far below the fits' tolerances.
+UNCHECKED_RIDGE = 1e3
 
 
 def head_layout(xp, params, n_heads):
@@ -83,12 +94,21 @@ def _psd_factor(xp, gram):
     subspace, get coefficients of least norm up to that tolerance, whose fitted
     values are those of the exact solve); where the factorization fails, the
     pseudo-inverse by ``eigh`` for the whole stack.  No value is read on the
-    host where the library raises on a failed factorization (numpy, torch).
+    host where the library raises on a failed factorization (numpy).  On torch
+    nothing is read at all (a checked Cholesky makes a GPU's host wait at every
+    point, issue 63): where a head's ridged Gram is still not definite (by
+    rounding beyond the ridge), the factor of it ridged ``UNCHECKED_RIDGE``
+    times more, chosen on the device.
     """
     w = gram.shape[-1]
     eps = float(np.finfo(float).eps)
     ridge = w * eps * xp.max(xp.linalg.diagonal(gram), axis=1)
     eye = xp.eye(w, dtype=gram.dtype, device=device(gram))
+    lower = cholesky_unchecked(
+        xp, gram + ridge[:, None, None] * eye, UNCHECKED_RIDGE * ridge[:, None, None]
+    )
+    if lower is not None:
+        return _triangular_solver(xp, lower)
     try:
         lower = xp.linalg.cholesky(gram + ridge[:, None, None] * eye)
         if _compat.is_cupy_namespace(xp) and not bool(xp.all(xp.isfinite(lower))):
@@ -104,6 +124,11 @@ def _psd_factor(xp, gram):
             return vectors @ (inverse[..., None] * coef)
 
         return pseudo
+    return _triangular_solver(xp, lower)
+
+
+def _triangular_solver(xp, lower):
+    """``b -> G^-1 b`` from ``G``'s lower Cholesky factors ``(h, w, w)``."""
     upper = xp.linalg.matrix_transpose(lower)
 
     def cholesky(rhs):
