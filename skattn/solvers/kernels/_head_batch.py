@@ -49,7 +49,7 @@ __all__ = ["HeadBatch", "head_layout", "lowrank_layout"]
 
 # On torch, a head's Gram whose ridged Cholesky fails (indefinite by rounding
 # beyond the rank tolerance's ridge) is factored ridged this many times more,
-# chosen on the device (:func:`_psd_factor`): still about 1e-13 w of its largest
+# chosen on the device (:func:`_psd_factor`): still about 2e-13 w of its largest
 # diagonal, far below the fits' tolerances.
 UNCHECKED_RIDGE = 1e3
 
