@@ -270,6 +270,21 @@ def _solve_with_factor(xp, lower, rhs):
     return out[..., 0] if vector else out
 
 
+def rank_ridge(xp, gram):
+    """``w eps max(diag G)`` of each ``(w, w)`` Gram in ``gram`` (shape
+    ``gram.shape[:-2]``): the rank tolerance of ``numpy.linalg.matrix_rank``,
+    the ridge the unchecked factorizations fall back to.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> bool(rank_ridge(np, 2 * np.eye(3)) == 6 * np.finfo(float).eps)
+    True
+    """
+    w = gram.shape[-1]
+    return w * float(np.finfo(float).eps) * xp.max(xp.linalg.diagonal(gram), axis=-1)
+
+
 def cholesky_unchecked(xp, gram, fallback_ridge):
     """The lower Cholesky factor of ``gram`` without a host check, on torch:
     ``torch.linalg.cholesky_ex``, and where ``gram`` is not definite (its

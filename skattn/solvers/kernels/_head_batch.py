@@ -38,6 +38,7 @@ from ...layer._math import _namespace, softmax
 from ...utils._array_api import (
     cholesky_unchecked,
     device,
+    rank_ridge,
     solve_triangular,
     to_namespace,
 )
@@ -102,15 +103,13 @@ def _psd_factor(xp, gram):
     """
     w = gram.shape[-1]
     eps = float(np.finfo(float).eps)
-    ridge = w * eps * xp.max(xp.linalg.diagonal(gram), axis=1)
-    eye = xp.eye(w, dtype=gram.dtype, device=device(gram))
-    lower = cholesky_unchecked(
-        xp, gram + ridge[:, None, None] * eye, UNCHECKED_RIDGE * ridge[:, None, None]
-    )
+    ridge = rank_ridge(xp, gram)[:, None, None]
+    ridged = gram + ridge * xp.eye(w, dtype=gram.dtype, device=device(gram))
+    lower = cholesky_unchecked(xp, ridged, UNCHECKED_RIDGE * ridge)
     if lower is not None:
         return _triangular_solver(xp, lower)
     try:
-        lower = xp.linalg.cholesky(gram + ridge[:, None, None] * eye)
+        lower = xp.linalg.cholesky(ridged)
         if _compat.is_cupy_namespace(xp) and not bool(xp.all(xp.isfinite(lower))):
             raise np.linalg.LinAlgError("not positive definite")  # CuPy's NaN
     except Exception:  # numpy/torch LinAlgError: not positive definite

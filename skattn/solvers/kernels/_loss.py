@@ -47,6 +47,7 @@ from ...utils._array_api import (
     device,
     is_numpy,
     lstsq,
+    rank_ridge,
     solve_triangular,
     to_namespace,
     to_numpy,
@@ -327,9 +328,7 @@ def _factor(matrix):
         except linalg.LinAlgError:
             return _PseudoInverse(matrix)
     if _compat.is_torch_namespace(xp):
-        w = matrix.shape[-1]
-        ridge = w * float(np.finfo(float).eps) * xp.max(xp.linalg.diagonal(matrix))
-        return _Cholesky(cholesky_unchecked(xp, matrix, ridge))
+        return _Cholesky(cholesky_unchecked(xp, matrix, rank_ridge(xp, matrix)))
     try:
         lower = xp.linalg.cholesky(matrix)
     except Exception:  # torch: _LinAlgError, others: their LinAlgError
