@@ -227,6 +227,44 @@ def test_a_stalled_search_replaces_its_weakest_head():
         assert min(gaps) < 0.2 * np.abs(real[:, i]).mean()
 
 
+def rotary_planted(n, k, d, m, r, d_out, theta, seed=0):
+    """Causal rotary heads with ``W_i = V_i O_i`` on Gaussian tokens (the
+    decoder's ``FactoredHeads``): tokens, outputs, parameters."""
+    rng = np.random.default_rng(seed)
+    par = FactoredHeads(m, d, r, causal=True, rope_theta=theta)
+    X = rng.normal(size=(n, k, d))
+    truth = np.concatenate(
+        [np.sqrt(2) * rng.normal(size=2 * m * d * r) / np.sqrt(d)]
+        + [rng.normal(size=m * d * r) / np.sqrt(d)]
+    )
+    patterns = softmax(par.logits(X, truth), axis=-1)
+    outputs = rng.normal(size=(m, r, d_out))
+    Y = np.einsum("nmqk,nmkr,mro->nqo", patterns, par.values(X, truth), outputs)
+    return X, Y, truth
+
+
+def test_a_stalled_rotary_search_replaces_its_head_by_a_rotary_one():
+    """A causal rotary layer searched with a dead head: the replacement is
+    searched masked and rotated as the layer's heads (a position-free head
+    cannot take the dead one's place), and the search ends at its target."""
+    X, Y, truth = rotary_planted(2000, 5, 8, 2, 2, 8, theta=10.0, seed=6)
+    par = FactoredHeads(2, 8, 2, causal=True, rope_theta=10.0)
+    start = dead_head_start(truth, par)
+    options = dict(batch_size=64, stop_residual=1e-2, random_state=0, check_every=25)
+    stuck, info = minibatch_search(X, Y, start, par, n_replacements=0, **options)
+    assert info["stop_reason"] == "no_decrease" and info["residual"] > 0.1
+    found, info = minibatch_search(X, Y, start, par, **options)
+    (replacement,) = info["replacements"]
+    assert replacement["kept"] and replacement["residual_before"] > 0.1
+    assert info["stop_reason"] == "residual" and info["residual"] <= 1e-2
+    # query heads sharing a key head are not replaced one by one
+    grouped = FactoredHeads(2, 8, 2, causal=True, rope_theta=10.0, n_kv_heads=1)
+    Q, K, V = par.factors(start)
+    shared = np.concatenate([Q.ravel(), K[:1].ravel(), V.ravel()])
+    _, info = minibatch_search(X, Y, shared, grouped, **options)
+    assert info["stop_reason"] == "no_decrease" and info["replacements"] == []
+
+
 def test_a_stall_with_every_head_contributing_replaces_nothing():
     """Noise sets the floor: the search stalls above its target with both real
     heads found, each explaining far more than is left, and none is replaced."""

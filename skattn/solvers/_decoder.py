@@ -449,7 +449,6 @@ def fit_decoder_from_random_starts(
     search_options = {
         "intercept_direction": direction,
         "sample_weight": sample_weight,
-        "n_replacements": 0,
         "n_jobs": n_jobs,
         "random_state": rng,
         "verbose": int(verbose > 1),

@@ -448,8 +448,10 @@ def minibatch_search(
     n_decays : int, default=3
     n_replacements : int, default=2
         Weakest-head replacements after a stalled search (0: none; nothing is
-        replaced for one head, when the search reaches ``stop_residual``, or
-        when every head explains more than what is left).
+        replaced for one head, for query heads that share key heads, when the
+        search reaches ``stop_residual``, or when every head explains more than
+        what is left).  Causal and rotary heads are replaced by heads masked and
+        rotated as they are.
     plateau_steps : int or "auto", default="auto"
         Steps in which the step size is not cut while the residual is above 0.9
         times the start's; ``"auto"``: ``ceil(7e-4 m d^2)`` (``m`` heads, ``d``
@@ -607,6 +609,7 @@ def minibatch_search(
             len(replacements) < n_replacements
             and stop_reason == "no_decrease"
             and parametrization.n_heads > 1
+            and parametrization.n_kv_heads == parametrization.n_heads
             and n_steps < max_steps
         ):
             residual, contributions = head_contributions(
@@ -793,7 +796,15 @@ def _search_alone(X, Y, params, parametrization, head, random_state, **options):
     xp = namespace(X, Y)
     rng = random_state
     d, r = parametrization.n_features, parametrization.rank
-    single = type(parametrization)(1, d, r)
+    # one head of the same kind, masked and rotated as the others
+    single = type(parametrization)(
+        1,
+        d,
+        r,
+        causal=parametrization.causal,
+        rope_theta=parametrization.rope_theta,
+        rope_layout=parametrization.rope_layout,
+    )
     # the start drawn and factored on the host, then moved: the same start (and
     # the same generator state) in every namespace
     start = single.from_attention(
