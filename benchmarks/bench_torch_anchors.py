@@ -56,7 +56,8 @@ well under a minute).  Learners:
   (``LlamaConfig(hidden_size=d, num_attention_heads=m, num_key_value_heads=m_kv,
   head_dim=r)``, SDPA, no biases): a causal mask (``attention_mask=None``),
   ``rotate_half`` rotary positions on queries and keys from tables of
-  ``rope_theta = 10000`` for positions 0..k-1 (computed as
+  ``--rope-theta`` (default 10000; Llama 3: 500000) for positions 0..k-1
+  (computed as
   ``LlamaRotaryEmbedding`` does, in the module's dtype), grouped key/value heads
   (``repeat_kv``); its ``Linear`` maps from PyTorch's default init.  The module
   is independent of skattn's code; skattn only checks, before training, that the
@@ -241,7 +242,7 @@ def rope_tables(n_tokens, head_dim, theta=10000.0):
     return emb.cos(), emb.sin()
 
 
-def llama_attention(d, m, m_kv, r, k, seed):
+def llama_attention(d, m, m_kv, r, k, seed, rope_theta=10000.0):
     """transformers' ``LlamaAttention`` as a map of ``(n, k, d)`` hidden states:
     causal, rotary (``rotate_half``), ``m`` query heads sharing ``m_kv`` key/value
     heads of dimension ``r``, no biases; PyTorch's default init of its maps."""
@@ -254,6 +255,7 @@ def llama_attention(d, m, m_kv, r, k, seed):
         num_attention_heads=m,
         num_key_value_heads=m_kv,
         head_dim=r,
+        rope_theta=float(rope_theta),
         attention_bias=False,
         num_hidden_layers=1,
         intermediate_size=4 * d,
@@ -266,7 +268,7 @@ def llama_attention(d, m, m_kv, r, k, seed):
         def __init__(self):
             super().__init__()
             self.attn = LlamaAttention(config, layer_idx=0)
-            cos, sin = rope_tables(k, r)
+            cos, sin = rope_tables(k, r, rope_theta)
             # buffers: .float() / .double() cast the tables with the maps
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
@@ -279,7 +281,8 @@ def llama_attention(d, m, m_kv, r, k, seed):
 
     what = (
         f"transformers {transformers.__version__} LlamaAttention "
-        f"({m} query heads, {m_kv} key/value heads of dim {r}, causal, RoPE)"
+        f"({m} query heads, {m_kv} key/value heads of dim {r}, causal, RoPE "
+        f"base {rope_theta:g})"
     )
     return Decoder(), what
 
@@ -586,6 +589,7 @@ def compare_decoder(args):
         rope=True,
         n_kv_heads=m_kv,
         distribution="gaussian",
+        rope_theta=args.rope_theta,
         random_state=seed,
         return_layer=True,
     )
@@ -597,11 +601,12 @@ def compare_decoder(args):
         causal=True,
         rope=True,
         n_kv_heads=m_kv,
+        rope_theta=args.rope_theta,
         n_restarts=args.restarts,
         polish_max_iter=args.polish_max_iter,
         random_state=seed,
     )
-    module, what = llama_attention(d, m, m_kv, r, k, seed)
+    module, what = llama_attention(d, m, m_kv, r, k, seed, args.rope_theta)
     torch = _import_torch()
     held = check_function_class(
         true,
@@ -720,6 +725,12 @@ def parse(argv):
         type=int,
         default=100,
         help="decoder: skattn's polish_max_iter",
+    )
+    add(
+        "--rope-theta",
+        type=float,
+        default=10000.0,
+        help="decoder: the rotary base of the planted layer and of the module",
     )
     add("--layer", type=int, default=0, help="MiniLM layer")
     add(
