@@ -13,6 +13,12 @@ runs in one thread, timed without counting; a second fit of each torch route
 counts the refinement's torch operations and host reads (``skattn.utils._device_work``).
 
     python benchmarks/bench_batched_heads.py [--settings small default] [--out F.json]
+    python benchmarks/bench_batched_heads.py --settings soft
+
+``soft`` is issue 63's recipe (8 heads of rank 4, d = 32, k = 8, 4000 Gaussian
+sequences, ``Theta_i`` the rank-4 truncation of a Gaussian matrix scaled by
+``2 / d``): a fit whose heads do not converge, where the batched route must
+not spend more operations than heads one at a time.
 
 Prints one row per (setting, route): fit seconds, refinement operations, host
 reads and round trips of every kind (host reads, linear-algebra error checks,
@@ -35,6 +41,7 @@ import torch  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from skattn import MultiHeadAttentionRegressor, make_attention_regression  # noqa: E402
+from skattn.layer._math import forward  # noqa: E402
 from skattn.solvers import _driver  # noqa: E402
 from skattn.solvers.stages import _rounds  # noqa: E402
 from skattn.utils import estimator_to_numpy  # noqa: E402
@@ -45,13 +52,30 @@ SETTINGS = {
     "small": (1000, 4, 16, 6, 2),
     "default": (4000, 8, 32, 8, 4),  # bench_device_work.py's, issue 49's
     "wide": (3000, 8, 64, 8, 8),
+    "soft": (4000, 8, 32, 8, 4),  # issue 63's recipe: heads that do not converge
 }
 
 
-def _data(n, m, d, k, r, seed):
+def _data(n, m, d, k, r, seed, setting=None):
+    if setting == "soft":
+        return _soft_data(n, m, d, k, r, seed)
     X, y = make_attention_regression(
         n + 1000, k, d, m, distribution="gaussian", head_rank=r, random_state=seed
     )
+    return X[:n], y[:n], X[n:], y[n:]
+
+
+def _soft_data(n, m, d, k, r, seed):
+    """Issue 63's recipe: ``Theta_i`` the rank-``r`` truncation of a Gaussian
+    ``d x d`` matrix scaled by ``2 / d``, ``W_i ~ N(0, 1/d)``, ``d_out = d``,
+    Gaussian tokens (a fit whose refinement's heads do not all converge)."""
+    rng = np.random.default_rng(seed)
+    U, s, Vt = np.linalg.svd(rng.normal(size=(m, d, d)) * 2.0 / d)
+    attention = (U[:, :, :r] * s[:, None, :r]) @ Vt[:, :r, :]
+    projection = rng.normal(scale=d**-0.5, size=(m, d, d))
+    X = rng.normal(size=(n + 1000, k, d))
+    y = forward(X, attention, projection).reshape(n + 1000, -1)
+    X = X.reshape(n + 1000, -1)
     return X[:n], y[:n], X[n:], y[n:]
 
 
@@ -91,7 +115,7 @@ def _held_out(estimator, X_test, y_test):
 
 def run(setting, seed):
     n, m, d, k, r = SETTINGS[setting]
-    X, y, X_test, y_test = _data(n, m, d, k, r, seed)
+    X, y, X_test, y_test = _data(n, m, d, k, r, seed, setting)
     rows = []
     routes = (
         ("torch, one head at a time", False, False),
