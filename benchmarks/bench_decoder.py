@@ -8,7 +8,11 @@ n_kv_heads=2, head_rank=16``; the decoder random-start path: minibatch search,
 then the joint Levenberg-Marquardt polish), and the held-out relative error
 ``||F_hat(X) - Y|| / ||Y||`` is measured on ``--held-out`` more.
 
-    python benchmarks/bench_decoder.py [--setting issue|small] [--n N]
+``--setting wide`` (issue 62): heads of 64, 4 query heads sharing 2, d = 256,
+k = 64, 192 sequences (the search's margin of 16 output values an unknown);
+with ``--rope-theta 500000``, Llama 3's base.
+
+    python benchmarks/bench_decoder.py [--setting issue|small|wide] [--n N]
         [--threads T] [--restarts R] [--rope-theta B] [--polish-max-iter I]
         [--out F.json]
 
@@ -34,6 +38,8 @@ from skattn import MultiHeadAttentionRegressor, make_attention_regression  # noq
 SETTINGS = {
     "small": (3000, 2, 2, 8, 6, 2),
     "issue": (2000, 8, 2, 64, 32, 16),
+    # issue 62: heads of 64 (4 query heads sharing 2 key/value heads, d = 256)
+    "wide": (192, 4, 2, 256, 64, 64),
 }
 
 

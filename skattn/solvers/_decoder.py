@@ -45,6 +45,7 @@ from ..layer._positions import rotary_pairs
 from ..utils._array_api import device, einsum, namespace, to_namespace, to_numpy
 from ..utils._validation import _normalized_weights
 from ._checkpoints import StageMemory, _rng_state, kept
+from ._driver import best_of_starts
 from .kernels._loss import REALISABLE_RESIDUAL
 from .kernels._near_gauge import reflect_slow_dims, slow_rotary_dims
 from .kernels._parametrization import FactoredHeads, LowRank
@@ -456,8 +457,9 @@ def fit_decoder_from_random_starts(
     ungrouped = FactoredHeads(
         m, d, r, causal=causal, rope_theta=rope_theta, rope_layout=rope_layout
     )
-    best, residuals = None, []
-    for start in range(1, n_starts + 1):
+
+    def one_start(start):
+        """Start ``start``'s stages: ``(params, projection, info)``."""
         search_info = regrouped = None
         if search and regroup_keys and searched.n_kv_heads < m:
             # grouped heads searched from a random grouping can stall with query
@@ -572,12 +574,14 @@ def fit_decoder_from_random_starts(
             final_stage=final_stage,
             start_search=search_info,
         )
-        residuals.append(residual)
+        return params, projection, info
+
+    def tried(start, outcome):
+        residual = outcome[2]["relative_residual"]
         say(f"decoder start {start}: relative residual {residual:.3g}")
-        if best is None or residual < best[2]["relative_residual"]:
-            best = (params, projection, info)
-        if residual <= REALISABLE_RESIDUAL:
-            break
+        return residual
+
+    best, residuals = best_of_starts(n_starts, one_start, tried)
     params, projection, info = best
     query, key = polished.factors(params)[:2]
     if whitener is not None:  # back to the tokens' own coordinates

@@ -165,8 +165,9 @@ def fit_from_random_starts(
     # that ends no better found no head
     uniform = uniform_residual(X, Y, sample_weight) if search else None
     report = progress if progress is not None else (lambda message, done: None)
-    best, best_search, residuals = None, None, []
-    for start in range(1, starts.n_starts + 1):
+
+    def one_start(start):
+        """Start ``start``'s stages: ``(result, search_info)``."""
         # drawn on the host: the same start in every namespace
         attention = random_attention(n_heads, d, rng)
         values = None
@@ -185,12 +186,7 @@ def fit_from_random_starts(
                 rng,
             )
             if result is not None:
-                best, best_search = _keep_better(best, best_search, result, None)
-                residuals.append(result[2]["relative_residual"])
-                report(f"start {start}: relative residual {residuals[-1]:.2g}", True)
-                if residuals[-1] <= REALISABLE_RESIDUAL:
-                    break
-                continue
+                return result, None
         if search:  # 1. the search, 2. the per-head refinement
             report(f"start {start}: search and per-head refinement", False)
             attention, values, search_info = _search(
@@ -239,11 +235,14 @@ def fit_from_random_starts(
                 stop_reason="heads_unconverged",
                 unconverged_heads=unconverged,
             )
-        residuals.append(result[2]["relative_residual"])
-        report(f"start {start}: relative residual {residuals[-1]:.2g}", True)
-        best, best_search = _keep_better(best, best_search, result, search_info)
-        if residuals[-1] <= REALISABLE_RESIDUAL:
-            break
+        return result, search_info
+
+    def tried(start, outcome):
+        residual = outcome[0][2]["relative_residual"]
+        report(f"start {start}: relative residual {residual:.2g}", True)
+        return residual
+
+    (best, best_search), residuals = best_of_starts(starts.n_starts, one_start, tried)
     attention, projection, info = best
     if A is not None:
         attention, projection = _unwhiten(attention, projection, A)
@@ -457,11 +456,38 @@ def _rank_free(
     return attention, projection, info
 
 
-def _keep_better(best, best_search, result, search_info):
-    """The start's result and search info where it fits better than the best."""
-    if best is None or result[2]["relative_residual"] < best[2]["relative_residual"]:
-        return result, search_info
-    return best, best_search
+def best_of_starts(n_starts, one_start, residual_of):
+    """Starts one after another, the best kept: the loop of both random-start
+    drivers (this module's and :func:`~._decoder.fit_decoder_from_random_starts`).
+
+    ``one_start(start)`` runs start ``start`` (1 to ``n_starts``) and returns
+    its outcome; ``residual_of(start, outcome)`` its relative residual (and
+    says it, where the driver reports progress).  The loop stops at the first
+    outcome whose residual is at most ``REALISABLE_RESIDUAL`` (a realisable
+    fit: no start does better), else runs every start.
+
+    Returns
+    -------
+    best : the outcome of the lowest residual (the first of equals)
+    residuals : list of float
+        One per start run, in order.
+
+    Examples
+    --------
+    >>> outcomes = {1: 0.3, 2: 1e-15, 3: 0.1}
+    >>> best_of_starts(3, outcomes.get, lambda start, outcome: outcome)
+    (1e-15, [0.3, 1e-15])
+    """
+    best, best_residual, residuals = None, math.inf, []
+    for start in range(1, n_starts + 1):
+        outcome = one_start(start)
+        residual = residual_of(start, outcome)
+        residuals.append(residual)
+        if best is None or residual < best_residual:
+            best, best_residual = outcome, residual
+        if residual <= REALISABLE_RESIDUAL:
+            break
+    return best, residuals
 
 
 def _unconverged_heads(search_info):
