@@ -2,6 +2,7 @@
 and the random-start path's counts on a small fit: a regression of the host
 reads (each a wait for the device on a GPU) shows here, without a GPU."""
 
+import math
 import os
 
 import numpy as np
@@ -196,3 +197,53 @@ def test_an_unchecked_cholesky_solve_is_the_checked_one_and_waits_for_nothing():
         cholesky_solve_unchecked(namespace(np.eye(2)), np.eye(2), np.ones(2), 1.0)
         is None
     )
+
+
+# Round trips of the decoder polish (the rotary heads' slow mixings lifted): 7 to
+# set a stage up (the lift's Gram read a key group, its probes, the problem's
+# start) and 3 a Levenberg-Marquardt step (the iteration's start, its trial,
+# LSMR's end) on 2026-11-29; the setup with a quarter more.  Before issue 63's
+# work: about 100 a step (LSMR read its scalars every iteration, the lift a
+# column at a time, expm on the host).
+MOST_DECODER_POLISH_SETUP = 9
+MOST_DECODER_POLISH_PER_STEP = 3
+
+
+def test_the_decoder_polish_waits_on_the_device_three_times_a_step():
+    from skattn.solvers.kernels._near_gauge import slow_rotary_dims
+    from skattn.solvers.kernels._parametrization import LowRank
+    from skattn.solvers.optimizers._lm_matrix_free import varpro_least_squares
+
+    n, m, m_kv, d, k, r, theta = 40, 2, 1, 8, 8, 4, 1e4
+    X, y, layer = make_attention_regression(
+        n, k, d, m, head_rank=r, causal=True, rope=True, n_kv_heads=m_kv,
+        rope_theta=theta, distribution="gaussian", random_state=0,
+        return_layer=True,
+    )  # fmt: skip
+    par = LowRank(m, d, r, n_kv_heads=m_kv, causal=True, rope_theta=theta)
+    truth = np.concatenate([layer.rotary_query.ravel(), layer.rotary_key.ravel()])
+    dims = slow_rotary_dims(r, theta, "half", k)
+    assert len(dims)  # the lift runs
+    noise = np.zeros((m + m_kv, d, r))
+    noise[..., dims] = np.random.default_rng(1).normal(size=(m + m_kv, d, len(dims)))
+    start = truth + 1e-3 * np.sqrt(np.mean(truth**2)) * noise.ravel()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with DeviceWork() as work, work.stage("decoder polish"):
+            _, _, info = varpro_least_squares(
+                torch.asarray(X.reshape(n, k, d)),
+                torch.asarray(y.reshape(n, k, -1)),
+                torch.asarray(start),
+                par,
+                max_iter=8,
+                coarse=False,
+                max_products=16,
+            )
+    finally:
+        torch.set_num_threads(threads)
+    assert math.sqrt(2 * info["loss"]) < 1e-12 * np.linalg.norm(y)
+    assert info["n_iter"] >= 3
+    trips = work.round_trips()["decoder polish"]
+    most = MOST_DECODER_POLISH_SETUP + MOST_DECODER_POLISH_PER_STEP * info["n_iter"]
+    assert 0 < trips <= most, (info["n_iter"], work.summary())
