@@ -113,16 +113,18 @@ def _held_out(estimator, X_test, y_test):
     return float(np.linalg.norm(residual) / np.linalg.norm(y_test))
 
 
-def run(setting, seed):
+ROUTES = (
+    ("torch, one head at a time", False, False),
+    ("torch, batched", True, False),
+    ("numpy, threads", False, True),
+    ("numpy, batched", True, True),
+)
+
+
+def run(setting, seed, routes=ROUTES):
     n, m, d, k, r = SETTINGS[setting]
     X, y, X_test, y_test = _data(n, m, d, k, r, seed, setting)
     rows = []
-    routes = (
-        ("torch, one head at a time", False, False),
-        ("torch, batched", True, False),
-        ("numpy, threads", False, True),
-        ("numpy, batched", True, True),
-    )
     for route, batched, numpy in routes:
         Xa, ya = (X, y) if numpy else (torch.asarray(X), torch.asarray(y))
         with (
@@ -176,14 +178,20 @@ def main(argv=None):
         "--settings", nargs="+", choices=list(SETTINGS), default=["small", "default"]
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--torch-only",
+        action="store_true",
+        help="the two torch routes only (the ratios need no more)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    routes = ROUTES[:2] if args.torch_only else ROUTES
     torch.set_num_threads(1)
     print(
         f"{'setting':<8} {'route':<26} {'fit':>10} {'ops':>10} {'reads':>8} "
         f"{'held out':>10}  (refinement's torch ops and host reads)"
     )
-    rows = [row for setting in args.settings for row in run(setting, args.seed)]
+    rows = [row for setting in args.settings for row in run(setting, args.seed, routes)]
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(
