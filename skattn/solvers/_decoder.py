@@ -341,8 +341,11 @@ def fit_decoder_from_random_starts(
         an intercept column is eliminated too.
     regroup_keys : bool, default=True
         With grouped key heads (``n_kv_heads < n_heads``): search each query
-        head with a key head of its own first, then group the heads by their
-        key maps (:func:`tie_key_heads`) and search grouped from there.  A
+        head with a key head of its own first (a search that stalls with a
+        head unfound replaces its weakest head, as the encoder's does:
+        :func:`~skattn.solvers.minibatch_search`'s ``n_replacements``), then
+        group the heads by their key maps (:func:`tie_key_heads`) and search
+        grouped from there.  A
         grouped search from a random start stalls when it puts query heads in
         the wrong groups (no step moves a head to another group): on a tiny
         Llama layer, 3 starts of 6 (benchmarks/HISTORY.md).
