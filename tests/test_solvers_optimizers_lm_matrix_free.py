@@ -327,3 +327,32 @@ def test_a_sharp_heads_steps_in_the_heads_blocks():
         par.attention(runs[False][0]),
         atol=1e-4 * np.abs(par.attention(runs[True][0])).max(),
     )
+
+
+def test_plain_rotary_steps_stop_where_the_lift_should_take_over():
+    """The rotary polish's plain steps go on while every PLAIN_WINDOW
+    evaluations halve the cost, and stop when they do not or when the relative
+    residual falls below LIFT_BELOW (then the slow mixings are lifted)."""
+    from types import SimpleNamespace
+
+    from skattn.solvers.optimizers._lm_matrix_free import (
+        LIFT_BELOW,
+        PLAIN_WINDOW,
+        _slowing,
+    )
+
+    def run(costs, target=1.0):
+        check = _slowing(target)
+        for nfev, cost in enumerate(costs, start=1):
+            try:
+                check(SimpleNamespace(cost=cost, nfev=nfev))
+            except StopIteration:
+                return nfev
+        return None
+
+    fast = [0.5 * 0.7**i for i in range(3 * PLAIN_WINDOW)]  # 0.24 every window
+    assert run(fast) is None
+    slow = [0.5 * 0.9**i for i in range(3 * PLAIN_WINDOW)]  # 0.66 every window
+    assert run(slow) == 1 + PLAIN_WINDOW
+    near = 0.5 * (0.5 * LIFT_BELOW) ** 2  # the residual below LIFT_BELOW
+    assert run([0.5, 0.1, near]) == 3

@@ -158,7 +158,10 @@ def varpro_least_squares(
         lift_near_gauge`): without them the steps, truncated at
         ``max_products``, miss those nearly flat directions and the polish
         converges linearly.  ``"auto"``: when the parametrization has rotary
-        heads with slow pairs over the window.
+        heads with slow pairs over the window.  The lifted stages follow plain
+        steps, taken while they halve the cost every ``PLAIN_WINDOW``
+        evaluations and the relative residual is above ``LIFT_BELOW`` (far
+        from a minimum the lift slows the polish).
     head_blocks : bool or "auto", default="auto"
         Solve the steps of the float64 stage in the variables of each head's
         Gauss-Newton block (:func:`~skattn.solvers.kernels._head_gram.
