@@ -281,12 +281,10 @@ def varpro_least_squares(
             products = loose.n_products if loose is not problem else 0
             return x_end, int(result.njev), int(result.nfev), result.status, products
 
-        if memory is None:
-            x, n_iter, n_evaluations, status, n_loose_products = coarse_stage()
-        else:  # its end kept: a resumed run goes on to the next stage
-            x, n_iter, n_evaluations, status, n_loose_products = memory.stage(
-                f"{name}-coarse", coarse_stage
-            )
+        # its end kept: a resumed run goes on to the next stage
+        x, n_iter, n_evaluations, status, n_loose_products = _kept_stage(
+            memory, f"{name}-coarse", coarse_stage
+        )
         n_coarse = n_iter
     else:
         n_loose_products = loose.n_products if loose is not problem else 0
@@ -334,12 +332,10 @@ def varpro_least_squares(
                     float(result.cost),
                 )
 
-            if memory is None:
-                x, n_plain, n_plain_evaluations, status, cost = plain_stage()
-            else:  # its end kept: a resumed run goes on to the lifted stages
-                x, n_plain, n_plain_evaluations, status, cost = memory.stage(
-                    f"{name}-plain", plain_stage
-                )
+            # its end kept: a resumed run goes on to the lifted stages
+            x, n_plain, n_plain_evaluations, status, cost = _kept_stage(
+                memory, f"{name}-plain", plain_stage
+            )
             n_iter += n_plain
             n_evaluations += n_plain_evaluations
             exact = stop_below is not None and (
@@ -404,6 +400,12 @@ LIFT_REFRESH = 8
 PLAIN_WINDOW = 4
 PLAIN_PROGRESS = 0.5
 LIFT_BELOW = 1e-3
+
+
+def _kept_stage(memory, name, compute):
+    """``compute()``, kept in ``memory`` as ``name`` (read back where it was
+    kept) when there is a memory."""
+    return compute() if memory is None else memory.stage(name, compute)
 
 
 def _slowing(target):
