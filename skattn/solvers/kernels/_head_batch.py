@@ -34,7 +34,7 @@ stay in double.
 import numpy as np
 from sklearn.externals import array_api_compat as _compat
 
-from ...layer._math import _namespace, softmax
+from ...layer._math import _chunk_floats, _namespace, softmax
 from ...utils._array_api import (
     cholesky_unchecked,
     device,
@@ -42,7 +42,7 @@ from ...utils._array_api import (
     solve_triangular,
     to_namespace,
 )
-from ._loss import _chunks, _weights
+from ._loss import _CHUNK_FLOATS, _chunks, _weights
 from ._parametrization import LowRank, _token_maps
 from ._varpro import _softmax_jvp
 
@@ -220,9 +220,12 @@ class HeadBatch:
             self._fixed_gram = xp.matrix_transpose(self._fixed) @ self._fixed
             self._fixed_low = xp.astype(self._fixed, self._low)
         self._point = None
-        # chunks of samples for the per-sample work (patterns, features)
+        # chunks of samples for the per-sample work (patterns, features): on the
+        # host each head's part as large as one head's alone (the one-head
+        # problems' budget each), so that a batched product launches no more
+        # operations than one head's; on a device a share of its free memory
         per_sample = h * k * (2 * k + 2 * d + 4 * r)
-        self.slices = _chunks(n, per_sample)
+        self.slices = _chunks(n, per_sample, _chunk_floats(X, h * _CHUNK_FLOATS))
         self.n_products = 0
         self.head_products = [0] * h
         self._heads = list(range(h))  # the heads left, as indices of the first

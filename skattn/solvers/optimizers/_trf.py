@@ -125,12 +125,8 @@ def _solve_trust_region_2d(B, g, Delta):
 
 def _solve_trust_region_2d_xp(xp, B, g, Delta):
     """:func:`_solve_trust_region_2d` in ``xp``, on the device of ``B`` (2 x 2)
-    and ``g`` (2,), without a host read: the Newton step when ``B`` is positive
-    definite and the step is inside the radius, else the minimum on the circle
-    ``p = Delta (cos t, sin t)``, found from a grid of ``_ANGLES`` angles by
-    ``_NEWTON_STEPS`` Newton steps on the angle from each (each at most the grid's
-    spacing, towards lower values), the best of them and of the grid taken.  It
-    agrees with scipy's roots of the quartic to rounding.
+    and ``g`` (2,), without a host read: :func:`_solve_trust_region_2d_batch`
+    of one problem.
 
     Examples
     --------
@@ -141,43 +137,76 @@ def _solve_trust_region_2d_xp(xp, B, g, Delta):
     >>> bool(np.allclose(p, _solve_trust_region_2d(B, g, 1.0)))
     True
     """
-    Delta = float(Delta)
-    a, b, c = B[0, 0], B[0, 1], B[1, 1]
-    g0, g1 = g[0], g[1]
+    radius = xp.asarray([float(Delta)], dtype=B.dtype, device=device(B))
+    return _solve_trust_region_2d_batch(xp, B[None, ...], g[None, ...], radius)[0, :]
+
+
+def _solve_trust_region_2d_batch(xp, B, g, Delta):
+    """:func:`_solve_trust_region_2d` for ``h`` problems at once in ``xp``
+    (``B`` ``(h, 2, 2)``, ``g`` ``(h, 2)``, ``Delta`` ``(h,)``, all on the
+    device), without a host read: the Newton step when ``B`` is positive
+    definite and the step is inside the radius, else the minimum on the circle
+    ``p = Delta (cos t, sin t)``, found from a grid of ``_ANGLES`` angles by
+    ``_NEWTON_STEPS`` Newton steps on the angle from each (each at most the grid's
+    spacing, towards lower values), the best of them and of the grid taken.  It
+    agrees with scipy's roots of the quartic to rounding.  Returns ``(h, 2)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import namespace
+    >>> B = np.array([[[2.0, 0.0], [0.0, -1.0]], [[3.0, 1.0], [1.0, 2.0]]])
+    >>> g, Delta = np.array([[1.0, 1.0], [0.5, -0.2]]), np.array([1.0, 2.0])
+    >>> p = _solve_trust_region_2d_batch(namespace(B), B, g, Delta)
+    >>> expected = [_solve_trust_region_2d(B[i], g[i], Delta[i]) for i in range(2)]
+    >>> bool(np.allclose(p, expected))
+    True
+    """
+    a, b, c = B[:, 0, 0], B[:, 0, 1], B[:, 1, 1]
+    g0, g1 = g[:, 0], g[:, 1]
     determinant = a * c - b * b
     definite = (a > 0) & (determinant > 0)
     safe = xp.where(definite, determinant, 1.0)
-    newton = xp.stack([b * g1 - c * g0, b * g0 - a * g1]) / safe
-    inside = definite & (xp.sum(newton * newton) <= Delta**2)
+    newton = xp.stack([b * g1 - c * g0, b * g0 - a * g1], axis=1) / safe[:, None]
+    inside = definite & (xp.sum(newton * newton, axis=1) <= Delta**2)
     # phi(t) = 1/2 Delta^2 (a cos^2 + 2 b cos sin + c sin^2) + Delta (g0 cos + g1 sin)
     # and its first two derivatives, as [sin 2t, cos 2t, sin t, cos t] @ coefficients
     half, square = 0.5 * (a - c), Delta**2
     coefficients = xp.stack(
         [
-            xp.stack([-square * half, square * b, -Delta * g0, Delta * g1]),
-            xp.stack([-2 * square * b, -2 * square * half, -Delta * g1, -Delta * g0]),
+            xp.stack([-square * half, square * b, -Delta * g0, Delta * g1], axis=1),
+            xp.stack(
+                [-2 * square * b, -2 * square * half, -Delta * g1, -Delta * g0], axis=1
+            ),
         ],
-        axis=1,
-    )
+        axis=2,
+    )  # (h, 4, 2)
     spacing = 2 * math.pi / _ANGLES
     grid = xp.arange(_ANGLES, dtype=B.dtype, device=device(g)) * spacing
-    angles = grid
+    angles = xp.zeros((B.shape[0], 1), dtype=B.dtype, device=device(g)) + grid
     for _ in range(_NEWTON_STEPS):
         sine, cosine = xp.sin(angles), xp.cos(angles)
         features = xp.stack(
-            [2 * sine * cosine, cosine * cosine - sine * sine, sine, cosine], axis=1
+            [2 * sine * cosine, cosine * cosine - sine * sine, sine, cosine], axis=2
         )
-        derivatives = features @ coefficients
-        slope, curvature = derivatives[:, 0], derivatives[:, 1]
+        derivatives = features @ coefficients  # (h, angles, 2)
+        slope, curvature = derivatives[..., 0], derivatives[..., 1]
         # a Newton step where phi is convex, a gradient step of the grid's
         # spacing elsewhere; never longer than the spacing
         move = slope / xp.clip(xp.abs(curvature), min=_TINY)
         angles = angles - xp.clip(move, min=-spacing, max=spacing)
-    candidates = xp.concat([grid, angles])
-    points = Delta * xp.stack([xp.cos(candidates), xp.sin(candidates)])
-    values = 0.5 * xp.sum(points * (B @ points), axis=0) + g @ points
-    boundary = xp.take(points, xp.reshape(xp.argmin(values), (1,)), axis=1)[:, 0]
-    return xp.where(inside, newton, boundary)
+    candidates = xp.concat([angles * 0 + grid, angles], axis=1)  # (h, 2 angles)
+    points = Delta[:, None, None] * xp.stack(
+        [xp.cos(candidates), xp.sin(candidates)], axis=1
+    )  # (h, 2, 2 angles)
+    values = 0.5 * xp.sum(points * (B @ points), axis=1) + xp.sum(
+        g[:, :, None] * points, axis=1
+    )
+    best = xp.argmin(values, axis=1)
+    count = values.shape[1]
+    chosen = xp.arange(count, device=device(g))[None, :] == best[:, None]
+    boundary = xp.sum(points * xp.astype(chosen, points.dtype)[:, None, :], axis=2)
+    return xp.where(inside[:, None], newton, boundary)
 
 
 def _update_tr_radius(Delta, actual, predicted, step_norm, bound_hit):

@@ -273,8 +273,8 @@ def decoupled_refine(
         Solve a round's heads as one problem with a head axis
         (:class:`~skattn.solvers.kernels._head_batch.HeadBatch`, by
         :func:`~skattn.solvers.optimizers._batched_lm.batched_least_squares`:
-        per-head damping and stopping, every scalar on the device, the host
-        looking once per iteration) rather than one after another or in
+        each head's own trust region and stopping, every scalar on the
+        device, the host looking once per trial) rather than one after another or in
         threads.  ``None``: batched outside numpy (torch, CuPy: on a GPU the
         one-head problems are each too small to fill it, and one after another
         they are bound by launches and host reads), threads with numpy (where
