@@ -307,3 +307,49 @@ def test_minibatch_search_draws_batches_by_weight():
     np.testing.assert_array_equal(results[0][0], results[1][0])
     assert results[0][1]["residuals"] == results[1][1]["residuals"]
     assert results[0][1]["residual"] < results[0][1]["residuals"][0]
+
+
+def test_an_interrupted_search_resumes_to_the_uninterrupted_result(
+    tmp_path, monkeypatch
+):
+    # issue 64: a search of hours (MiniLM layer 4 at k = 64 on 2 cores) started
+    # again at step 0 after each interruption; its Adam runs now keep their state
+    # at checks, and a run interrupted in the first Adam run or in the one after
+    # a head replacement ends with the uninterrupted run's bits
+    from skattn.solvers._checkpoints import StageMemory
+    from skattn.solvers.stages import _search
+
+    X, Y, truth = planted(2000, 4, 8, 2, 2, 8, seed=6)
+    par = FactoredHeads(2, 8, 2)
+    start = dead_head_start(truth, par)
+    options = dict(batch_size=64, stop_residual=1e-2, check_every=25)
+    expected, info = minibatch_search(X, Y, start, par, random_state=0, **options)
+    assert len(info["replacements"]) == 1  # two Adam runs
+    gradient = _search.batch_loss_gradient
+    for stop_at in (60, info["n_steps"] - 30):
+        calls = [0]
+
+        def interrupted(*args, calls=calls, stop_at=stop_at, **kwargs):
+            calls[0] += 1
+            if calls[0] == stop_at:
+                raise KeyboardInterrupt
+            return gradient(*args, **kwargs)
+
+        def memory(stop_at=stop_at):
+            kept = StageMemory(tmp_path / str(stop_at), {}, (X,))
+            kept.iterate_interval = 0.0  # keep every check
+            return kept
+
+        monkeypatch.setattr(_search, "batch_loss_gradient", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            minibatch_search(
+                X, Y, start, par, random_state=0, memory=memory(), **options
+            )
+        monkeypatch.setattr(_search, "batch_loss_gradient", gradient)
+        again = memory()
+        found, resumed = minibatch_search(
+            X, Y, start, par, random_state=0, memory=again, **options
+        )
+        assert again.reused  # a kept state was read back
+        np.testing.assert_array_equal(found, expected)
+        assert resumed == info

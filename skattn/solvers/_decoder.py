@@ -469,7 +469,7 @@ def fit_decoder_from_random_starts(
             # heads in the wrong key groups: search them ungrouped, then group
             say(f"decoder start {start}: minibatch search, a key head per query head")
 
-            def search_ungrouped(_):
+            def search_ungrouped(child):
                 with _blas_limits(xp):
                     free, free_info = minibatch_search(
                         X,
@@ -478,6 +478,7 @@ def fit_decoder_from_random_starts(
                             random_decoder_start(ungrouped, rng), xp, device(X)
                         ),
                         ungrouped,
+                        memory=child,
                         **search_options,
                     )
                 tied, groups = tie_key_heads(free, ungrouped, searched, k)
@@ -495,9 +496,11 @@ def fit_decoder_from_random_starts(
         if search:
             say(f"decoder start {start}: minibatch search")
 
-            def search_grouped(_, params=params):
+            def search_grouped(child, params=params):
                 with _blas_limits(xp):
-                    return minibatch_search(X, Y, params, searched, **search_options)
+                    return minibatch_search(
+                        X, Y, params, searched, memory=child, **search_options
+                    )
 
             params, search_info = kept(memory, "decoder-search", search_grouped, rng)
             search_info["regrouped"] = regrouped

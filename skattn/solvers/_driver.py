@@ -544,7 +544,7 @@ def _search(
         par.from_attention(attention, projection), namespace(X), device(X)
     )
 
-    def search(_):
+    def search(child):
         with _blas_limits(namespace(X)):
             return minibatch_search(
                 X,
@@ -556,6 +556,7 @@ def _search(
                 n_jobs=n_jobs,
                 random_state=rng,
                 verbose=verbose,
+                memory=child,
             )
 
     params, info = kept(memory, "search", search, rng)

@@ -494,7 +494,9 @@ def _solve_heads(
         def compute():
             return _solve_batch(X, shares, heads, Q, K, sample_weight, max_iter, tol)
 
-        results = compute() if call is None else memory.stage(f"{call}.batch", compute)
+        # ".trust": the batch's trust-region steps (issue 63; ".batch" kept the
+        # Levenberg-Marquardt steps of before, whose results differ)
+        results = compute() if call is None else memory.stage(f"{call}.trust", compute)
         bar.update(len(heads))
         worst = max(solved[3]["relative_residual"] for solved in results)
         bar.set_postfix_str(f"worst head: {worst:.2g}")

@@ -20,6 +20,7 @@ every namespace), and the records hold Python numbers.
 """
 
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -37,6 +38,7 @@ from ...utils._array_api import (
     to_numpy,
 )
 from ...utils._progress import stage_bar
+from .._checkpoints import _rng_state, _set_rng_state
 from ..kernels._decoupling import _design
 from ..kernels._parametrization import random_attention
 from ..optimizers._adam import _ADAM_BETA1 as _BETA1
@@ -395,6 +397,7 @@ def minibatch_search(
     fixed_columns=None,
     random_state=None,
     verbose=0,
+    memory=None,
 ):
     """Adam on the reduced loss of random batches, until a polish can take over.
 
@@ -467,6 +470,14 @@ def minibatch_search(
         problem (:func:`skattn.solvers.search_head`).
     random_state : int, RandomState instance or None
         The batches.
+    memory : StageMemory or None
+        Keeps each Adam run's state (its point, moments, best point, counters
+        and the random generator's state) every ``memory.iterate_interval``
+        seconds at a check, and at its end: run again with the same arguments
+        (``random_state`` where the interrupted run's was), an interrupted
+        search goes on from its last kept check and ends as the uninterrupted
+        one does (a search of hours on 2 cores otherwise starts again at step
+        0 after each interruption).
     verbose : int, default=0
         1 prints one line per check.
 
@@ -540,14 +551,56 @@ def minibatch_search(
     if verbose:
         print(f"minibatch search: start residual {best_residual:.4g}")
 
+    if memory is not None and not memory.enabled:
+        memory = None
+
     def adam(params, best_residual, step_size, max_steps, plateau=0):
         """Adam with step-size cuts (none on the start's plateau in the first
-        ``plateau`` steps): ``(best, residual, steps, cuts, reason)``."""
+        ``plateau`` steps): ``(best, residual, steps, cuts, reason)``; its state
+        kept in ``memory`` (see the parameter), and read back from there."""
         plateau_level = _PLATEAU_EXIT * best_residual
         best = _copy(xp, params)
         first = xp.zeros_like(params)
         second = xp.zeros_like(params)
         stalled, n_cuts, stop_reason, step, t = 0, 0, "max_iter", 0, 0
+        name = None if memory is None else memory.next_name("adam")
+        names = ("params", "first", "second", "best", "best_residual", "step_size")
+        names += ("stalled", "n_cuts", "stop_reason", "step", "t")
+        if name is not None:
+            found, state = memory.load(name)
+            if found:
+                memory.reused.append(name)
+                _set_rng_state(rng, state["rng"])
+                residuals[:] = state["residuals"]
+                bar.update(state["step"])
+                if state["finished"]:
+                    found_best, *rest = state["result"]
+                    return (to_namespace(found_best, xp, device(X)), *rest)
+                params, first, second, best = (
+                    to_namespace(state[key], xp, device(X))
+                    for key in ("params", "first", "second", "best")
+                )
+                best_residual, step_size = state["best_residual"], state["step_size"]
+                stalled, n_cuts = state["stalled"], state["n_cuts"]
+                stop_reason, step, t = state["stop_reason"], state["step"], state["t"]
+        last_kept = time.monotonic()
+
+        def keep(finished=False, result=None):
+            """Keep the run's state (arrays on the host) in ``memory``."""
+            arrays = (params, first, second, best)
+            values = [to_numpy(a) for a in arrays]
+            values += [best_residual, step_size, stalled, n_cuts, stop_reason, step, t]
+            if result is not None:
+                result = (to_numpy(result[0]), *result[1:])
+            state = dict(zip(names, values, strict=True))
+            state.update(
+                rng=_rng_state(rng),
+                residuals=list(residuals),
+                finished=finished,
+                result=result,
+            )
+            memory.save(name, state)
+
         while step < max_steps and best_residual > stop_residual:
             rows = draw()
             _, gradient, _ = batch_loss_gradient(
@@ -582,9 +635,9 @@ def minibatch_search(
                 stalled += 1
             if residual < best_residual:
                 best, best_residual = _copy(xp, params), residual
-            if stalled >= patience:
-                if step < plateau and best_residual > plateau_level:
-                    continue  # the start's plateau: a cut would lengthen it
+            # no cut on the start's plateau: a cut would lengthen it
+            on_plateau = step < plateau and best_residual > plateau_level
+            if stalled >= patience and not on_plateau:
                 if n_cuts == n_decays:
                     stop_reason = "no_decrease"
                     break
@@ -593,9 +646,17 @@ def minibatch_search(
                 # Adam afresh from the best point: its moments, grown on the large
                 # early gradients, would shrink the smaller steps further
                 params, first, second, t = _copy(xp, best), 0 * first, 0 * second, 0
+            if name is not None and time.monotonic() - last_kept >= (
+                memory.iterate_interval
+            ):
+                keep()
+                last_kept = time.monotonic()
         if best_residual <= stop_residual:
             stop_reason = "residual"
-        return best, best_residual, step, n_cuts, stop_reason
+        result = best, best_residual, step, n_cuts, stop_reason
+        if name is not None:
+            keep(finished=True, result=result)
+        return result
 
     # one bar for the search, its replacements' steps included: open-ended, as
     # the search stops at its residual or when it stalls, and replacements add
