@@ -356,3 +356,17 @@ def test_plain_rotary_steps_stop_where_the_lift_should_take_over():
     assert run(slow) == 1 + PLAIN_WINDOW
     near = 0.5 * (0.5 * LIFT_BELOW) ** 2  # the residual below LIFT_BELOW
     assert run([0.5, 0.1, near]) == 3
+
+
+def test_plain_rotary_steps_that_spend_the_whole_budget_stop_on_it():
+    # the plain steps slowed (or reached LIFT_BELOW) at the budget's last
+    # evaluation: no lifted stage was left to run, and the run stops on its
+    # budget (before: a TypeError on the status that no stage had set; a
+    # trained Qwen2 layer at base 10^6 crashed so in the decoder's reflections)
+    (X, Y, start, par), options = NAMESPACE_CASES["rotary_lifted"]
+    for max_iter in (2, 3, 4):
+        _, _, info = varpro_least_squares(
+            X, Y, start, par, **{**options, "max_iter": max_iter}
+        )
+        assert info["n_evaluations"] == max_iter
+        assert info["stop_reason"] == "max_iter" and not info["converged"]

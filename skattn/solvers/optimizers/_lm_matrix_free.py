@@ -361,6 +361,8 @@ def varpro_least_squares(
             n_iter += int(result.njev)
             n_evaluations += int(result.nfev)
             status, part = result.status, part + 1
+        if status is None:  # the plain steps spent the budget the lift was to have
+            status = 0
     final = problem.residual(x)
     info = {
         "method": "matrix-free",
