@@ -47,7 +47,13 @@ Gaussian tokens, drawn as ``bench_decoder.py`` draws it, so that the same
 training and held-out sequences).  ``issue``: 8 query heads sharing 2 key/value
 heads, d = 64, head dimension 16, k = 32, 2000 sequences; ``small``: 4 query
 heads sharing 2, d = 8, head dimension 2, k = 6, 1000 sequences (the whole run
-well under a minute).  Learners:
+well under a minute); ``llama`` (issue 62, for a GPU): a Llama-shaped layer,
+8 query heads sharing 2 key/value heads of 128, d = 1024, k = 32, 1280
+sequences (the search's margin).  ``--device cuda`` (decoder teacher) trains
+every learner there: skattn on torch tensors of the device under
+``array_api_dispatch`` (``SCIPY_ARRAY_API=1`` is set before scipy is
+imported), the torch modules moved there (``--device cpu``: the same code
+path on torch CPU tensors).  Learners:
 
 * skattn: ``MultiHeadAttentionRegressor(causal=True, rope=True, n_kv_heads=...,
   head_rank=...)`` with ``bench_decoder.py``'s ``--restarts`` and
@@ -81,6 +87,8 @@ import argparse
 import copy
 import math
 import os
+
+os.environ.setdefault("SCIPY_ARRAY_API", "1")  # before scipy: array_api_dispatch
 import signal
 import sys
 import time
@@ -92,6 +100,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from skattn import AttentionLayer, MultiHeadAttentionRegressor
 from skattn.datasets import make_attention_regression
 from skattn.metrics import parameter_error
+from skattn.utils import estimator_to_numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_minilm_teacher import teacher  # noqa: E402
@@ -100,6 +109,8 @@ from bench_minilm_teacher import teacher  # noqa: E402
 DECODER_SETTINGS = {
     "small": (1000, 4, 2, 8, 6, 2),
     "issue": (2000, 8, 2, 64, 32, 16),
+    # issue 62: a Llama-shaped layer (d = 1024, heads of 128), for a GPU
+    "llama": (1280, 8, 2, 1024, 32, 128),
 }
 
 NAMES = {
@@ -489,15 +500,27 @@ def run_lm(module, data, args, budget):
     return clock, steps, note
 
 
-def run_skattn(est, X, y, budget):
-    """Fit under SIGALRM when a budget is given; (seconds, caught warnings, done)."""
+def run_skattn(est, X, y, budget, device=None):
+    """Fit under SIGALRM when a budget is given; (seconds, caught warnings, done).
+    With ``device``, on torch tensors there under ``array_api_dispatch``."""
+    import sklearn
+
+    dispatch = device is not None
+    if dispatch:
+        torch = _import_torch()
+        X, y = (torch.asarray(a, device=device) for a in (X, y))
     if budget:
         _set_timer(budget)
     start = CLOCK["timer"]()
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            sklearn.config_context(array_api_dispatch=dispatch),
+        ):
             warnings.simplefilter("always")
             est.fit(X, y)
+            if dispatch and torch.cuda.is_available():
+                torch.cuda.synchronize()
         done = True
     except _Timeout:
         caught, done = [], False
@@ -514,22 +537,27 @@ def compare(label, true, X, y, X_test, est, make_module, args):
     torch = _import_torch()
     k, d, d_out = args.n_tokens, true.n_features, true.n_outputs
     Y_test = true.transform(X_test)
+    device = getattr(args, "device", None)
     data = {
         "X": torch.from_numpy(np.ascontiguousarray(X.reshape(len(X), k, d))),
         "Y": torch.from_numpy(np.ascontiguousarray(y.reshape(len(y), k, d_out))),
         "X_test": torch.from_numpy(X_test.reshape(len(X_test), k, d)),
         "Y_test": torch.from_numpy(Y_test.reshape(len(X_test), k, d_out)),
     }
+    if device is not None:
+        data = {key: value.to(device) for key, value in data.items()}
     rows = []
     budget = args.budget
     if "skattn" in args.learners:
-        seconds, caught, done = run_skattn(est, X, y, args.budget)
+        seconds, caught, done = run_skattn(est, X, y, args.budget, device)
         for w in caught:
             print(
                 f"{label} skattn warning: {w.category.__name__}: {str(w.message)[:160]}"
             )
         row = {"learner": "skattn", "time": seconds, "trace": [], "steps": ""}
         if done:
+            if device is not None:
+                est = estimator_to_numpy(est)
             pred = est.predict(X_test)
             row["error"] = np.linalg.norm(pred - Y_test) / np.linalg.norm(Y_test)
             row["trace"] = [(seconds, row["error"])]
@@ -542,6 +570,8 @@ def compare(label, true, X, y, X_test, est, make_module, args):
         if name not in args.learners:
             continue
         module, what = make_module()
+        if device is not None:
+            module = module.to(device)
         row = {"learner": name, "module": what}
         if name == "lm":
             p, jtj_bytes, _, _ = lm_plan(module, data, args)
@@ -779,6 +809,12 @@ def parse(argv):
     add("--lm-solve", choices=["cholesky", "qr", "solve"], default="cholesky")
     add("--max-jtj-gb", type=float, default=4.0, help="memory for LM's dense J^T J")
     add("--seed", type=int, default=0)
+    add(
+        "--device",
+        help="where every learner trains (cuda: a GPU; cpu: skattn on torch CPU "
+        "tensors, the device's code path); default: skattn on numpy, torch on "
+        "the CPU",
+    )
     add("--plot", metavar="FILE.png", help="error against time (log scale)")
     args = parser.parse_args(argv)
     minilm = args.teacher == "minilm"

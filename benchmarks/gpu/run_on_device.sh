@@ -48,6 +48,17 @@
 #
 # (the issue asks <= 1e-6 within 2 minutes; 460 draws with replacement give
 # about 425 distinct windows, above the search's room of 369.)
+#
+# Issue 62, decoder layers at a released model's settings: DECODER=llama runs,
+# after the cases above (none by default: CASES="" LONG_CASES=""), a
+# Llama-shaped planted layer (d = 1024, 8 query heads sharing 2 key/value heads
+# of 128, rotary base 5e5, k = 32, 1280 sequences) by skattn on the GPU beside
+# torch Adam on transformers' own LlamaAttention there, each given
+# DECODER_BUDGET seconds (default 240); the GPT-2-small-shaped one is the
+# gpt2small case above:
+#
+#     CASES="gpt2small" LONG_CASES="" LEARNERS="skattn adam" BUDGET=120 \
+#         DECODER=llama bash benchmarks/gpu/run_on_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -81,5 +92,12 @@ if [ -n "$LONG_CASES" ]; then
     timeout "$left" python3 benchmarks/bench_gpu.py --device "$DEVICE" --data "$DATA" \
         --budget "$LONG_BUDGET" --cases $LONG_CASES --learners $LEARNERS \
         --max-total $((left - 10)) --out "$OUT/gpu_long.json" $ARGS 2>&1 | tee -a "$OUT/gpu.log"
+fi
+if [ -n "${DECODER:-}" ]; then
+    left=$((560 - (SECONDS - START)))
+    timeout "$left" python3 benchmarks/bench_torch_anchors.py --teacher decoder \
+        --setting "$DECODER" --rope-theta 500000 --device "$DEVICE" \
+        --learners skattn adam --budget "${DECODER_BUDGET:-240}" --restarts 1 \
+        --checkpoints 0.25 0.5 2>&1 | tee "$OUT/decoder.log" | tee -a "$OUT/gpu.log"
 fi
 echo "# done in $((SECONDS - START)) s" | tee -a "$OUT/gpu.log"
