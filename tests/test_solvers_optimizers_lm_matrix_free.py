@@ -331,12 +331,14 @@ def test_a_sharp_heads_steps_in_the_heads_blocks():
 
 def test_plain_rotary_steps_stop_where_the_lift_should_take_over():
     """The rotary polish's plain steps go on while every PLAIN_WINDOW
-    evaluations halve the cost, and stop when they do not or when the relative
-    residual falls below LIFT_BELOW (then the slow mixings are lifted)."""
+    evaluations take the cost below PLAIN_PROGRESS of what it was, and stop
+    when they do not or when the relative residual falls below LIFT_BELOW
+    (then the slow mixings are lifted)."""
     from types import SimpleNamespace
 
     from skattn.solvers.optimizers._lm_matrix_free import (
         LIFT_BELOW,
+        PLAIN_PROGRESS,
         PLAIN_WINDOW,
         _slowing,
     )
@@ -350,9 +352,10 @@ def test_plain_rotary_steps_stop_where_the_lift_should_take_over():
                 return nfev
         return None
 
-    fast = [0.5 * 0.7**i for i in range(3 * PLAIN_WINDOW)]  # 0.24 every window
-    assert run(fast) is None
-    slow = [0.5 * 0.9**i for i in range(3 * PLAIN_WINDOW)]  # 0.66 every window
+    fast = [0.5 * 0.9**i for i in range(3 * PLAIN_WINDOW)]  # 0.66 every window
+    assert PLAIN_PROGRESS > 0.9**PLAIN_WINDOW and run(fast) is None
+    slow = [0.5 * 0.99**i for i in range(3 * PLAIN_WINDOW)]  # 0.96 every window
+    assert PLAIN_PROGRESS < 0.99**PLAIN_WINDOW
     assert run(slow) == 1 + PLAIN_WINDOW
     near = 0.5 * (0.5 * LIFT_BELOW) ** 2  # the residual below LIFT_BELOW
     assert run([0.5, 0.1, near]) == 3

@@ -399,8 +399,14 @@ LIFT_REFRESH = 8
 # 256 sequences), from its search's end (1.7 %), 16 evaluations took the cost
 # 0.97 -> 0.35 lifted, 0.97 -> 0.029 plain (benchmarks/HISTORY.md); the lift is
 # for the slow pairs' crawl near a minimum, a few per cent an evaluation.
+# PLAIN_PROGRESS 0.5 (halve the cost every 4 evaluations) cut the plain steps
+# short on tiny checkpoints trained at 10^6: Qwen2's layer 0 left them after
+# 11 evaluations at 0.33 of the search's cost and crawled lifted (0.23 after
+# 59); at 0.9 its plain steps went on to 4.1e-3 in 57, the lift and one
+# reflection then to 1.2e-15 held out; layer 1 stalled lifted at 1.7e-3 where
+# longer plain steps reach 1.4e-4 (eighth session of 2026-11-29).
 PLAIN_WINDOW = 4
-PLAIN_PROGRESS = 0.5
+PLAIN_PROGRESS = 0.9
 LIFT_BELOW = 1e-3
 
 
