@@ -159,9 +159,9 @@ def varpro_least_squares(
         ``max_products``, miss those nearly flat directions and the polish
         converges linearly.  ``"auto"``: when the parametrization has rotary
         heads with slow pairs over the window.  The lifted stages follow plain
-        steps, taken while they halve the cost every ``PLAIN_WINDOW``
-        evaluations and the relative residual is above ``LIFT_BELOW`` (far
-        from a minimum the lift slows the polish).
+        steps, taken while every ``PLAIN_WINDOW`` evaluations take the cost
+        below ``PLAIN_PROGRESS`` of what it was and the relative residual is
+        above ``LIFT_BELOW`` (far from a minimum the lift slows the polish).
     head_blocks : bool or "auto", default="auto"
         Solve the steps of the float64 stage in the variables of each head's
         Gauss-Newton block (:func:`~skattn.solvers.kernels._head_gram.
