@@ -89,9 +89,10 @@ def batched_cgls(
     equations, CGLS conjugate gradients on them, and MINRES's residual at
     iteration ``k`` is ``(sum_{j <= k} ||s_j||^{-2})^{-1/2}`` of CG's ``s_j``
     (CG's own is larger and erratic: stopped on it, heads far from their
-    minimum ran to the iteration cap at almost every step); ``||A_i||`` as LSMR estimates it, the Frobenius
-    norm of the projected matrix (here the square root of the trace of the
-    Lanczos matrix that CG's coefficients define).  ``rtol``, when
+    minimum ran to the iteration cap at almost every step); ``||A_i||`` as
+    LSMR estimates it, the Frobenius norm of the projected matrix (here the
+    square root of the trace of the Lanczos matrix that CG's coefficients
+    define).  ``rtol``, when
     given, replaces both by ``||s_i||`` below ``rtol`` of its start.  A head
     that has stopped is frozen (its step length masked).  The stopping tests
     run, and the host reads whether every head has stopped, at iteration
