@@ -183,7 +183,8 @@ def _solve_trust_region_2d_batch(xp, B, g, Delta):
     )  # (h, 4, 2)
     spacing = 2 * math.pi / _ANGLES
     grid = xp.arange(_ANGLES, dtype=B.dtype, device=device(g)) * spacing
-    angles = xp.zeros((B.shape[0], 1), dtype=B.dtype, device=device(g)) + grid
+    start = xp.zeros((B.shape[0], 1), dtype=B.dtype, device=device(g)) + grid
+    angles = start
     for _ in range(_NEWTON_STEPS):
         sine, cosine = xp.sin(angles), xp.cos(angles)
         features = xp.stack(
@@ -195,7 +196,7 @@ def _solve_trust_region_2d_batch(xp, B, g, Delta):
         # spacing elsewhere; never longer than the spacing
         move = slope / xp.clip(xp.abs(curvature), min=_TINY)
         angles = angles - xp.clip(move, min=-spacing, max=spacing)
-    candidates = xp.concat([angles * 0 + grid, angles], axis=1)  # (h, 2 angles)
+    candidates = xp.concat([start, angles], axis=1)  # (h, 2 angles)
     points = Delta[:, None, None] * xp.stack(
         [xp.cos(candidates), xp.sin(candidates)], axis=1
     )  # (h, 2, 2 angles)

@@ -564,8 +564,6 @@ def minibatch_search(
         second = xp.zeros_like(params)
         stalled, n_cuts, stop_reason, step, t = 0, 0, "max_iter", 0, 0
         name = None if memory is None else memory.next_name("adam")
-        names = ("params", "first", "second", "best", "best_residual", "step_size")
-        names += ("stalled", "n_cuts", "stop_reason", "step", "t")
         if name is not None:
             found, state = memory.load(name)
             if found:
@@ -587,18 +585,25 @@ def minibatch_search(
 
         def keep(finished=False, result=None):
             """Keep the run's state (arrays on the host) in ``memory``."""
-            arrays = (params, first, second, best)
-            values = [to_numpy(a) for a in arrays]
-            values += [best_residual, step_size, stalled, n_cuts, stop_reason, step, t]
             if result is not None:
                 result = (to_numpy(result[0]), *result[1:])
-            state = dict(zip(names, values, strict=True))
-            state.update(
-                rng=_rng_state(rng),
-                residuals=list(residuals),
-                finished=finished,
-                result=result,
-            )
+            state = {
+                "params": to_numpy(params),
+                "first": to_numpy(first),
+                "second": to_numpy(second),
+                "best": to_numpy(best),
+                "best_residual": best_residual,
+                "step_size": step_size,
+                "stalled": stalled,
+                "n_cuts": n_cuts,
+                "stop_reason": stop_reason,
+                "step": step,
+                "t": t,
+                "rng": _rng_state(rng),
+                "residuals": list(residuals),
+                "finished": finished,
+                "result": result,
+            }
             memory.save(name, state)
 
         while step < max_steps and best_residual > stop_residual:
