@@ -323,6 +323,7 @@ def run_skattn(data, args):
     import sklearn
 
     from skattn import MultiHeadAttentionRegressor
+    from skattn.utils._device_work import CudaSyncs
 
     torch = _torch()
     s = data["sizes"]
@@ -348,7 +349,9 @@ def run_skattn(data, args):
             Y = torch.as_tensor(data["Y"], device=args.device)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                est.fit(X, Y)
+                # the host's synchronizations by stage (issue 63), on CUDA only
+                with CudaSyncs(caught, anchors.sync_stages()) as syncs:
+                    est.fit(X, Y)
             synchronize(args.device)
             seconds = time.perf_counter() - start
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -366,6 +369,8 @@ def run_skattn(data, args):
     row["warnings"] = [
         f"{w.category.__name__}: {str(w.message)[:200]}" for w in caught
     ][:20]
+    if torch.device(args.device).type == "cuda":
+        row["syncs"] = dict(syncs.syncs)
     try:
         with sklearn.config_context(array_api_dispatch=True):
             X_test = torch.as_tensor(data["X_test"], device=args.device)
@@ -541,7 +546,8 @@ def run_case(name, spec, args):
             + (f"held-out {err:.3g}" if err is not None else "no result")
             + (f" at {row['time']:.1f} s" if "time" in row else "")
             + (f"; {row['note']}" if row.get("note") else "")
-            + (f"; ERROR {row['error_message']}" if "error_message" in row else ""),
+            + (f"; ERROR {row['error_message']}" if "error_message" in row else "")
+            + (f"; CUDA synchronizations {row['syncs']}" if "syncs" in row else ""),
             flush=True,
         )
     return result
@@ -552,6 +558,11 @@ def run_case(name, spec, args):
 
 def _fmt(x, spec=".2e"):
     return "–" if x is None else format(x, spec)
+
+
+def _syncs(syncs):
+    """``search 12, refinement 30, ...``: CUDA synchronizations by stage."""
+    return ", ".join(f"{stage} {count}" for stage, count in sorted(syncs.items()))
 
 
 def markdown(report):
@@ -573,6 +584,8 @@ def markdown(report):
             lines.append(f"| {case['case']} | (data) | | | | | | ERROR {message} |")
         for r in case["learners"]:
             note = r.get("note", "")
+            if "syncs" in r:
+                note = f"{note} syncs {_syncs(r['syncs'])}".strip()
             if "error_message" in r:
                 note = ("ERROR " + r["error_message"]).replace("|", "/")[:160]
             lines.append(

@@ -84,6 +84,7 @@ Examples::
 """
 
 import argparse
+import contextlib
 import copy
 import math
 import os
@@ -500,33 +501,58 @@ def run_lm(module, data, args, budget):
     return clock, steps, note
 
 
+def sync_stages():
+    """The stages whose CUDA synchronizations a device fit counts (issue 63):
+    ``(module, name, stage)`` where the driver and the decoder path look them up."""
+    from skattn.solvers import _decoder, _driver
+
+    return [
+        (_driver, "minibatch_search", "search"),
+        (_driver, "refine_heads", "refinement"),
+        (_driver, "staged_polish", "polish"),
+        (_decoder, "minibatch_search", "search"),
+        (_decoder, "varpro_least_squares", "decoder polish"),
+    ]
+
+
 def run_skattn(est, X, y, budget, device=None):
-    """Fit under SIGALRM when a budget is given; (seconds, caught warnings, done).
-    With ``device``, on torch tensors there under ``array_api_dispatch``."""
+    """Fit under SIGALRM when a budget is given; (seconds, caught warnings, done,
+    syncs).  With ``device``, on torch tensors there under ``array_api_dispatch``;
+    on a CUDA device ``syncs`` counts the host's synchronizations by stage
+    (``torch.cuda.set_sync_debug_mode``; else None)."""
     import sklearn
 
+    from skattn.utils._device_work import CudaSyncs
+
     dispatch = device is not None
+    counting = False
     if dispatch:
         torch = _import_torch()
         X, y = (torch.asarray(a, device=device) for a in (X, y))
+        counting = X.device.type == "cuda"
     if budget:
         _set_timer(budget)
     start = CLOCK["timer"]()
+    syncs = None
     try:
         with (
             warnings.catch_warnings(record=True) as caught,
             sklearn.config_context(array_api_dispatch=dispatch),
         ):
             warnings.simplefilter("always")
-            est.fit(X, y)
-            if dispatch and torch.cuda.is_available():
+            with contextlib.ExitStack() as stack:
+                if counting:
+                    syncs = stack.enter_context(CudaSyncs(caught, sync_stages()))
+                est.fit(X, y)
+            if counting:
                 torch.cuda.synchronize()
         done = True
     except _Timeout:
         caught, done = [], False
     finally:
         _set_timer(0)
-    return CLOCK["timer"]() - start, caught, done
+    syncs = dict(syncs.syncs) if syncs is not None else None
+    return CLOCK["timer"]() - start, caught, done, syncs
 
 
 # ---------------------------------------------------------------------- one problem
@@ -549,12 +575,15 @@ def compare(label, true, X, y, X_test, est, make_module, args):
     rows = []
     budget = args.budget
     if "skattn" in args.learners:
-        seconds, caught, done = run_skattn(est, X, y, args.budget, device)
+        seconds, caught, done, syncs = run_skattn(est, X, y, args.budget, device)
         for w in caught:
             print(
                 f"{label} skattn warning: {w.category.__name__}: {str(w.message)[:160]}"
             )
         row = {"learner": "skattn", "time": seconds, "trace": [], "steps": ""}
+        if syncs is not None:
+            row["syncs"] = syncs
+            print(f"{label} skattn CUDA synchronizations by stage: {syncs}")
         if done:
             if device is not None:
                 est = estimator_to_numpy(est)

@@ -13,7 +13,7 @@ from skattn import MultiHeadAttentionRegressor, make_attention_regression
 from skattn.solvers import _driver
 from skattn.solvers.stages import _sharp_heads
 from skattn.solvers.stages._polish import staged_polish
-from skattn.utils._device_work import DeviceWork, count_fit
+from skattn.utils._device_work import CudaSyncs, DeviceWork, count_fit
 
 torch = pytest.importorskip("torch")
 
@@ -41,6 +41,31 @@ def test_a_wrapped_function_counts_as_its_stage():
         read = work.wrap(lambda t: t.tolist(), "listing")
         read(torch.zeros(2))
     assert work.host_reads["listing"] == 1
+
+
+def test_cuda_synchronizations_count_by_stage_and_other_warnings_go_on():
+    # torch warns at each synchronization under set_sync_debug_mode("warn")
+    # (CUDA only: on this machine the warning is raised by hand, as torch would)
+    import types
+    import warnings
+
+    def sync():
+        warnings.warn(
+            "called a synchronizing CUDA operation", UserWarning, stacklevel=1
+        )
+
+    where = types.SimpleNamespace(step=sync)
+    kept = []
+    with CudaSyncs(keep=kept, stages=[(where, "step", "steps")]) as syncs:
+        where.step()
+        where.step()
+        sync()
+        warnings.warn("something else", RuntimeWarning, stacklevel=1)
+    assert syncs.syncs == {"steps": 2, "other": 1}
+    assert [str(w.message) for w in kept] == ["something else"]
+    assert where.step is sync  # restored
+    with pytest.warns(UserWarning, match="synchronizing"):  # outside: as usual
+        sync()
 
 
 # Host reads of the random-start path's stages on the fit below, at most: the

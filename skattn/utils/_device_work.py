@@ -23,8 +23,12 @@ import collections
 import contextlib
 import functools
 import sys
+import warnings
 
-__all__ = ["DeviceWork", "count_fit"]
+__all__ = ["CudaSyncs", "DeviceWork", "count_fit"]
+
+# what torch warns at each synchronization under set_sync_debug_mode("warn")
+_SYNC_MESSAGE = "called a synchronizing CUDA operation"
 
 
 class DeviceWork:
@@ -184,6 +188,83 @@ class DeviceWork:
             "round_trips": sum(trips.values()),
         }
         return table
+
+
+class CudaSyncs:
+    """The host's synchronizations with a CUDA device, by stage, as torch sees
+    them (issue 63).
+
+    :class:`DeviceWork` counts on the CPU what should make a GPU wait; this
+    counts what does: while active, ``torch.cuda.set_sync_debug_mode("warn")``
+    makes torch warn at every synchronizing CUDA operation (a copy to the host, a
+    scalar read, ``nonzero``, a solver status read back...), and each such
+    warning counts for the stage that runs (:meth:`stage`, :meth:`wrap`, as
+    :class:`DeviceWork`'s), without reaching the user.  Other warnings go on to
+    ``keep`` (a list of :class:`warnings.WarningMessage`) where one is given,
+    else as usual.  A warning costs the host a few microseconds: negligible
+    beside a synchronization, which is what it counts.
+
+    Parameters
+    ----------
+    keep : list or None, default=None
+        Where the other warnings go.
+    stages : iterable of (module, name, stage), default=()
+        Functions ``module.name`` whose calls count as ``stage`` while active
+        (patched, as :func:`count_fit` does).
+
+    Attributes
+    ----------
+    syncs : collections.Counter
+        Synchronizations by stage.
+    """
+
+    def __init__(self, keep=None, stages=()):
+        self.syncs = collections.Counter()
+        self._keep = keep
+        self._patches = list(stages)
+        self._saved = []
+        self._stages = ["other"]
+
+    stage = DeviceWork.stage
+    wrap = DeviceWork.wrap
+
+    def _show(self, message, category, filename, lineno, file=None, line=None):
+        if _SYNC_MESSAGE in str(message):
+            self.syncs[self._stages[-1]] += 1
+        elif self._keep is not None:
+            self._keep.append(
+                warnings.WarningMessage(message, category, filename, lineno, file, line)
+            )
+        else:
+            self._shown(message, category, filename, lineno, file, line)
+
+    def __enter__(self):
+        import torch
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.filterwarnings("always", message=_SYNC_MESSAGE)
+        self._shown = warnings.showwarning
+        warnings.showwarning = self._show
+        for module, name, stage in self._patches:
+            self._saved.append((module, name, getattr(module, name)))
+            setattr(module, name, self.wrap(getattr(module, name), stage))
+        self._mode = None
+        if torch.cuda.is_available():  # else nothing synchronizes: nothing warns
+            self._mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self._mode is not None:
+            torch.cuda.set_sync_debug_mode(self._mode)
+        for module, name, function in reversed(self._saved):
+            setattr(module, name, function)
+        self._saved.clear()
+        self._catch.__exit__(*exc)
+        return False
 
 
 def _has_mask(indices):
