@@ -95,10 +95,9 @@ def test_the_host_waits_only_where_the_solver_says():
     start = truth + 0.05 * rng.normal(size=truth.shape)
     with DeviceWork() as work:
         problem = HeadBatch(torch.asarray(X), torch.asarray(targets), None, None)
+        start = torch.asarray(start)  # the data's copies: not the solver's
         with work.stage("lm"):
-            _, _, info = batched_least_squares(
-                problem, torch.asarray(start), max_nfev=30
-            )
+            _, _, info = batched_least_squares(problem, start, max_nfev=30)
     assert max(info["n_evaluations"]) > 5
     assert work.host_reads["lm"] == info["host_reads"]
     assert dict(work.waits["lm"]) == {"eigh": 2}

@@ -7,7 +7,9 @@ import pytest
 from _helpers import array_namespaces
 
 from skattn.utils._array_api import (
+    causal_keep,
     cholesky_solve,
+    device_constant,
     einsum,
     free_memory,
     is_numpy,
@@ -86,6 +88,28 @@ def test_to_namespace_round_trip(to_array):
     assert to_numpy(moved).tolist() == [0.0, 1.0, 2.0]
     assert to_namespace(moved, xp) is moved
     assert isinstance(to_namespace(moved, namespace(np.ones(1))), np.ndarray)
+
+
+@pytest.mark.parametrize("to_array", array_namespaces())
+def test_a_device_constant_is_copied_once_and_causal_masks_are_numpys(to_array):
+    reference = to_array(np.zeros(1))
+    xp = namespace(reference)
+    made = []
+
+    def make():
+        made.append(1)
+        return np.arange(4.0)
+
+    key = ("test table", 4)
+    first = device_constant(key, make, xp, reference.device, xp.float64)
+    again = device_constant(key, make, xp, reference.device, xp.float64)
+    assert to_numpy(first).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert namespace(first) is xp
+    # kept off numpy (one copy from the host); numpy makes it again, no copy
+    assert (again is first) != is_numpy(xp) and len(made) == (2 if is_numpy(xp) else 1)
+    for k in (1, 5):
+        keep = to_numpy(causal_keep(xp, k, reference.device))
+        np.testing.assert_array_equal(keep, np.tril(np.ones((k, k), dtype=bool)))
 
 
 def test_out_of_memory_errors_are_recognised():

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..utils._array_api import device, namespace
+from ..utils._array_api import causal_keep, device, namespace
 
 LAYOUTS = ("half", "interleaved")
 
@@ -229,15 +229,14 @@ def mask_logits(logits, causal=False, key_mask=None):
     k = logits.shape[-1]
     keep = None
     if causal:
-        keep = np.tril(np.ones((k, k), dtype=bool))[None, None]
-        if not isinstance(logits, np.ndarray):
-            keep = xp.asarray(keep, device=device(logits))
+        keep = causal_keep(xp, k, device(logits))[None, None, ...]
     if key_mask is not None:
         real = key_mask[:, None, None, :]
         if not isinstance(logits, np.ndarray):
             real = xp.asarray(real, device=device(logits))
         keep = real if keep is None else xp.logical_and(keep, real)
     lowest = xp.finfo(logits.dtype).min
+    # (full, not asarray: a number made a 0-d array is a copy from the host)
     return xp.where(
-        keep, logits, xp.asarray(lowest, dtype=logits.dtype, device=device(logits))
+        keep, logits, xp.full((), lowest, dtype=logits.dtype, device=device(logits))
     )

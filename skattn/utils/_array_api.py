@@ -43,6 +43,8 @@ __all__ = [
     "device",
     "to_numpy",
     "to_namespace",
+    "device_constant",
+    "causal_keep",
     "einsum",
     "cholesky_solve",
     "solve_triangular",
@@ -173,6 +175,49 @@ def to_namespace(x, xp, device=None, dtype=None):
         out = x if device is None else _compat.to_device(x, device)
         return out if dtype is None else xp.astype(out, dtype)
     return xp.asarray(np.asarray(to_numpy(x)), device=device, dtype=dtype)
+
+
+# Small constants copied to a device, by (key, namespace, device, dtype): at most
+# _MOST_CONSTANTS, the oldest dropped first.
+_CONSTANTS = {}
+_MOST_CONSTANTS = 64
+
+
+def device_constant(key, make, xp, device=None, dtype=None):
+    """A small constant (a table, an index) in ``xp`` on ``device``: ``make()``, a
+    numpy array, copied there once and kept under ``key`` (hashable; it must name
+    everything the array depends on), so that a step does not copy it from the
+    host again (on a GPU such a copy blocks the host).  numpy: ``make()``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skattn.utils._array_api import device_constant, namespace
+    >>> xp = namespace(np.zeros(1))
+    >>> device_constant(("twos", 3), lambda: np.full(3, 2.0), xp).tolist()
+    [2.0, 2.0, 2.0]
+    """
+    if is_numpy(xp):
+        out = make()
+        return out if dtype is None else out.astype(dtype, copy=False)
+    full_key = (key, id(xp), str(device), str(dtype))
+    out = _CONSTANTS.get(full_key)
+    if out is None:
+        out = xp.asarray(np.asarray(make()), device=device, dtype=dtype)
+        while len(_CONSTANTS) >= _MOST_CONSTANTS:
+            _CONSTANTS.pop(next(iter(_CONSTANTS)))
+        _CONSTANTS[full_key] = out
+    return out
+
+
+def causal_keep(xp, k, device=None):
+    """``(k, k)`` booleans, True where a query may see a key (the key at or
+    before it): numpy's ``tril`` of ones, made on the device by comparing two
+    ranges elsewhere (no copy from the host)."""
+    if is_numpy(xp):
+        return np.tril(np.ones((k, k), dtype=bool))
+    positions = xp.arange(k, device=device)
+    return positions[:, None] >= positions[None, :]
 
 
 def einsum(xp, subscripts, *operands):

@@ -11,8 +11,10 @@ catch a regression without a GPU.  It also counts, by kind, the other operations
 after which a GPU's host waits (``waits``; issue 63): the error checks of
 ``torch.linalg.cholesky``, ``inv`` and ``solve`` (``_linalg_check_errors``;
 ``cholesky_ex`` has none), ``eigh`` (its solver's status is read back on CUDA),
-``nonzero``, and boolean masks (``t[mask]``, ``masked_select``: a shape that
-depends on the values).  ``round_trips`` is all of them with the host reads.
+``nonzero``, boolean masks (``t[mask]``, ``masked_select``: a shape that
+depends on the values), and copies from the host (``torch.asarray`` and its kin
+of a numpy array, a list or a number: from pageable memory, a copy that blocks).
+``round_trips`` is all of them with the host reads.
 
 A ``TorchDispatchMode`` sees the operations of its own thread only: count a fit
 that runs in one thread (``threadpoolctl.threadpool_limits(1)`` and
@@ -50,7 +52,8 @@ class DeviceWork:
         Counts by stage.
     waits : dict of collections.Counter
         By stage, the operations after which a GPU's host waits, by kind
-        (``"linalg check"``, ``"eigh"``, ``"nonzero"``, ``"boolean mask"``).
+        (``"linalg check"``, ``"eigh"``, ``"nonzero"``, ``"boolean mask"``,
+        ``"host copy"``).
     reads_by_source : collections.Counter
         With ``where``: host reads by ``"module.function:line"`` of the innermost
         skattn frame that made them.
@@ -141,18 +144,28 @@ class DeviceWork:
                 work._read()
                 return _original(tensor, *args, **kwargs)
 
-            self._patched.append((name, original))
+            self._patched.append((torch.Tensor, name, original))
             setattr(torch.Tensor, name, copying)
+        # copies from the host (a numpy array, a list, a Python number made a
+        # tensor): on a GPU a copy from pageable memory, which blocks the host
+        for name in ("asarray", "as_tensor", "tensor"):
+            original = getattr(torch, name)
+
+            def uploading(data, *args, _original=original, **kwargs):
+                if not isinstance(data, torch.Tensor):
+                    work.waits[work._stages[-1]]["host copy"] += 1
+                return _original(data, *args, **kwargs)
+
+            self._patched.append((torch, name, original))
+            setattr(torch, name, uploading)
         self._mode = _Mode()
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
-        import torch
-
         self._mode.__exit__(*exc)
-        for name, original in reversed(self._patched):
-            setattr(torch.Tensor, name, original)
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
         self._patched.clear()
         return False
 

@@ -399,8 +399,9 @@ def lift_near_gauge(
     # the typical singular value of J M: ||J M||_F^2 / size by Gaussian probes
     size = params.shape[0]
     probes = []
-    for _ in range(N_PROBES):
-        probe = jvp(apply(_like(rng.standard_normal(size), params)))
+    draws = _like(rng.standard_normal((N_PROBES, size)), params)  # one copy
+    for i in range(N_PROBES):
+        probe = jvp(apply(draws[i, ...]))
         probes.append(probe @ probe)
     typical = math.sqrt(float(to_numpy(xp.stack(probes)).mean()) / size)
     q = int(keep.sum(axis=1).max())

@@ -45,7 +45,13 @@ from ...layer._positions import (
     rotary_tables,
     rotate,
 )
-from ...utils._array_api import device, is_numpy, to_namespace
+from ...utils._array_api import (
+    causal_keep,
+    device,
+    device_constant,
+    is_numpy,
+    to_namespace,
+)
 from ._loss import solve_projections
 
 
@@ -207,13 +213,12 @@ class LowRank:
         >>> bool(np.allclose(apply(inverse(p)), p))
         True
         """
-        apply, inverse = _scaled_metric(*self.factors(params), self._index())
+        Q, K = self.factors(params)
+        grouped = self.n_kv_heads != self.n_heads
+        index = _device_group_index(self, K) if grouped else None
+        apply, inverse = _scaled_metric(Q, K, index)
         # the C are symmetric, so M^T = M
         return apply, apply, inverse
-
-    def _index(self):
-        """Each query head's key head, or None (ungrouped)."""
-        return _group_index(self)
 
     def cache(self, X, params):
         """The token maps ``X Q_i`` and ``X K_g`` (rotated, each query head's key
@@ -319,7 +324,9 @@ class FactoredHeads:
         """Q and K as :meth:`LowRank.preconditioner`; V in its own variables (the
         variable projection's :meth:`regauge` balances it against O instead)."""
         Q, K, V = self.factors(params)
-        qk_apply, qk_inverse = _scaled_metric(Q, K, _group_index(self))
+        grouped = self.n_kv_heads != self.n_heads
+        index = _device_group_index(self, K) if grouped else None
+        qk_apply, qk_inverse = _scaled_metric(Q, K, index)
         half = _size(Q) + _size(K)
         xp = _namespace(Q)
 
@@ -387,7 +394,8 @@ def _scaled_metric(Q, K, index=None):
     """``(apply, inverse)`` of the scaled-gradient-descent change of variables of
     :meth:`LowRank.preconditioner`, on flat ``[Q, K]`` vectors.
 
-    ``index`` (grouped-query heads): each query head's key head; ``Q_i`` is then
+    ``index`` (grouped-query heads): each query head's key head (an array of
+    ``K``'s namespace, on its device); ``Q_i`` is then
     scaled by its key head's ``C^K_g``, and ``K_g`` by the root of its group's
     summed ``Q_i^T Q_i``."""
     xp = _namespace(Q, K)
@@ -396,7 +404,7 @@ def _scaled_metric(Q, K, index=None):
     if index is not None:
         m_kv, r = K.shape[0], K.shape[2]
         q_grams = xp.sum(xp.reshape(q_grams, (m_kv, -1, r, r)), axis=1)
-        c_k, c_k_inv = _take_heads(c_k, index), _take_heads(c_k_inv, index)
+        c_k, c_k_inv = (xp.take(c, index, axis=0) for c in (c_k, c_k_inv))
     c_q, c_q_inv = _inverse_root(q_grams)
     half = _size(Q)
 
@@ -459,18 +467,22 @@ def _group_index(par):
     return key_head_index(par.n_heads, par.n_kv_heads)
 
 
-def _take_heads(x, index):
-    """``x[index]`` along the first axis, ``index`` a numpy array of head indices."""
-    xp = _namespace(x)
-    if not is_numpy(xp):
-        index = xp.asarray(index, device=device(x))
-    return xp.take(x, index, axis=0)
+def _device_group_index(par, like):
+    """:func:`_group_index` (grouped heads) in ``like``'s namespace, on its device
+    (copied there once: :func:`device_constant`)."""
+    return device_constant(
+        ("key heads", par.n_heads, par.n_kv_heads),
+        lambda: _group_index(par),
+        _namespace(like),
+        device(like),
+    )
 
 
 def _expand(par, K):
     """``K (m_kv, ...)`` repeated for each query head: ``(m, ...)``."""
-    index = _group_index(par)
-    return K if index is None else _take_heads(K, index)
+    if par.n_kv_heads == par.n_heads:
+        return K
+    return _namespace(K).take(K, _device_group_index(par, K), axis=0)
 
 
 def _check_ungrouped(par):
@@ -493,12 +505,17 @@ def _host_tables(n_tokens, rank, base):
 def _tables(par, maps):
     """``cos``, ``sin`` ``(k, r / 2)`` for token maps ``(n, h, k, r)``, in their
     namespace, dtype and device."""
-    cos, sin = _host_tables(maps.shape[-2], par.rank, par.rope_theta)
+    k, r, base = maps.shape[-2], par.rank, par.rope_theta
     xp = _namespace(maps)
-    if is_numpy(xp):
-        return cos.astype(maps.dtype, copy=False), sin.astype(maps.dtype, copy=False)
     return tuple(
-        xp.asarray(t, dtype=maps.dtype, device=device(maps)) for t in (cos, sin)
+        device_constant(
+            ("rotary", which, k, r, base),
+            lambda which=which: _host_tables(k, r, base)[which],
+            xp,
+            device(maps),
+            maps.dtype,
+        )
+        for which in (0, 1)
     )
 
 
@@ -511,12 +528,8 @@ def _decoder_maps(par, X, maps):
         cos, sin = _tables(par, maps)
         xq = rotate(xq, cos, sin, par.rope_layout)
         xk = rotate(xk, cos, sin, par.rope_layout)
-    index = _group_index(par)
-    if index is not None:
-        xp = _namespace(xk)
-        if not is_numpy(xp):
-            index = xp.asarray(index, device=device(xk))
-        xk = xp.take(xk, index, axis=1)
+    if par.n_kv_heads != par.n_heads:
+        xk = _namespace(xk).take(xk, _device_group_index(par, xk), axis=1)
     return xq, xk
 
 
@@ -544,10 +557,7 @@ def _mask(par, logits, low=False):
     if low:
         return mask_logits(logits, causal=True)
     xp = _namespace(logits)
-    k = logits.shape[-1]
-    keep = np.tril(np.ones((k, k), dtype=bool))
-    if not is_numpy(xp):
-        keep = xp.asarray(keep, device=device(logits))
+    keep = causal_keep(xp, logits.shape[-1], device(logits))
     return xp.where(
         keep, logits, xp.zeros((), dtype=logits.dtype, device=device(logits))
     )
@@ -560,8 +570,8 @@ def _size(x):
 
 def _at_least(x, value):
     """``maximum(x, value)`` for a Python scalar ``value`` (torch's takes arrays)."""
-    xp = _namespace(x)
-    return xp.maximum(x, xp.asarray(value, dtype=x.dtype, device=device(x)))
+    # (clip with a Python bound: no 0-d array copied from the host)
+    return _namespace(x).clip(x, min=float(value))
 
 
 def _inverse_root(grams, ridge=1e-10):

@@ -409,7 +409,7 @@ def _lsmr_on_device(
     beta = normb
     alpha0, normar0 = alpha, alpha * beta
     x = xp.zeros(n, dtype=dtype, device=on)
-    damp = xp.asarray(float(damp), dtype=dtype, device=on)
+    damp = xp.full((), float(damp), dtype=dtype, device=on)  # no host copy
     zetabar = alpha * beta
     alphabar = alpha
     rho = rhobar = cbar = zero() + 1

@@ -137,7 +137,7 @@ def _solve_trust_region_2d_xp(xp, B, g, Delta):
     >>> bool(np.allclose(p, _solve_trust_region_2d(B, g, 1.0)))
     True
     """
-    radius = xp.asarray([float(Delta)], dtype=B.dtype, device=device(B))
+    radius = xp.full((1,), float(Delta), dtype=B.dtype, device=device(B))
     return _solve_trust_region_2d_batch(xp, B[None, ...], g[None, ...], radius)[0, :]
 
 

@@ -22,13 +22,16 @@ from ..kernels._decoupling import _output_factors
 
 
 def _take(xp, A, rows):
-    """The entries ``rows`` (host integer indices) of ``A`` along its first axis,
-    in ``A``'s namespace and on its device (``None`` for ``A=None``)."""
+    """The entries ``rows`` (integer indices: on the host, or an array of ``A``'s
+    namespace on its device) of ``A`` along its first axis, in ``A``'s namespace
+    and on its device (``None`` for ``A=None``)."""
     if A is None:
         return None
     if is_numpy(xp):
         return A[rows]
-    return xp.take(A, to_namespace(np.asarray(rows), xp, device(A)), axis=0)
+    if isinstance(rows, np.ndarray | list | range):  # a copy from the host
+        rows = to_namespace(np.asarray(rows), xp, device(A))
+    return xp.take(A, rows, axis=0)
 
 
 def _copy(xp, a):
@@ -97,7 +100,11 @@ def _judged_on(rng, n, used, rows):
 
 
 def _on_rows(xp, rows, *arrays):
-    """Each of ``arrays`` (None stays None) on the sequences ``rows``."""
+    """Each of ``arrays`` (None stays None) on the sequences ``rows`` (host
+    indices: off numpy copied to the arrays' device once for all of them)."""
+    if not is_numpy(xp) and isinstance(rows, np.ndarray | list | range):
+        on = next((device(a) for a in arrays if a is not None), None)
+        rows = to_namespace(np.asarray(rows), xp, on)
     return tuple(_take(xp, array, rows) for array in arrays)
 
 

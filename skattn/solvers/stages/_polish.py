@@ -28,7 +28,7 @@ from ..kernels._parametrization import make_parametrization
 from ..optimizers._lbfgs import lbfgs_layer, lbfgs_reduced
 from ..optimizers._lm_dense import _varpro_levenberg_marquardt
 from ..optimizers._lm_matrix_free import varpro_least_squares
-from ._common import _copy, _take
+from ._common import _copy, _on_rows
 
 # the polish's defaults (written once, in PolishOptions)
 _POLISH = PolishOptions()
@@ -478,16 +478,14 @@ def staged_polish(
         n = X.shape[0]
         if n_polish_samples is not None and n > n_polish_samples:
             rows = np.sort(rng.choice(n, size=n_polish_samples, replace=False))
-            X, Y = _take(xp, X, rows), _take(xp, Y, rows)
-            sample_weight = _take(xp, sample_weight, rows)
+            X, Y, sample_weight = _on_rows(xp, rows, X, Y, sample_weight)
         warmup_info, final_stage = None, "none"
         m, d = attention.shape[0], attention.shape[1]
         output_rank = m * min(options.get("head_rank") or d, d)
         X_w = None
         if n_warmup_samples is not None and X.shape[0] > n_warmup_samples:
             rows = np.sort(rng.choice(X.shape[0], size=n_warmup_samples, replace=False))
-            X_w, Y_w = _take(xp, X, rows), _take(xp, Y, rows)
-            w_w = _take(xp, sample_weight, rows)
+            X_w, Y_w, w_w = _on_rows(xp, rows, X, Y, sample_weight)
             basis = output_basis(Y_w, output_rank)
         elif n_warmup_samples is not None:
             # no more examples than a warm-up: warm up on all of them when the heads'

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...utils._array_api import namespace
 from ...utils._progress import stage_bar
-from ._common import _take
+from ._common import _on_rows
 from ._from_patterns import _from_patterns
 from ._more_sequences import _on_more_sequences, _stalled
 from ._pinning import _on_enough_sequences
@@ -65,8 +65,7 @@ def _refine_heads(X, Y, params, par, direction, sample_weight, rng, verbose, mem
     n, k = X.shape[:2]
     size = decoupled_size(par.n_heads, k, par.n_features, par.rank, Y.shape[2])
     rows = np.sort(rng.choice(n, size=min(n, size), replace=False))
-    Xd, Yd = _take(xp, X, rows), _take(xp, Y, rows)
-    weights = _take(xp, sample_weight, rows)
+    Xd, Yd, weights = _on_rows(xp, rows, X, Y, sample_weight)
     params, info = decoupled_refine(
         Xd,
         Yd,

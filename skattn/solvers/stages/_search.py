@@ -206,14 +206,19 @@ def batch_loss_gradient(
     # n_jobs threads of one BLAS thread each (12 MiniLM heads: 0.11 s a step on
     # two such threads, 0.16 s on one; whole batches on two BLAS threads were
     # slower than on one), and the sums are the same either way
-    parts = [part for part in np.array_split(np.arange(b), _PARTS) if len(part)]
+    # (contiguous slices: no index copied to a device)
+    parts = [
+        slice(int(part[0]), int(part[-1]) + 1)
+        for part in np.array_split(np.arange(b), _PARTS)
+        if len(part)
+    ]
     with _Workers(len(parts), n_jobs, X) as run:
         states = run(
             _part_forward,
             [
                 (
-                    _take(xp, X, i),
-                    _take(xp, Y, i),
+                    X[i, ...],
+                    Y[i, ...],
                     low,
                     parametrization,
                     intercept,
@@ -238,7 +243,7 @@ def batch_loss_gradient(
         backward = run(
             _part_backward,
             [
-                (_take(xp, X, i), low, parametrization, state, coef)
+                (X[i, ...], low, parametrization, state, coef)
                 for i, state in zip(parts, states, strict=True)
             ],
         )
@@ -287,13 +292,13 @@ class _Workers:
             self._limits.__exit__(None, None, None)
 
 
-def _rows(xp, fixed, rows):
-    """The fixed columns of sequences ``rows``, as token rows, or None."""
+def _rows(xp, fixed, part):
+    """The fixed columns of the sequences of slice ``part``, as token rows, or
+    None."""
     if fixed is None:
         return None
-    return xp.reshape(
-        _take(xp, fixed, rows), (len(rows) * fixed.shape[1], fixed.shape[2])
-    )
+    chosen = fixed[part, ...]
+    return xp.reshape(chosen, (chosen.shape[0] * fixed.shape[1], fixed.shape[2]))
 
 
 def _part_forward(X, Y, low, parametrization, intercept, fixed=None):
@@ -358,8 +363,8 @@ def _solve_gram(gram, rhs, system):
     # the ridge as a 0-d array (no host sync); adding it times the identity
     # changes the diagonal only (x + 0.0 is x)
     mean = xp.linalg.trace(gram) / p
-    tiny = xp.asarray(np.finfo(float).tiny, dtype=gram.dtype, device=device(gram))
-    ridge = _BATCH_RIDGE * xp.maximum(mean, tiny)
+    # (a Python bound: a 0-d array made from a number is a copy from the host)
+    ridge = _BATCH_RIDGE * xp.clip(mean, min=float(np.finfo(float).tiny))
     gram = gram + ridge * xp.eye(p, dtype=gram.dtype, device=device(gram))
     # on torch: no host check of the factor at every step (a GPU's host waited
     # for it: 154 checks in a small fit's search); where the ridged Gram is
@@ -527,7 +532,17 @@ def minibatch_search(
         """Rows ``rows`` of ``A`` in the products' precision (None for None)."""
         return None if A is None else xp.astype(_take(xp, A, rows), dtype, copy=False)
 
+    def draw_steps(count):
+        """The rows of ``count`` training steps, drawn as the steps would draw
+        them one by one; off numpy, copied to X's device at once (a copy from
+        the host blocks it: once a step each for X, Y and the fixed columns
+        before, 1380 waits in issue 49's search)."""
+        rows = np.stack([draw() for _ in range(count)])
+        return rows if is_numpy(xp) else to_namespace(rows, xp, device(X))
+
     evaluation = draw()
+    if not is_numpy(xp):  # one copy to the device for the three
+        evaluation = to_namespace(evaluation, xp, device(X))
     X_eval, Y_eval = batch(X, evaluation), batch(Y, evaluation)
     fixed = to_namespace(fixed_columns, xp, device(X))
     F_eval = batch(fixed, evaluation)
@@ -606,8 +621,14 @@ def minibatch_search(
             }
             memory.save(name, state)
 
+        planned, used = None, 0
         while step < max_steps and best_residual > stop_residual:
-            rows = draw()
+            if planned is None or used == planned.shape[0]:  # to the next check
+                planned = draw_steps(
+                    min(check_every - step % check_every, max_steps - step)
+                )
+                used = 0
+            rows, used = planned[used, ...], used + 1
             _, gradient, _ = batch_loss_gradient(
                 batch(X, rows),
                 batch(Y, rows),
