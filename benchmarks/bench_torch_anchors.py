@@ -90,6 +90,7 @@ import math
 import os
 
 os.environ.setdefault("SCIPY_ARRAY_API", "1")  # before scipy: array_api_dispatch
+import importlib.util
 import signal
 import sys
 import time
@@ -98,10 +99,12 @@ import warnings
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from skattn import AttentionLayer, MultiHeadAttentionRegressor
-from skattn.datasets import make_attention_regression
-from skattn.metrics import parameter_error
-from skattn.utils import estimator_to_numpy
+if importlib.util.find_spec("skattn") is None:  # a bare checkout (the GPU machine)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from skattn import AttentionLayer, MultiHeadAttentionRegressor  # noqa: E402
+from skattn.datasets import make_attention_regression  # noqa: E402
+from skattn.metrics import parameter_error  # noqa: E402
+from skattn.utils import estimator_to_numpy  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_minilm_teacher import teacher  # noqa: E402
