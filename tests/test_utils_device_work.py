@@ -77,7 +77,7 @@ def test_cuda_synchronizations_count_by_stage_and_other_warnings_go_on():
 # change that adds reads to an inner loop fails here.
 MOST_HOST_READS = {"search": 13, "refinement": 33, "polish": 17}
 # ... and round trips of every kind (host reads, linear-algebra error checks,
-# eigh, nonzero, boolean masks, copies from the host): the counts of 2026-11-30
+# eigh, nonzero, boolean masks, copies from the host): the counts of 2026-11-29
 # with a quarter more (search 14, refinement 35, polish 18).  Before: the search's
 # 164 before its Gram solve left the checked Cholesky (154 error checks, one a
 # step); and once the copies from the host were counted, 1390 in issue 49's
@@ -231,7 +231,7 @@ def test_an_unchecked_cholesky_solve_is_the_checked_one_and_waits_for_nothing():
 # set a stage up (7 reads: the lift's Gram read a key group, its probes, the
 # problem's start; 15 copies from the host: the orbit's index tables, the
 # weights, the probes' draws) and 3 a Levenberg-Marquardt step (the iteration's
-# start, its trial, LSMR's end) on 2026-11-30; the setup with a quarter more.
+# start, its trial, LSMR's end) on 2026-11-29; the setup with a quarter more.
 # Before issue 63's work: about 100 a step (LSMR read its scalars every
 # iteration, the lift a column at a time, expm on the host); and once the copies
 # from the host were counted, 117 a step more (the rotary tables, the causal
