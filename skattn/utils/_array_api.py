@@ -24,6 +24,7 @@ that a seed gives the same start in every namespace.
 
 import os
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -178,9 +179,10 @@ def to_namespace(x, xp, device=None, dtype=None):
 
 
 # Small constants copied to a device, by (key, namespace, device, dtype): at most
-# _MOST_CONSTANTS, the oldest dropped first.
+# _MOST_CONSTANTS, the oldest dropped first (a search's parts may ask in threads).
 _CONSTANTS = {}
 _MOST_CONSTANTS = 64
+_CONSTANTS_LOCK = threading.Lock()
 
 
 def device_constant(key, make, xp, device=None, dtype=None):
@@ -201,12 +203,13 @@ def device_constant(key, make, xp, device=None, dtype=None):
         out = make()
         return out if dtype is None else out.astype(dtype, copy=False)
     full_key = (key, id(xp), str(device), str(dtype))
-    out = _CONSTANTS.get(full_key)
-    if out is None:
-        out = xp.asarray(np.asarray(make()), device=device, dtype=dtype)
-        while len(_CONSTANTS) >= _MOST_CONSTANTS:
-            _CONSTANTS.pop(next(iter(_CONSTANTS)))
-        _CONSTANTS[full_key] = out
+    with _CONSTANTS_LOCK:
+        out = _CONSTANTS.get(full_key)
+        if out is None:
+            out = xp.asarray(np.asarray(make()), device=device, dtype=dtype)
+            while len(_CONSTANTS) >= _MOST_CONSTANTS:
+                _CONSTANTS.pop(next(iter(_CONSTANTS)))
+            _CONSTANTS[full_key] = out
     return out
 
 
