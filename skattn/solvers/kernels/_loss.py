@@ -105,6 +105,8 @@ def _weights(n, sample_weight, like):
     like ``like`` (its namespace and device; float64)."""
     omega = _normalized_weights(n, to_numpy(sample_weight))
     xp = _namespace(like)
+    if sample_weight is None and not is_numpy(xp):  # made there: no host copy
+        return omega, xp.full((n,), 1.0 / n, dtype=xp.float64, device=device(like))
     return omega, to_namespace(omega, xp, device(like), dtype=xp.float64)
 
 

@@ -549,7 +549,8 @@ def _solve_batch(
     xp = namespace(X, shares)
     n, k, m, r = shares.shape
     where = device(X)
-    targets = xp.take(shares, xp.asarray(heads, device=where), axis=2)
+    index = xp.asarray(heads, device=where)  # one copy from the host, used twice
+    targets = xp.take(shares, index, axis=2)
     fixed = None
     if m > 1:  # head i's fixed columns: the other heads' shares, in order
         others = [j for i in heads for j in range(m) if j != i]
@@ -557,7 +558,6 @@ def _solve_batch(
         fixed = xp.reshape(fixed, (n, k, len(heads), (m - 1) * r))
     problem = HeadBatch(X, targets, fixed, sample_weight, dtype=jacobian_dtype)
     norms = to_numpy(problem.target_norms)  # one read
-    index = xp.asarray(heads, device=where)
     h = len(heads)
     start = xp.concat(
         [

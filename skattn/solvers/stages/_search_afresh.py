@@ -12,7 +12,7 @@ from sklearn.utils import check_random_state
 from ...utils._array_api import namespace
 from .._checkpoints import kept
 from ..kernels._decoupling import _one_head_problem
-from ._common import _blas_limits, _on_accelerator, _take, _threads
+from ._common import _blas_limits, _on_accelerator, _on_rows, _threads
 from ._rounds import _NEAR, decoupled_refine
 from ._search import (
     _BATCH_SIZE,
@@ -169,13 +169,14 @@ def _searched_afresh(
             def search_afresh(_, head=head, rows=searched, on=searched_on, p=params):
                 with _blas_limits(xp):
                     if on == "own problem":
+                        X_on, Y_on, w_on = _on_rows(xp, rows, X, Y, sample_weight)
                         return search_head(
-                            _take(xp, X, rows),
-                            _take(xp, Y, rows),
+                            X_on,
+                            Y_on,
                             p,
                             par,
                             head,
-                            sample_weight=_take(xp, sample_weight, rows),
+                            sample_weight=w_on,
                             intercept_direction=direction,
                             n_jobs=n_jobs,
                             random_state=rng,
