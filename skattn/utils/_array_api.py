@@ -206,7 +206,9 @@ def device_constant(key, make, xp, device=None, dtype=None):
     with _CONSTANTS_LOCK:
         out = _CONSTANTS.get(full_key)
         if out is None:
-            out = xp.asarray(np.asarray(make()), device=device, dtype=dtype)
+            # (a copy: the constant may be a read-only host table, and the
+            # device's array must not share its memory)
+            out = xp.asarray(np.array(make()), device=device, dtype=dtype)
             while len(_CONSTANTS) >= _MOST_CONSTANTS:
                 _CONSTANTS.pop(next(iter(_CONSTANTS)))
             _CONSTANTS[full_key] = out
