@@ -60,6 +60,13 @@
 #
 #     CASES="gpt2small" LONG_CASES="" LEARNERS="skattn adam" BUDGET=120 \
 #         DECODER=llama bash benchmarks/gpu/run_on_device.sh
+#
+# A 15-minute lease (2026-11-29, one H200: the machine's start and the transfers
+# took about 30 s a call) holds two such calls back to back (a warm machine is
+# given back after 30 s idle): MiniLM layers 1-5 at 60 s each (400 s), then
+#
+#     CASES="" LONG_CASES="" DECODER=llama DECODER_BUDGET=180 \
+#         bash benchmarks/gpu/run_on_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
