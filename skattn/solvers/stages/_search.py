@@ -250,9 +250,11 @@ def batch_loss_gradient(
     gradient = sum(xp.astype(part[1], xp.float64) for part in backward)
     if not losses:  # a training step: nothing read by the host
         return None, gradient / b, None
-    # one host sync each for the loss and the zero loss (the gradient stays)
-    loss = 0.5 * float(sum(part[0] for part in backward)) / b
-    zero = 0.5 * float(sum(state["zero"] for state in states)) / b
+    # one host read for the loss and the zero loss together (the gradient stays)
+    sums = xp.stack(
+        [sum(part[0] for part in backward), sum(state["zero"] for state in states)]
+    )
+    loss, zero = (0.5 * float(v) / b for v in to_numpy(sums))
     return loss, gradient / b, zero
 
 
