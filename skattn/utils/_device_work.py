@@ -235,7 +235,6 @@ class CudaSyncs:
         self.syncs = collections.Counter()
         self._keep = keep
         self._patches = list(stages)
-        self._saved = []
         self._stages = ["other"]
 
     stage = DeviceWork.stage
@@ -259,9 +258,8 @@ class CudaSyncs:
         warnings.filterwarnings("always", message=_SYNC_MESSAGE)
         self._shown = warnings.showwarning
         warnings.showwarning = self._show
-        for module, name, stage in self._patches:
-            self._saved.append((module, name, getattr(module, name)))
-            setattr(module, name, self.wrap(getattr(module, name), stage))
+        self._patched = _stages_counted(self, self._patches)
+        self._patched.__enter__()
         self._mode = None
         if torch.cuda.is_available():  # else nothing synchronizes: nothing warns
             self._mode = torch.cuda.get_sync_debug_mode()
@@ -273,11 +271,25 @@ class CudaSyncs:
 
         if self._mode is not None:
             torch.cuda.set_sync_debug_mode(self._mode)
-        for module, name, function in reversed(self._saved):
-            setattr(module, name, function)
-        self._saved.clear()
+        self._patched.__exit__(*exc)
         self._catch.__exit__(*exc)
         return False
+
+
+@contextlib.contextmanager
+def _stages_counted(counter, stages):
+    """Functions ``module.name`` counting as ``stage`` for ``counter`` (a
+    :class:`DeviceWork` or :class:`CudaSyncs`) while active: patched where their
+    callers look them up, restored after."""
+    stages = list(stages)
+    saved = [getattr(module, name) for module, name, _ in stages]
+    try:
+        for (module, name, stage), function in zip(stages, saved, strict=True):
+            setattr(module, name, counter.wrap(function, stage))
+        yield
+    finally:
+        for (module, name, _), function in zip(stages, saved, strict=True):
+            setattr(module, name, function)
 
 
 def _has_mask(indices):
@@ -329,17 +341,16 @@ def count_fit(estimator, X, y, stages=(), where=False):
     from threadpoolctl import threadpool_limits
 
     work = DeviceWork(where=where)
-    stages = list(stages)
-    saved = [getattr(module, name) for module, name, _ in stages]
     threads = torch.get_num_threads()
     try:
-        for (module, name, stage), function in zip(stages, saved, strict=True):
-            setattr(module, name, work.wrap(function, stage))
         torch.set_num_threads(1)
-        with threadpool_limits(1), config_context(array_api_dispatch=True), work:
+        with (
+            _stages_counted(work, stages),
+            threadpool_limits(1),
+            config_context(array_api_dispatch=True),
+            work,
+        ):
             estimator.fit(X, y)
     finally:
         torch.set_num_threads(threads)
-        for (module, name, _), function in zip(stages, saved, strict=True):
-            setattr(module, name, function)
     return estimator, work

@@ -214,8 +214,7 @@ class LowRank:
         True
         """
         Q, K = self.factors(params)
-        grouped = self.n_kv_heads != self.n_heads
-        index = _device_group_index(self, K) if grouped else None
+        index = _device_group_index(self, K)
         apply, inverse = _scaled_metric(Q, K, index)
         # the C are symmetric, so M^T = M
         return apply, apply, inverse
@@ -324,8 +323,7 @@ class FactoredHeads:
         """Q and K as :meth:`LowRank.preconditioner`; V in its own variables (the
         variable projection's :meth:`regauge` balances it against O instead)."""
         Q, K, V = self.factors(params)
-        grouped = self.n_kv_heads != self.n_heads
-        index = _device_group_index(self, K) if grouped else None
+        index = _device_group_index(self, K)
         qk_apply, qk_inverse = _scaled_metric(Q, K, index)
         half = _size(Q) + _size(K)
         xp = _namespace(Q)
@@ -468,8 +466,10 @@ def _group_index(par):
 
 
 def _device_group_index(par, like):
-    """:func:`_group_index` (grouped heads) in ``like``'s namespace, on its device
-    (copied there once: :func:`device_constant`)."""
+    """:func:`_group_index` in ``like``'s namespace, on its device (copied there
+    once: :func:`device_constant`), or None when ungrouped."""
+    if par.n_kv_heads == par.n_heads:
+        return None
     return device_constant(
         ("key heads", par.n_heads, par.n_kv_heads),
         lambda: _group_index(par),
@@ -480,9 +480,8 @@ def _device_group_index(par, like):
 
 def _expand(par, K):
     """``K (m_kv, ...)`` repeated for each query head: ``(m, ...)``."""
-    if par.n_kv_heads == par.n_heads:
-        return K
-    return _namespace(K).take(K, _device_group_index(par, K), axis=0)
+    index = _device_group_index(par, K)
+    return K if index is None else _namespace(K).take(K, index, axis=0)
 
 
 def _check_ungrouped(par):
@@ -528,8 +527,9 @@ def _decoder_maps(par, X, maps):
         cos, sin = _tables(par, maps)
         xq = rotate(xq, cos, sin, par.rope_layout)
         xk = rotate(xk, cos, sin, par.rope_layout)
-    if par.n_kv_heads != par.n_heads:
-        xk = _namespace(xk).take(xk, _device_group_index(par, xk), axis=1)
+    index = _device_group_index(par, xk)
+    if index is not None:
+        xk = _namespace(xk).take(xk, index, axis=1)
     return xq, xk
 
 

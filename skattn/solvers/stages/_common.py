@@ -21,6 +21,15 @@ from ..kernels._decoupling import _output_factors
 # the array API standard for the other namespaces.
 
 
+def _device_rows(xp, rows, on):
+    """Integer indices ``rows`` for ``xp.take`` on device ``on``: host indices
+    copied there (a copy that blocks a GPU's host: make it once for every array
+    it indexes), an array of ``xp`` as it is; numpy's as they are."""
+    if is_numpy(xp) or not isinstance(rows, np.ndarray | list | range):
+        return rows
+    return to_namespace(np.asarray(rows), xp, on)
+
+
 def _take(xp, A, rows):
     """The entries ``rows`` (integer indices: on the host, or an array of ``A``'s
     namespace on its device) of ``A`` along its first axis, in ``A``'s namespace
@@ -29,9 +38,7 @@ def _take(xp, A, rows):
         return None
     if is_numpy(xp):
         return A[rows]
-    if isinstance(rows, np.ndarray | list | range):  # a copy from the host
-        rows = to_namespace(np.asarray(rows), xp, device(A))
-    return xp.take(A, rows, axis=0)
+    return xp.take(A, _device_rows(xp, rows, device(A)), axis=0)
 
 
 def _copy(xp, a):
@@ -102,9 +109,8 @@ def _judged_on(rng, n, used, rows):
 def _on_rows(xp, rows, *arrays):
     """Each of ``arrays`` (None stays None) on the sequences ``rows`` (host
     indices: off numpy copied to the arrays' device once for all of them)."""
-    if not is_numpy(xp) and isinstance(rows, np.ndarray | list | range):
-        on = next((device(a) for a in arrays if a is not None), None)
-        rows = to_namespace(np.asarray(rows), xp, on)
+    on = next((device(a) for a in arrays if a is not None), None)
+    rows = _device_rows(xp, rows, on)
     return tuple(_take(xp, array, rows) for array in arrays)
 
 

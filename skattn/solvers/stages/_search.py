@@ -40,11 +40,11 @@ from ...utils._array_api import (
 from ...utils._progress import stage_bar
 from .._checkpoints import _rng_state, _set_rng_state
 from ..kernels._decoupling import _design
-from ..kernels._parametrization import random_attention
+from ..kernels._parametrization import _at_least, random_attention
 from ..optimizers._adam import _ADAM_BETA1 as _BETA1
 from ..optimizers._adam import _ADAM_BETA2 as _BETA2
 from ..optimizers._adam import _ADAM_EPSILON as _EPSILON
-from ._common import _blas_limits, _copy, _on_accelerator, _take
+from ._common import _blas_limits, _copy, _device_rows, _on_accelerator, _take
 
 # The search's defaults (also those of the replacements after a decoupled refinement).
 _BATCH_SIZE = 256
@@ -365,8 +365,7 @@ def _solve_gram(gram, rhs, system):
     # the ridge as a 0-d array (no host sync); adding it times the identity
     # changes the diagonal only (x + 0.0 is x)
     mean = xp.linalg.trace(gram) / p
-    # (a Python bound: a 0-d array made from a number is a copy from the host)
-    ridge = _BATCH_RIDGE * xp.clip(mean, min=float(np.finfo(float).tiny))
+    ridge = _BATCH_RIDGE * _at_least(mean, np.finfo(float).tiny)
     gram = gram + ridge * xp.eye(p, dtype=gram.dtype, device=device(gram))
     # on torch: no host check of the factor at every step (a GPU's host waited
     # for it: 154 checks in a small fit's search); where the ridged Gram is
@@ -539,12 +538,9 @@ def minibatch_search(
         them one by one; off numpy, copied to X's device at once (a copy from
         the host blocks it: once a step each for X, Y and the fixed columns
         before, 1380 waits in issue 49's search)."""
-        rows = np.stack([draw() for _ in range(count)])
-        return rows if is_numpy(xp) else to_namespace(rows, xp, device(X))
+        return _device_rows(xp, np.stack([draw() for _ in range(count)]), device(X))
 
-    evaluation = draw()
-    if not is_numpy(xp):  # one copy to the device for the three
-        evaluation = to_namespace(evaluation, xp, device(X))
+    evaluation = _device_rows(xp, draw(), device(X))  # one copy for the three
     X_eval, Y_eval = batch(X, evaluation), batch(Y, evaluation)
     fixed = to_namespace(fixed_columns, xp, device(X))
     F_eval = batch(fixed, evaluation)
