@@ -237,6 +237,20 @@ def test_the_learner_and_the_count_follow_the_config():
     assert count["rows_needed"] == 598 and count["rows"] == 598
     assert count["samples_needed"] == 299 and count["determined"]
     assert not decoder_verdict(298, 4, llama, intercept=False)["determined"]
+    # the slow rotary pairs' mixings: weakly pinned, said in a line; at a base no
+    # model uses, too weakly for a 32-token window: no head pinned, the window
+    # length that would pin them said (more windows would not: none counted)
+    verdict = decoder_verdict(400, 32, llama, intercept=False)
+    assert verdict["determined"] and verdict["slow_mixings"]["pinned"]
+    assert "6 of each head's 8 rotary pairs" in verdict["note"]
+    assert "pinned only to about 3e-12" in verdict["note"]
+    far = decoder_verdict(400, 32, {**llama, "rope_theta": 1e14}, intercept=False)
+    assert not far["determined"] and far["count"]["samples_needed"] <= 400
+    assert not any(head["pinned"] for head in far["heads"])
+    assert all(head["windows_needed"] is None for head in far["heads"])
+    tokens = far["slow_mixings"]["tokens_needed"]
+    assert f"windows of at least {tokens} tokens would pin them" in far["message"]
+    assert decoder_verdict(400, 32, gpt2, intercept=True)["slow_mixings"] is None
 
 
 def test_an_interrupted_decoder_layer_run_resumes(checkpoints, text, tmp_path, capsys):

@@ -132,3 +132,40 @@ def test_the_search_margin_is_said_where_the_count_passes_by_little():
     # never fewer than the count asks
     few = data_verdict(1, 4, 8, 16, 2)
     assert few["search_samples_needed"] >= few["samples_needed"]
+
+
+def test_a_slow_rotary_mixing_changes_the_logits_by_the_slowest_turn():
+    # a head of dimension 8 at Llama 3's base over 32 tokens: a mixing of the
+    # slowest pair (dimensions 3 and 7, not a scaled rotation) changes the
+    # logits by about its size times the pair's turn; the fastest pair's by
+    # hundreds of times more: the count's "pinned to about 1e-15 / turn"
+    from skattn.layer._positions import Rotary, rotary_logits
+    from skattn.metrics._identifiability import slow_mixing_pinning
+
+    rng = np.random.default_rng(0)
+    r, k, base, eps = 8, 32, 5e5, 1e-5
+    X = rng.normal(size=(64, k, r))
+    Q, K = rng.normal(size=(2, 1, r, r))
+    logits = rotary_logits(X, Rotary(Q, K, base))
+
+    def change(i, j):
+        G = np.eye(r)
+        G[i, i], G[j, j] = 1 + eps, 1 - eps
+        mixed = rotary_logits(X, Rotary(Q @ G, K @ np.linalg.inv(G).T, base))
+        return np.linalg.norm(mixed - logits) / np.linalg.norm(logits) / eps
+
+    pinning = slow_mixing_pinning(r, base, k)
+    turn = pinning["smallest_turn"]
+    assert turn == pytest.approx(31 * base ** (-6 / 8))
+    assert turn / 10 < change(3, 7) < turn
+    assert change(0, 4) > 100 * change(3, 7)
+    assert pinning["pinned_to"] == pytest.approx(1e-15 / turn)
+    assert pinning["slow_pairs"] == 3 and pinning["pinned"]
+    # longer windows pin them more, more windows of the same length do not
+    assert slow_mixing_pinning(r, base, 64)["smallest_turn"] == pytest.approx(
+        63 / 31 * turn
+    )
+    far = slow_mixing_pinning(r, 1e14, k)
+    assert not far["pinned"] and far["pinned_to"] > 1e-6
+    assert slow_mixing_pinning(r, 1e14, far["tokens_needed"])["pinned"]
+    assert not slow_mixing_pinning(r, 1e14, far["tokens_needed"] - 1)["pinned"]

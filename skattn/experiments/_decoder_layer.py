@@ -33,7 +33,12 @@ from ..estimators import MultiHeadAttentionRegressor
 from ..layer import AttentionLayer
 from ..layer._hf import ARCHITECTURES, decoder_weights
 from ..metrics import data_verdict
-from ..metrics._identifiability import SEARCH_MARGIN, describe_verdict
+from ..metrics._identifiability import (
+    SEARCH_MARGIN,
+    SLOW_MIXING_PRECISION,
+    describe_verdict,
+    slow_mixing_pinning,
+)
 from ..solvers._memory import _size_text, available_memory, decoder_fit_memory
 from ..utils._optional import require
 from ._pipeline import _FIT_ANYWAY, _held_out_count, compare_outputs
@@ -186,7 +191,13 @@ def decoder_verdict(n_fit, n_tokens, settings, intercept):
     rank ``head_dim`` (:func:`skattn.metrics.data_verdict`): a causal row ``l``
     sees ``l + 1`` tokens, so ``l`` differences, ``k (k - 1) / 2`` a window
     where unmasked rows give ``k (k - 1)``; ``count["rows"]`` is that, in rows
-    of ``k - 1`` differences (``n k / 2``).
+    of ``k - 1`` differences (``n k / 2``).  With rotary positions, the slow
+    pairs' mixings are weakly pinned directions
+    (:func:`skattn.metrics._identifiability.slow_mixing_pinning`, from the
+    window's smallest turn): ``slow_mixings`` says how weakly and ``note`` says
+    it in a line; where the window is too short to pin them to
+    ``SLOW_MIXING_PRECISION``, no head is pinned and the message says what
+    window length would (more windows of this length would not).
 
     Examples
     --------
@@ -220,16 +231,41 @@ def decoder_verdict(n_fit, n_tokens, settings, intercept):
     message = ""
     if not count["determined"]:
         message = describe_verdict(count, "windows") + f" Give more text {_FIT_ANYWAY}."
+    slow, note, windows_needed = None, "", needed
+    if settings["rope_theta"] is not None:
+        slow = slow_mixing_pinning(h, settings["rope_theta"], n_tokens)
+        note = _slow_note(slow, h, n_tokens)
+        if not slow["pinned"]:
+            count["determined"] = False
+            windows_needed = None  # longer windows pin them, not more
+            longer = (
+                f"{note}: windows of at least {slow['tokens_needed']} tokens "
+                f"would pin them {_FIT_ANYWAY}."
+            )
+            message = f"{message} {longer}" if message else longer
     heads = [
-        {"head": i, "pinned": count["determined"], "windows_needed": needed}
+        {"head": i, "pinned": count["determined"], "windows_needed": windows_needed}
         for i in range(m)
     ]
     return {
         "determined": count["determined"],
         "heads": heads,
         "count": count,
+        "slow_mixings": slow,
+        "note": note,
         "message": message,
     }
+
+
+def _slow_note(slow, head_dim, n_tokens):
+    """The verdict's line on a rotary head's slow mixings."""
+    precision = "" if slow["pinned"] else f", above {SLOW_MIXING_PRECISION:g}"
+    return (
+        f"{slow['slow_pairs']} of each head's {head_dim // 2} rotary pairs turn "
+        f"by at most pi/2 over {n_tokens} tokens, the slowest by "
+        f"{slow['smallest_turn']:.1e} rad: their mixings are pinned only to "
+        f"about {slow['pinned_to']:.0e}{precision}"
+    )
 
 
 def _relative(predicted, target):
@@ -272,6 +308,7 @@ def decoder_measure(teacher, learned, X_fit, y_fit, X_held, y_held, verdict):
             "determined": verdict["determined"],
             "heads": [{**h, "verdict": state} for h in verdict["heads"]],
             "count": verdict["count"],
+            "slow_mixings": verdict.get("slow_mixings"),
             "summary": f"{len(verdict['heads'])} {state} (the layer as a whole)",
             "message": verdict["message"],
         },

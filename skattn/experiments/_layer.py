@@ -424,6 +424,8 @@ def _learn_one_layer(
         _say(verbose, _fitting_anyway(verdict["message"]))
     elif verdict.get("margin"):  # a thin margin: said, not stopped (a measured rule)
         _say(verbose, verdict["margin"])
+    if verdict["determined"] and verdict.get("note"):  # weakly pinned directions
+        _say(verbose, f"layer {layer}: {verdict['note']}.")
 
     # -- the fit ------------------------------------------------------------------
     if estimator is None:

@@ -31,15 +31,31 @@ The verdict's ``search_samples_needed`` is the fewest sequences with
 
 import math
 
+from ..layer._positions import rotary_frequencies
 from ..solvers.kernels._logits import logit_unknowns, split_rows_needed
+from ..solvers.kernels._near_gauge import SLOW_ANGLE
 
-__all__ = ["IdentifiabilityWarning", "data_verdict", "describe_verdict"]
+__all__ = [
+    "IdentifiabilityWarning",
+    "data_verdict",
+    "describe_verdict",
+    "slow_mixing_pinning",
+]
 
 # Output values per unknown below which the search from random starts has been
 # seen to stall (MiniLM layers 0 and 1, real text: at 4.2 and 8.3 it stalled at a
 # residual of 0.2; at 17.4 it went on, to 0.014 at k = 64 and 0.040 at k = 16;
 # at 54 to 0.022; study_search_rows.py)
 SEARCH_MARGIN = 16
+
+# The relative change of a layer's outputs that a float64 fit resolves: exact
+# fits end at held-out relative errors of about 1e-15 (planted layers, MiniLM's
+# layers, decoder layers at bases 1e4 to 1e6; benchmarks/README.md)
+RESOLVED_OUTPUT = 1e-15
+
+# The precision asked of a rotary head's slow mixings: the relative error at
+# which a layer is called exact (``skattn layer``'s EXACT_LAYER)
+SLOW_MIXING_PRECISION = 1e-6
 
 
 class IdentifiabilityWarning(UserWarning):
@@ -182,3 +198,71 @@ def describe_margin(verdict, unit="sequences"):
         f"(MiniLM's real layers: a residual of 0.2, every head far): give about "
         f"{need} {unit}."
     )
+
+
+def slow_mixing_pinning(
+    head_dim, rope_theta, n_tokens, precision=SLOW_MIXING_PRECISION
+):
+    """How weakly windows of ``n_tokens`` tokens pin a rotary head's slow
+    mixings.
+
+    A rotary pair of frequency ``omega_p`` turns by ``omega_p t`` between tokens
+    ``t`` apart, at most ``theta_p = omega_p (k - 1)`` in a window.  A mixing
+    ``G = I + E`` of the slow pairs' dimensions (those with ``theta_p <=`` pi/2,
+    which the polish lifts: :func:`~skattn.solvers.kernels._near_gauge.
+    slow_rotary_dims`) changes the logits by ``Q [E, R(t)] K^T``, of the order
+    of ``theta |E|``; within the slowest pair (its mixings that are not scaled
+    rotations, the exact gauge) by ``theta_min |E|``, ``theta_min`` the slowest
+    pair's turn.  A fit that resolves relative output changes of
+    ``RESOLVED_OUTPUT`` (float64 rounding, where exact fits end) therefore pins
+    these mixings to about ``RESOLVED_OUTPUT / theta_min``: weakly pinned
+    directions, not free ones.  Longer windows pin them more (the turn grows
+    with ``k``); more windows of the same length do not.  An order of magnitude,
+    not a bound: the rows of a window see every distance up to ``k - 1``.
+
+    Parameters
+    ----------
+    head_dim : int
+        The rotary dimension ``r`` (even).
+    rope_theta : float
+        RoPE's base.
+    n_tokens : int
+        ``k``, the window's length.
+    precision : float, default=SLOW_MIXING_PRECISION
+        The precision asked of the mixings.
+
+    Returns
+    -------
+    pinning : dict
+        ``slow_pairs`` (of ``r / 2``), ``smallest_turn`` (``theta_min``, in
+        radians), ``pinned_to`` (``RESOLVED_OUTPUT / theta_min``), ``pinned``
+        (``pinned_to <= precision``) and ``tokens_needed``: the shortest
+        window that pins them to ``precision``.
+
+    Examples
+    --------
+    Llama 3's base, heads of 128, windows of 32 tokens: 49 of the 64 pairs are
+    slow, the slowest turns by 7.6e-5 rad, its mixings pinned to about 1e-11,
+    far inside 1e-6.
+
+    >>> p = slow_mixing_pinning(128, 500000.0, 32)
+    >>> p["slow_pairs"], f"{p['smallest_turn']:.1e}", f"{p['pinned_to']:.0e}"
+    (49, '7.6e-05', '1e-11')
+    >>> p["pinned"], p["tokens_needed"]
+    (True, 2)
+    >>> slow_mixing_pinning(16, 1e12, 32)["pinned"]  # a base no model uses
+    False
+    """
+    k = int(n_tokens)
+    omega = rotary_frequencies(int(head_dim), float(rope_theta))
+    turns = omega * max(k - 1, 0)
+    smallest = float(turns.min())
+    pinned_to = RESOLVED_OUTPUT / smallest if smallest > 0 else math.inf
+    tokens_needed = 1 + math.ceil(RESOLVED_OUTPUT / (precision * float(omega.min())))
+    return {
+        "slow_pairs": int((turns <= SLOW_ANGLE).sum()),
+        "smallest_turn": smallest,
+        "pinned_to": pinned_to,
+        "pinned": bool(pinned_to <= precision),
+        "tokens_needed": max(2, tokens_needed),
+    }
