@@ -145,6 +145,49 @@ def test_minibatch_search_stops_on_its_budget_and_on_no_progress():
     assert info["replacements"] == []
 
 
+def test_off_numpy_the_search_copies_its_rows_ahead_and_draws_the_same(monkeypatch):
+    # torch: the rows of eight check intervals are copied to the device at once,
+    # drawn by the generator with its state put back; the steps still draw them
+    # as numpy's search does: the same steps as a copy an interval (to the bit),
+    # numpy's result (to rounding) and the generator's state after
+    torch = pytest.importorskip("torch")
+    from skattn.solvers.stages import _search
+    from skattn.utils._device_work import DeviceWork
+
+    X, Y, _ = planted(500, 3, 5, 2, 2, 6, seed=4)
+    par = FactoredHeads(2, 5, 2)
+    start = np.random.default_rng(0).normal(size=par.size)
+    options = dict(
+        batch_size=32, max_steps=160, check_every=10, n_replacements=0, dtype=float
+    )
+    rng = np.random.RandomState(0)
+    expected, info = minibatch_search(X, Y, start, par, random_state=rng, **options)
+    assert info["n_steps"] == 160  # 16 check intervals
+
+    def on_torch(random_state):
+        with DeviceWork() as work:
+            found, _ = minibatch_search(
+                torch.asarray(X),
+                torch.asarray(Y),
+                torch.asarray(start),
+                par,
+                random_state=random_state,
+                **options,
+            )
+        return found.numpy(), work.waits["other"]["host copy"]
+
+    ahead_rng = np.random.RandomState(0)
+    found, copies = on_torch(ahead_rng)
+    np.testing.assert_allclose(found, expected, rtol=1e-8, atol=1e-10)
+    assert ahead_rng.randint(2**31) == rng.randint(2**31)
+    monkeypatch.setattr(_search, "_DRAWN_AHEAD", 1)  # a copy an interval
+    one_by_one, before = on_torch(np.random.RandomState(0))
+    np.testing.assert_array_equal(found, one_by_one)
+    # the start, the evaluation rows, then the steps' rows twice (16 intervals,
+    # 8 at a time) where a copy an interval made 16
+    assert copies <= before - 14, (copies, before)
+
+
 def test_no_step_size_cut_on_the_start_plateau():
     """8 planted heads of rank 8 at d = 64 (m r = d, as a BERT-base layer's): from
     a random start the residual sits near 0.7 for some 70 steps before it falls.

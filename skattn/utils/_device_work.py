@@ -43,8 +43,9 @@ class DeviceWork:
     Parameters
     ----------
     where : bool, default=False
-        Also count the host reads by the skattn function that made them
-        (``reads_by_source``; a walk up the stack at each read).
+        Also count the host reads and copies by the skattn function that made
+        them (``reads_by_source``, ``copies_by_source``; a walk up the stack at
+        each).
 
     Attributes
     ----------
@@ -54,9 +55,10 @@ class DeviceWork:
         By stage, the operations after which a GPU's host waits, by kind
         (``"linalg check"``, ``"eigh"``, ``"nonzero"``, ``"boolean mask"``,
         ``"host copy"``).
-    reads_by_source : collections.Counter
-        With ``where``: host reads by ``"module.function:line"`` of the innermost
-        skattn frame that made them.
+    reads_by_source, copies_by_source : collections.Counter
+        With ``where``: host reads and copies from the host by
+        ``"module.function:line"`` of the innermost skattn frame that made them
+        (the array helpers' frames skipped).
 
     Examples
     --------
@@ -78,6 +80,7 @@ class DeviceWork:
         self.operations = collections.Counter()
         self.host_reads = collections.Counter()
         self.reads_by_source = collections.Counter()
+        self.copies_by_source = collections.Counter()
         self.waits = collections.defaultdict(collections.Counter)
         self._where = where
         self._stages = ["other"]
@@ -154,6 +157,8 @@ class DeviceWork:
             def uploading(data, *args, _original=original, **kwargs):
                 if not isinstance(data, torch.Tensor):
                     work.waits[work._stages[-1]]["host copy"] += 1
+                    if work._where:
+                        work.copies_by_source[_skattn_caller()] += 1
                 return _original(data, *args, **kwargs)
 
             self._patched.append((torch, name, original))
@@ -302,13 +307,18 @@ def _has_mask(indices):
     )
 
 
+# helpers whose reads and copies are their callers' (the caller is named)
+_HELPERS = (__name__, "skattn.utils._array_api")
+
+
 def _skattn_caller():
     """``"module.function:line"`` of the innermost skattn frame on the stack
-    (this module's own frames skipped)."""
+    (this module's and the array helpers' frames skipped: a read by
+    ``to_numpy`` is named by its caller)."""
     frame = sys._getframe(2)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if module.startswith("skattn.") and module != __name__:
+        if module.startswith("skattn.") and module not in _HELPERS:
             return f"{module}.{frame.f_code.co_name}:{frame.f_lineno}"
         frame = frame.f_back
     return "outside skattn"

@@ -16,22 +16,24 @@ import math
 import numpy as np
 
 from ...layer._math import _namespace, softmax
-from ...utils._array_api import device, is_numpy, lstsq
-from ._loss import _weights
+from ...utils._array_api import device, is_numpy, lstsq, to_numpy
+from ._loss import _device_weights
 
 
-def decoupling_map(output_factors):
+def decoupling_map(output_factors, condition=True):
     """``D = O^+`` of the stacked output factors, and the stack's condition number.
 
     Parameters
     ----------
     output_factors : ndarray of shape (m, r, d_out)
+    condition : bool, default=True
+        Whether to compute the condition number (off numpy, a host read).
 
     Returns
     -------
     D : ndarray of shape (d_out, m r)
         ``O D = I``; columns ``[i r, (i + 1) r)`` are head i's ``D_i``.
-    condition : float
+    condition : float or None
 
     Examples
     --------
@@ -47,38 +49,57 @@ def decoupling_map(output_factors):
     xp = _namespace(output_factors)
     stacked = xp.reshape(xp.astype(output_factors, xp.float64, copy=False), (m * r, o))
     if is_numpy(xp):  # numpy's own (its pinv's cutoff is not the standard's)
-        singular = np.linalg.svd(stacked, compute_uv=False)
         pinv = np.linalg.pinv(stacked)
+        if not condition:
+            return pinv, None
+        singular = np.linalg.svd(stacked, compute_uv=False)
     else:
-        singular = xp.linalg.svdvals(stacked)
         pinv = xp.linalg.pinv(stacked, rtol=1e-15)  # numpy's rcond
-    largest, smallest = float(singular[0]), float(singular[-1])
-    condition = largest / smallest if smallest > 0 else math.inf
-    return pinv, condition
+        if not condition:
+            return pinv, None
+        singular = xp.linalg.svdvals(stacked)
+    # one host read for both
+    largest, smallest = (
+        float(v) for v in to_numpy(xp.stack([singular[0], singular[-1]]))
+    )
+    ratio = largest / smallest if smallest > 0 else math.inf
+    return pinv, ratio
 
 
-def _output_factors(X, Y, params, parametrization, sample_weight, intercept):
-    """Least-squares ``O_i`` (and intercept) at ``params``; the relative residual."""
+def _output_factors(
+    X, Y, params, parametrization, sample_weight, intercept, residual=True
+):
+    """Least-squares ``O_i`` (and intercept) at ``params``; the relative residual
+    (None with ``residual=False``: off numpy, no host read)."""
     xp = _namespace(X, Y)
     cache = parametrization.cache(X, params)
     patterns = softmax(parametrization.logits(X, params, cache), axis=-1)
     design = _design(patterns, parametrization.values(X, params, cache), intercept)
     n, k = X.shape[:2]
-    _, omega = _weights(n, sample_weight, X)
+    omega = _device_weights(n, sample_weight, X)
     root = xp.repeat(xp.sqrt(omega), k)[:, None]
     design *= root
     target = xp.reshape(Y, (n * k, -1)) * root
+    m, r = parametrization.n_heads, parametrization.rank
     if is_numpy(xp):  # numpy's own (bits of before)
         coef = np.linalg.lstsq(design, target, rcond=None)[0]
-        misfit = np.linalg.norm(design @ coef - target)
-        scale = float(np.linalg.norm(target))
     else:
         coef = lstsq(xp, design, target)
-        misfit = xp.linalg.vector_norm(design @ coef - target)
-        scale = float(xp.linalg.vector_norm(target))
-    residual = misfit / max(scale, float(np.finfo(float).tiny))
-    m, r = parametrization.n_heads, parametrization.rank
-    return xp.reshape(coef[: m * r, ...], (m, r, -1)), float(residual)
+    factors = xp.reshape(coef[: m * r, ...], (m, r, -1))
+    if not residual:
+        return factors, None
+    if is_numpy(xp):
+        misfit = np.linalg.norm(design @ coef - target)
+        scale = float(np.linalg.norm(target))
+    else:  # one host read for both norms
+        norms = xp.stack(
+            [
+                xp.linalg.vector_norm(design @ coef - target),
+                xp.linalg.vector_norm(target),
+            ]
+        )
+        misfit, scale = (float(v) for v in to_numpy(norms))
+    return factors, float(misfit / max(scale, float(np.finfo(float).tiny)))
 
 
 def _shares(X, Y, params, parametrization, sample_weight, intercept, dtype=float):
@@ -88,9 +109,9 @@ def _shares(X, Y, params, parametrization, sample_weight, intercept, dtype=float
     n, k, o = Y.shape
     xp = _namespace(X, Y)
     output_factors = _output_factors(
-        X, Y, params, parametrization, sample_weight, intercept
+        X, Y, params, parametrization, sample_weight, intercept, residual=False
     )[0]
-    D = decoupling_map(output_factors)[0]
+    D = decoupling_map(output_factors, condition=False)[0]
     shares = xp.reshape(Y, (n * k, o)) @ D
     shares = xp.astype(shares, getattr(xp, np.dtype(dtype).name), copy=False)
     return xp.reshape(shares, (n, k, m, r))

@@ -110,6 +110,24 @@ def _weights(n, sample_weight, like):
     return omega, to_namespace(omega, xp, device(like), dtype=xp.float64)
 
 
+def _device_weights(n, sample_weight, like):
+    """The normalised weights as an array like ``like`` (float64) alone: off
+    numpy, made on its device from weights already of its namespace (or
+    uniform), without the host read and copy of :func:`_weights` (the
+    refinement builds its problems on device weights, about a hundred times a
+    fit).  numpy: :func:`_weights`'s, to the bit."""
+    xp = _namespace(like)
+    on_device = sample_weight is None or (
+        not isinstance(sample_weight, np.ndarray) and _namespace(sample_weight) is xp
+    )
+    if is_numpy(xp) or not on_device:
+        return _weights(n, sample_weight, like)[1]
+    if sample_weight is None:
+        return xp.full((n,), 1.0 / n, dtype=xp.float64, device=device(like))
+    w = to_namespace(sample_weight, xp, device(like), dtype=xp.float64)
+    return w / xp.sum(w)
+
+
 def _loss_gradient(
     X,
     Y,
@@ -238,7 +256,7 @@ def projection_normal_equations(X, Y, attention, sample_weight=None):
     n, k, d = X.shape
     m = attention.shape[0]
     d_out = Y.shape[2]
-    _, omega = _weights(n, sample_weight, X)
+    omega = _device_weights(n, sample_weight, X)
     per_sample = m * k * (k + d)
     size = max(1, _chunk_budget(X) // max(1, per_sample))
 
@@ -470,7 +488,7 @@ def relative_residual(X, Y, attention, projection, sample_weight=None):
     >>> relative_residual(X, X, th, W)
     0.0
     """
-    _, omega = _weights(X.shape[0], sample_weight, X)
+    omega = _device_weights(X.shape[0], sample_weight, X)
     y_sq = float(_namespace(X, Y).sum(omega[:, None, None] * Y**2))
     loss = _loss(X, Y, attention, projection, sample_weight, 0.0)
     return math.sqrt(2.0 * loss / y_sq) if y_sq > 0 else math.sqrt(2.0 * loss)
@@ -498,7 +516,7 @@ def uniform_residual(X, Y, sample_weight=None):
     """
     xp = _namespace(X, Y)
     n, k, _ = X.shape
-    _, omega = _weights(n, sample_weight, X)
+    omega = _device_weights(n, sample_weight, X)
     # per-sequence sums in the arrays' dtype (no float64 copy of X or Y), then
     # float64: every row of a uniform head is the sequence's mean token
     x_bar = xp.astype(xp.mean(X, axis=1), xp.float64)  # (n, d)

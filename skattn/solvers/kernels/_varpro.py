@@ -39,7 +39,7 @@ from ...utils._array_api import (
     to_namespace,
 )
 from . import _loss
-from ._loss import _chunks, _factor, _slices, _solve_psd, _weights
+from ._loss import _chunks, _device_weights, _factor, _slices, _solve_psd, _weights
 from ._parametrization import _token_maps
 
 # The states kept between Jacobian products (patterns, design, values) may take up to
@@ -173,10 +173,13 @@ class VarproProblem:
             xp.astype(X, self._dtype, copy=False),
             xp.astype(Y, self._dtype, copy=False),
         )
-        omega, _ = _weights(n, sample_weight, X)
-        self.root = to_namespace(
-            np.sqrt(omega).astype(self.dtype), xp, self._device, dtype=self._dtype
-        )
+        if is_numpy(xp):
+            omega, _ = _weights(n, sample_weight, X)
+            self.root = np.sqrt(omega).astype(self.dtype)
+        else:  # made on the device: no host read or copy
+            self.root = xp.astype(
+                xp.sqrt(_device_weights(n, sample_weight, X)), self._dtype
+            )
         self.fixed = None
         if fixed_columns is not None:
             if self.factored:

@@ -61,7 +61,7 @@ from ...utils._array_api import (
 from ...utils._progress import current_bar
 from ..kernels._decoupling import _output_factors, decoupling_map
 from ..kernels._head_batch import HeadBatch
-from ..kernels._loss import REALISABLE_RESIDUAL, _weights
+from ..kernels._loss import REALISABLE_RESIDUAL, _device_weights
 from ..kernels._parametrization import LowRank
 from ..optimizers._batched_lm import batched_least_squares
 from ..optimizers._lm_matrix_free import _STATUS, varpro_least_squares
@@ -178,7 +178,7 @@ def _solve_head(
         n_jobs=n_jobs,
         memory=memory,
     )
-    omega = _weights(n, sample_weight, X)[1]
+    omega = _device_weights(n, sample_weight, X)
     norm = math.sqrt(float(omega @ einsum(xp, "nkj,nkj->n", target, target)))
     info["relative_residual"] = math.sqrt(2.0 * info["loss"]) / max(
         norm, np.finfo(float).tiny
@@ -344,7 +344,7 @@ def decoupled_refine(
         output_factors, residual = fit(flat(Q, K, V))
         if round_ > 0 and residual <= _LAYER_MARGIN * REALISABLE_RESIDUAL:
             break  # the layer fits to rounding
-        D, round_condition = decoupling_map(output_factors)
+        D, round_condition = decoupling_map(output_factors, condition=round_ == 0)
         if round_ == 0:
             residual_start, condition = residual, round_condition
         shares = xp.reshape(xp.reshape(Y, (n * k, o)) @ D, (n, k, m, r))

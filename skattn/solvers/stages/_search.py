@@ -83,6 +83,12 @@ _REPLACE_BELOW = math.sqrt(2.0)
 _PLATEAU_STEPS = 7e-4
 _PLATEAU_EXIT = 0.9
 
+# Off numpy, the search copies its rows to the device for this many check
+# intervals at once (each copy from the host blocks a GPU's host; a search afresh
+# in the refinement made one every interval: 563 of its 2472 round trips on issue
+# 63's soft recipe)
+_DRAWN_AHEAD = 8
+
 
 # The array namespace's small helpers of the search (those the stages share are in
 # _common): each keeps the numpy route of the code it replaced (so that numpy's
@@ -533,12 +539,35 @@ def minibatch_search(
         """Rows ``rows`` of ``A`` in the products' precision (None for None)."""
         return None if A is None else xp.astype(_take(xp, A, rows), dtype, copy=False)
 
+    ahead = {"rows": None, "copy": None, "used": 0}
+
     def draw_steps(count):
         """The rows of ``count`` training steps, drawn as the steps would draw
         them one by one; off numpy, copied to X's device at once (a copy from
         the host blocks it: once a step each for X, Y and the fixed columns
-        before, 1380 waits in issue 49's search)."""
-        return _device_rows(xp, np.stack([draw() for _ in range(count)]), device(X))
+        before, 1380 waits in issue 49's search), and with them the rows of the
+        next ``_DRAWN_AHEAD - 1`` check intervals, drawn by the generator with
+        its state put back after: each interval's rows are still drawn when
+        its steps come, and the copy made ahead is used where they are the
+        same (unless the generator drew something else between: a
+        replacement's start).  The same rows, the same generator's state."""
+        rows = np.stack([draw() for _ in range(count)])
+        if is_numpy(xp):
+            return rows
+        used, block = ahead["used"], ahead["rows"]
+        if (
+            block is not None
+            and used + count <= block.shape[0]
+            and np.array_equal(block[used : used + count], rows)
+        ):
+            ahead["used"] = used + count
+            return ahead["copy"][used : used + count, ...]
+        state = _rng_state(rng)
+        later = [draw() for _ in range((_DRAWN_AHEAD - 1) * check_every)]
+        _set_rng_state(rng, state)
+        block = np.concatenate([rows, np.stack(later)]) if later else rows
+        ahead.update(rows=block, copy=_device_rows(xp, block, device(X)), used=count)
+        return ahead["copy"][:count, ...]
 
     evaluation = _device_rows(xp, draw(), device(X))  # one copy for the three
     X_eval, Y_eval = batch(X, evaluation), batch(Y, evaluation)
