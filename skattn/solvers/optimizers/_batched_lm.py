@@ -39,7 +39,13 @@ import numpy as np
 
 from ...utils._array_api import device, to_numpy
 from ..kernels._parametrization import _inverse_root
-from ._trf import _solve_trust_region_2d_batch, trial_errors
+from ._trf import (
+    _solve_trust_region_2d_batch,
+    minimize_quadratic_1d,
+    radius_update,
+    termination,
+    trial_errors,
+)
 
 __all__ = ["batched_cgls", "batched_least_squares"]
 
@@ -242,14 +248,8 @@ def _regularization(xp, matvec, g, Delta):
     v = matvec(-g)
     a = 0.5 * _norms2(xp, v)
     gg = _norms2(xp, g)
-    b = -gg
     upper = Delta / xp.sqrt(_safe(xp, gg))
-    extremum = -0.5 * b / _safe(xp, a)
-    inner = (a != 0) & (extremum > 0) & (extremum < upper)
-    at_end = upper * (a * upper + b)
-    at_extremum = xp.where(inner, extremum * (a * extremum + b), 0.0)
-    best = xp.minimum(xp.minimum(at_end, at_extremum), xp.zeros_like(a))
-    return -best / (Delta * Delta)
+    return -minimize_quadratic_1d(xp, a, -gg, upper) / (Delta * Delta)
 
 
 def _subspace(xp, matvec, g, gn):
@@ -415,24 +415,12 @@ def batched_least_squares(
         finite = xp.isfinite(cost_new)
         actual = xp.where(finite, cost - cost_new, -1.0)
         step_norm = xp.sqrt(_norms2(xp, step))
-        # scipy's update_tr_radius and check_termination, per head
-        ratio = xp.where(
-            predicted > 0,
-            actual / _safe(xp, predicted),
-            xp.astype((predicted == 0) & (actual == 0), predicted.dtype),
+        # scipy's update_tr_radius and check_termination, per head: trf's rules
+        radius, ratio = radius_update(xp, Delta, actual, predicted, step_norm)
+        code = termination(
+            xp, actual, cost, step_norm, xp.sqrt(_norms2(xp, z)), ratio, ftol, xtol
         )
-        bound_hit = step_norm > 0.95 * Delta
-        radius = xp.where(
-            ratio < 0.25,
-            0.25 * step_norm,
-            xp.where((ratio > 0.75) & bound_hit, 2.0 * Delta, Delta),
-        )
-        ftol_ok = finite & (actual < ftol * cost) & (ratio > 0.25)
-        xtol_ok = finite & (step_norm < xtol * (xtol + xp.sqrt(_norms2(xp, z))))
-        code = xp.zeros(cost.shape, dtype=xp.int64, device=where) - 1
-        code = xp.where(ftol_ok, 2, code)
-        code = xp.where(xtol_ok & ftol_ok, 4, code)
-        code = xp.where((code < 0) & xtol_ok, 3, code)
+        code = xp.where(finite, code, -1)
         code = xp.where(g_ok, 1, code)
         accept = (actual > 0) & ~g_ok
         Delta = xp.where(finite, radius, 0.25 * step_norm)

@@ -40,7 +40,13 @@ from scipy.optimize import OptimizeResult
 from ...utils._array_api import device, is_numpy, to_numpy
 from ._lsmr import lsmr
 
-__all__ = ["trf", "TERMINATION_MESSAGES"]
+__all__ = [
+    "TERMINATION_MESSAGES",
+    "minimize_quadratic_1d",
+    "radius_update",
+    "termination",
+    "trf",
+]
 
 # status -> message, as scipy's least_squares
 TERMINATION_MESSAGES = {
@@ -79,23 +85,25 @@ def _qr_columns(xp, a, b):
     return xp.linalg.qr(xp.stack([a, b], axis=1))[0]
 
 
-def _minimize_quadratic_1d(a, b, upper):
+def minimize_quadratic_1d(xp, a, b, upper):
     """Minimum value of ``a t^2 + b t`` over ``0 <= t <= upper`` (scipy's
-    ``minimize_quadratic_1d`` with ``lb = 0``, ``c = 0``): at an end or at the
-    extremum; the first of equal values, NaN first as ``numpy.argmin``."""
-    t = [0.0, upper]
-    if a != 0:
-        extremum = -0.5 * b / a
-        if 0 < extremum < upper:
-            t.append(extremum)
-    values = [ti * (a * ti + b) + 0 for ti in t]
-    best = values[0]
-    for value in values[1:]:
-        if best != best:  # NaN: numpy.argmin keeps the first NaN
-            break
-        if value < best or value != value:
-            best = value
-    return best
+    ``minimize_quadratic_1d`` with ``lb = 0``, ``c = 0``), elementwise in ``xp``
+    (as :func:`radius_update`): at an end or at the extremum, NaN where any
+    candidate is (as ``numpy.argmin``'s first NaN), zeros as ``+0.0``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> minimize_quadratic_1d(np, np.array([1.0, 1.0, 0.0]),
+    ...     np.array([-2.0, 1.0, -1.0]), np.array([3.0, 3.0, 2.0])).tolist()
+    [-1.0, 0.0, -2.0]
+    """
+    extremum = -0.5 * b / xp.where(a == 0, 1.0, a)
+    inner = (a != 0) & (extremum > 0) & (extremum < upper)
+    at_zero = 0.0 * (a * 0.0 + b) + 0.0
+    at_end = upper * (a * upper + b) + 0.0
+    at_extremum = xp.where(inner, extremum * (a * extremum + b) + 0.0, at_zero)
+    return xp.minimum(xp.minimum(at_zero, at_end), at_extremum)
 
 
 def _solve_trust_region_2d(B, g, Delta):
@@ -210,34 +218,58 @@ def _solve_trust_region_2d_batch(xp, B, g, Delta):
     return xp.where(inside[:, None], newton, boundary)
 
 
-def _update_tr_radius(Delta, actual, predicted, step_norm, bound_hit):
-    """New radius and the ratio of actual to predicted reduction (scipy's
-    ``update_tr_radius``): a quarter of the step below ratio 1/4, doubled above
-    3/4 when the step reached the boundary."""
-    if predicted > 0:
-        ratio = actual / predicted
-    elif predicted == actual == 0:
-        ratio = 1
-    else:
-        ratio = 0
-    if ratio < 0.25:
-        Delta = 0.25 * step_norm
-    elif ratio > 0.75 and bound_hit:
-        Delta *= 2.0
-    return Delta, ratio
+def radius_update(xp, Delta, actual, predicted, step_norm):
+    """scipy's ``update_tr_radius``, elementwise in ``xp`` (the one rule of
+    :func:`trf`, on host floats as 0-d numpy arrays, and of the batched heads'
+    solver, on ``(h,)`` arrays on a device): the ratio of actual to predicted
+    reduction (1 where both are 0, 0 where the prediction is not positive);
+    the new radius a quarter of the step below ratio 1/4, doubled above 3/4
+    when the step reached the boundary (``> 0.95 Delta``).  Returns ``(Delta,
+    ratio)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> Delta, ratio = radius_update(np, np.array([1.0, 1.0, 1.0]),
+    ...     np.array([0.1, 0.9, 0.0]), np.array([1.0, 1.0, 0.0]),
+    ...     np.array([0.5, 0.99, 0.2]))
+    >>> Delta.tolist(), ratio.tolist()
+    ([0.125, 2.0, 1.0], [0.1, 0.9, 1.0])
+    """
+    ratio = xp.where(
+        predicted > 0,
+        actual / xp.where(predicted == 0, 1.0, predicted),
+        xp.astype((predicted == 0) & (actual == 0), predicted.dtype),
+    )
+    bound_hit = step_norm > 0.95 * Delta
+    radius = xp.where(
+        ratio < 0.25,
+        0.25 * step_norm,
+        xp.where((ratio > 0.75) & bound_hit, 2.0 * Delta, Delta),
+    )
+    return radius, ratio
 
 
-def _check_termination(dF, F, dx_norm, x_norm, ratio, ftol, xtol):
-    """scipy's ``check_termination``: 2 ``ftol``, 3 ``xtol``, 4 both, else None."""
-    ftol_satisfied = dF < ftol * F and ratio > 0.25
-    xtol_satisfied = dx_norm < xtol * (xtol + x_norm)
-    if ftol_satisfied and xtol_satisfied:
-        return 4
-    if ftol_satisfied:
-        return 2
-    if xtol_satisfied:
-        return 3
-    return None
+def termination(xp, actual, cost, step_norm, x_norm, ratio, ftol, xtol):
+    """scipy's ``check_termination``, elementwise in ``xp`` (as
+    :func:`radius_update`): 2 ``ftol`` (a relative decrease below ``ftol`` with
+    a good step), 3 ``xtol`` (``||dx|| < xtol (xtol + ||x||)``), 4 both, -1
+    neither; an ``int64`` array.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> termination(np, np.array([1e-12, 1.0]), np.array([1.0, 1.0]),
+    ...     np.array([1e-12, 1.0]), np.array([1.0, 1.0]),
+    ...     np.array([1.0, 1.0]), 1e-8, 1e-8).tolist()
+    [4, -1]
+    """
+    ftol_ok = (actual < ftol * cost) & (ratio > 0.25)
+    xtol_ok = step_norm < xtol * (xtol + x_norm)
+    code = xp.zeros_like(ftol_ok, dtype=xp.int64) - 1
+    code = xp.where(ftol_ok, 2, code)
+    code = xp.where(xtol_ok & ftol_ok, 4, code)
+    return xp.where((code < 0) & xtol_ok, 3, code)
 
 
 def _print_header():
@@ -407,7 +439,14 @@ def trf(
             a, b, gg = scalars[1:]
             a *= 0.5
             to_tr = Delta / np.sqrt(gg)
-            reg_term = -_minimize_quadratic_1d(a, b, to_tr) / Delta**2
+            reg_term = (
+                -float(
+                    minimize_quadratic_1d(
+                        np, np.float64(a), np.float64(b), np.float64(to_tr)
+                    )
+                )
+                / Delta**2
+            )
         damp_full = (damp**2 + reg_term) ** 0.5
         gn = lsmr(xp, matvec, rmatvec, f, damp=damp_full, shape=(m, n), **tr_options)[0]
         S = _qr_columns(xp, g, gn)
@@ -441,17 +480,31 @@ def trf(
                 Delta = 0.25 * step_h_norm
                 continue
             actual_reduction = cost - cost_new
-            Delta_new, ratio = _update_tr_radius(
-                Delta,
-                actual_reduction,
-                predicted_reduction,
-                step_h_norm,
-                step_h_norm > 0.95 * Delta,
+            # the rules of the batched heads' solver, on the host's floats
+            Delta_new, ratio = (
+                float(v)
+                for v in radius_update(
+                    np,
+                    np.float64(Delta),
+                    np.float64(actual_reduction),
+                    np.float64(predicted_reduction),
+                    np.float64(step_h_norm),
+                )
             )
             step_norm = step_h_norm
-            status = _check_termination(
-                actual_reduction, cost, step_norm, np.sqrt(xx), ratio, ftol, xtol
+            code = int(
+                termination(
+                    np,
+                    np.float64(actual_reduction),
+                    np.float64(cost),
+                    np.float64(step_norm),
+                    np.sqrt(xx),
+                    np.float64(ratio),
+                    ftol,
+                    xtol,
+                )
             )
+            status = code if code > 0 else None
             if status is not None:
                 break
             Delta = Delta_new
