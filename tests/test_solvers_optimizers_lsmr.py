@@ -157,14 +157,18 @@ def test_off_numpy_the_host_reads_once_an_iteration(case):
 @pytest.mark.parametrize("case", ["well", "tight", "tight_damped", "maxiter"])
 def test_scalars_on_the_device_give_numpys_solution_read_at_the_checks(to_array, case):
     # check_every > 1: the recurrences on the device, the stopping tests at the
-    # checks only, so a run stops at the first check at or after numpy's stop
+    # checks only, so a run stops at the first check at or after its own stop,
+    # which is numpy's to rounding: at machine-precision tolerances ("tight") a
+    # library's rounding may meet the test an iteration before numpy's (torch
+    # with AVX2 kernels stopped "tight" at 40 where numpy stopped at 41)
     args, options = CASES[case]
     A, b = _problem(*args)
     expected = lsmr(namespace(b), *_products(A), b, **options)
     result = _lsmr_in(to_array, A, b, check_every=4, **options)
     assert namespace(result.x) is namespace(to_array(b))
     assert result.istop == expected.istop
-    assert expected.itn <= result.itn <= expected.itn + 4
+    assert result.itn % 4 == 0 or result.itn == options.get("maxiter")
+    assert expected.itn - 1 <= result.itn <= expected.itn + 4
     # numpy's run to the same iteration (its tolerances off; at machine
     # precision it may stop one before): the same x
     options = {**options, "atol": 0.0, "btol": 0.0, "conlim": 0.0}
