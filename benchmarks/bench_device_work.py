@@ -63,7 +63,10 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     parser.add_argument(
-        "--sources", type=int, default=15, help="print the N sources of most reads"
+        "--sources",
+        type=int,
+        default=15,
+        help="print the N sources of most reads and of most copies",
     )
     parser.add_argument(
         "--polish-nudge",
@@ -122,15 +125,13 @@ def main(argv=None):
             f"{row['round_trips']:>12}"
         )
     print(f"fit {seconds:.1f} s (counting included), held-out error {held_out:.3g}")
-    if args.sources:
-        print("host reads by source:")
-        for source, count in work.reads_by_source.most_common(args.sources):
-            print(f"{count:>10}  {source}")
+    _print_sources(work, args)
     record = {
         "settings": vars(args),
         "stages": table,
         "seconds": seconds,
         "reads_by_source": dict(work.reads_by_source.most_common()),
+        "copies_by_source": dict(work.copies_by_source.most_common()),
         "held_out_relative_error": held_out,
         "torch": torch.__version__,
     }
@@ -255,6 +256,20 @@ def count_decoder_polish(args):
     return 0
 
 
+def _print_sources(work, args):
+    """The ``--sources`` lines of most host reads and of most copies from the
+    host."""
+    if not args.sources:
+        return
+    for what, counts in (
+        ("host reads", work.reads_by_source),
+        ("copies from the host", work.copies_by_source),
+    ):
+        print(f"{what} by source:")
+        for source, count in counts.most_common(args.sources):
+            print(f"{count:>10}  {source}")
+
+
 def _report(work, stage, args, line, record):
     """Print a stage's row of ``work``, ``line`` and the sources of most round
     trips; with ``--out``, write them with ``record``."""
@@ -267,16 +282,14 @@ def _report(work, stage, args, line, record):
         f"{row['round_trips']:>12}"
     )
     print(line)
-    if args.sources:
-        print("host reads by source:")
-        for source, count in work.reads_by_source.most_common(args.sources):
-            print(f"{count:>10}  {source}")
+    _print_sources(work, args)
     if args.out:
         record = {
             "settings": vars(args),
             "stages": work.summary(),
             **record,
             "reads_by_source": dict(work.reads_by_source.most_common()),
+            "copies_by_source": dict(work.copies_by_source.most_common()),
             "torch": torch.__version__,
         }
         with open(args.out, "w") as handle:
