@@ -93,7 +93,7 @@ def test_gpt2_layer_is_learned_written_and_loaded_back(checkpoints, text, tmp_pa
 @pytest.mark.filterwarnings("ignore:The decoder layer's polish stopped")
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_rotary_layers_are_written_in_the_models_own_names(
-    checkpoints, text, tmp_path, arch
+    checkpoints, text, tmp_path, arch, capsys
 ):
     folder = checkpoints[arch]
     result = learn_layer(
@@ -104,8 +104,15 @@ def test_rotary_layers_are_written_in_the_models_own_names(
         n_windows=40,
         estimator=_capped(folder),
         out=tmp_path / "out",
+        verbose=1,
     )
     report = result.report
+    # the slow rotary pairs' mixings, weakly pinned: said before the fit, recorded
+    slow = report["verdict"]["slow_mixings"]
+    assert slow["pinned"] and 0 < slow["pinned_to"] < 1e-6
+    said = capsys.readouterr().err
+    assert f"layer 1: {slow['slow_pairs']} of each head's " in said
+    assert "their mixings are pinned only to about" in said
     assert report["teacher_agreement"] <= 1e-12
     assert report["rope_tables"]["teacher"] == "float64"
     assert report["rope_tables"]["model_float32_tables_relative_difference"] < 1e-6
