@@ -836,18 +836,28 @@ def head_contributions(X, Y, params, parametrization, intercept_direction=None):
     m, r = values.shape[1], values.shape[3]
     design = _design(patterns, values, intercept_direction is not None)
     target = xp.astype(xp.reshape(Y, (b * k, Y.shape[2])), design.dtype, copy=False)
-    norm = max(_norm(xp, target), np.finfo(float).tiny)
-
-    def relative(part):
-        residual = part @ _least_squares(part, target) - target
-        return _norm(xp, residual) / norm
-
     # the design without head i's columns (a copy, as numpy's fancy index was)
-    without = [
-        relative(_drop_block(xp, design, i * r, (i + 1) * r, axis=1)) for i in range(m)
-    ]
-    everything = _columns(xp, design, np.arange(design.shape[1]), axis=1)
-    return relative(everything), xp.asarray(without, dtype=xp.float64, device=device(X))
+    parts = [_drop_block(xp, design, i * r, (i + 1) * r, axis=1) for i in range(m)]
+    parts.append(_columns(xp, design, np.arange(design.shape[1]), axis=1))
+    tiny = float(np.finfo(float).tiny)
+    if is_numpy(xp):
+        norm = max(_norm(xp, target), tiny)
+        relative = [
+            _norm(xp, part @ _least_squares(part, target) - target) / norm
+            for part in parts
+        ]
+        return relative[-1], np.asarray(relative[:-1], dtype=np.float64)
+    # off numpy every norm stays on the device, and the layer's is read once
+    misfits = xp.stack(
+        [
+            xp.linalg.vector_norm(part @ _least_squares(part, target) - target)
+            for part in parts
+        ]
+    )
+    relative = xp.astype(
+        misfits / xp.clip(xp.linalg.vector_norm(target), min=tiny), xp.float64
+    )
+    return float(relative[-1]), relative[:-1]
 
 
 def _replace_head(
