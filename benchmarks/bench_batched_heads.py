@@ -14,6 +14,7 @@ counts the refinement's torch operations and host reads (``skattn.utils._device_
 
     python benchmarks/bench_batched_heads.py [--settings small default] [--out F.json]
     python benchmarks/bench_batched_heads.py --settings soft
+    python benchmarks/bench_batched_heads.py --settings soft --alternate 3
 
 ``soft`` is issue 63's recipe (8 heads of rank 4, d = 32, k = 8, 4000 Gaussian
 sequences, ``Theta_i`` the rank-4 truncation of a Gaussian matrix scaled by
@@ -23,7 +24,8 @@ not spend more operations than heads one at a time.
 Prints one row per (setting, route): fit seconds, refinement operations, host
 reads and round trips of every kind (host reads, linear-algebra error checks,
 ``eigh``, ``nonzero``, boolean masks: ``DeviceWork.round_trips``), held-out
-relative error; and the ratios per-head / batched.
+relative error; and the ratios per-head / batched.  ``--alternate N`` times the
+refinement alone instead, in fits alternating the two torch routes N times.
 """
 
 import argparse
@@ -172,6 +174,46 @@ def run(setting, seed, routes=ROUTES):
     return rows
 
 
+def alternate(setting, seed, repeats):
+    """The refinement alone (``refine_heads``), timed in fits on torch that
+    alternate the two routes ``repeats`` times (the whole fits' times swing with
+    a shared machine's load; alternating puts both routes under the same).
+    Returns ``{route: [seconds, ...]}``."""
+    n, m, d, k, r = SETTINGS[setting]
+    X, y, _, _ = _data(n, m, d, k, r, seed, setting)
+    Xa, ya = torch.asarray(X), torch.asarray(y)
+    seconds = {route: [] for route, _, _ in ROUTES[:2]}
+    original = _driver.refine_heads
+    for _ in range(repeats):
+        for route, batched, _ in ROUTES[:2]:
+            spent = []
+
+            def timed(*args, spent=spent, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    spent.append(time.perf_counter() - start)
+
+            _driver.refine_heads = timed
+            try:
+                with (
+                    _route(batched),
+                    threadpool_limits(1),
+                    sklearn.config_context(array_api_dispatch=True),
+                ):
+                    _estimator(m, k, r, seed).fit(Xa, ya)
+            finally:
+                _driver.refine_heads = original
+            seconds[route].append(sum(spent))
+            print(
+                f"{setting:<8} {route:<26} refinement {sum(spent):8.2f} s", flush=True
+            )
+    for route, values in seconds.items():
+        print(f"{setting:<8} {route:<26} median {np.median(values):8.2f} s", flush=True)
+    return seconds
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -183,10 +225,24 @@ def main(argv=None):
         action="store_true",
         help="the two torch routes only (the ratios need no more)",
     )
+    parser.add_argument(
+        "--alternate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: time the refinement alone on torch, the two routes "
+        "alternating N times (see alternate)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     routes = ROUTES[:2] if args.torch_only else ROUTES
     torch.set_num_threads(1)
+    if args.alternate:
+        times = {s: alternate(s, args.seed, args.alternate) for s in args.settings}
+        if args.out:
+            with open(args.out, "w") as handle:
+                json.dump({"refinement_seconds": times}, handle, indent=1)
+        return 0
     print(
         f"{'setting':<8} {'route':<26} {'fit':>10} {'ops':>10} {'reads':>8} "
         f"{'held out':>10}  (refinement's torch ops and host reads)"
