@@ -50,13 +50,13 @@ def decoupling_map(output_factors, condition=True):
     stacked = xp.reshape(xp.astype(output_factors, xp.float64, copy=False), (m * r, o))
     if is_numpy(xp):  # numpy's own (its pinv's cutoff is not the standard's)
         pinv = np.linalg.pinv(stacked)
-        if not condition:
-            return pinv, None
-        singular = np.linalg.svd(stacked, compute_uv=False)
     else:
         pinv = xp.linalg.pinv(stacked, rtol=1e-15)  # numpy's rcond
-        if not condition:
-            return pinv, None
+    if not condition:
+        return pinv, None
+    if is_numpy(xp):
+        singular = np.linalg.svd(stacked, compute_uv=False)
+    else:
         singular = xp.linalg.svdvals(stacked)
     # one host read for both
     largest, smallest = (

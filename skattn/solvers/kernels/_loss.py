@@ -120,10 +120,8 @@ def _device_weights(n, sample_weight, like):
     on_device = sample_weight is None or (
         not isinstance(sample_weight, np.ndarray) and _namespace(sample_weight) is xp
     )
-    if is_numpy(xp) or not on_device:
-        return _weights(n, sample_weight, like)[1]
-    if sample_weight is None:
-        return xp.full((n,), 1.0 / n, dtype=xp.float64, device=device(like))
+    if is_numpy(xp) or not on_device or sample_weight is None:
+        return _weights(n, sample_weight, like)[1]  # uniform: made there
     w = to_namespace(sample_weight, xp, device(like), dtype=xp.float64)
     return w / xp.sum(w)
 

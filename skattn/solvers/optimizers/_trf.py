@@ -74,6 +74,13 @@ def _host_floats(xp, *scalars):
     return tuple(np.float64(value) for value in to_numpy(xp.stack(scalars)))
 
 
+def _f64(*values):
+    """Host floats as numpy ``float64`` scalars, for the elementwise rules
+    (:func:`radius_update`, :func:`termination`, :func:`minimize_quadratic_1d`)
+    on the host: the same IEEE operations as on Python floats."""
+    return tuple(np.float64(v) for v in values)
+
+
 def _qr_columns(xp, a, b):
     """An orthonormal basis ``S`` ``(n, 2)`` of the columns ``[a, b]`` (economic QR).
 
@@ -439,14 +446,7 @@ def trf(
             a, b, gg = scalars[1:]
             a *= 0.5
             to_tr = Delta / np.sqrt(gg)
-            reg_term = (
-                -float(
-                    minimize_quadratic_1d(
-                        np, np.float64(a), np.float64(b), np.float64(to_tr)
-                    )
-                )
-                / Delta**2
-            )
+            reg_term = -float(minimize_quadratic_1d(np, *_f64(a, b, to_tr))) / Delta**2
         damp_full = (damp**2 + reg_term) ** 0.5
         gn = lsmr(xp, matvec, rmatvec, f, damp=damp_full, shape=(m, n), **tr_options)[0]
         S = _qr_columns(xp, g, gn)
@@ -484,22 +484,14 @@ def trf(
             Delta_new, ratio = (
                 float(v)
                 for v in radius_update(
-                    np,
-                    np.float64(Delta),
-                    np.float64(actual_reduction),
-                    np.float64(predicted_reduction),
-                    np.float64(step_h_norm),
+                    np, *_f64(Delta, actual_reduction, predicted_reduction, step_h_norm)
                 )
             )
             step_norm = step_h_norm
             code = int(
                 termination(
                     np,
-                    np.float64(actual_reduction),
-                    np.float64(cost),
-                    np.float64(step_norm),
-                    np.sqrt(xx),
-                    np.float64(ratio),
+                    *_f64(actual_reduction, cost, step_norm, np.sqrt(xx), ratio),
                     ftol,
                     xtol,
                 )
