@@ -50,7 +50,7 @@ MODULES = (
     "test_solvers_kernels_logits.py",
     "test_solvers_optimizers_lm_dense.py",
     "test_solvers_optimizers_lm_matrix_free.py",
-    "test_solvers_optimizers_lsmr.py",
+    "test_solvers_optimizers_batched_lm.py",
     "test_solvers_optimizers_trf.py",
     "test_utils_array_api.py",
     "test_solvers_stages_rounds.py",

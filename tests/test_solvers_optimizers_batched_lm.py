@@ -8,7 +8,8 @@ from _helpers import array_namespaces
 
 from skattn.layer._math import forward
 from skattn.solvers.kernels._head_batch import HeadBatch
-from skattn.solvers.optimizers._batched_lm import batched_cgls, batched_least_squares
+from skattn.solvers.optimizers._batched_lm import batched_least_squares
+from skattn.solvers.optimizers._cgls import batched_cgls
 from skattn.utils._array_api import to_numpy
 
 

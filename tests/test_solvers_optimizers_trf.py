@@ -2,20 +2,18 @@
 (``optimizers/_trf.py``): scipy's ``least_squares``' outcome on numpy, the same
 minimum on torch and array-api-strict."""
 
+import math
 import warnings
 
 import numpy as np
 import pytest
 from _helpers import array_namespaces, planted
+from scipy import linalg
 from scipy.optimize import least_squares
 from scipy.sparse.linalg import LinearOperator
 
 from skattn.solvers import FullRank, LowRank, VarproProblem
-from skattn.solvers.optimizers._trf import (
-    _solve_trust_region_2d,
-    _solve_trust_region_2d_xp,
-    trf,
-)
+from skattn.solvers.optimizers._trf import _solve_trust_region_2d_batch, trf
 from skattn.utils._array_api import namespace, to_numpy
 
 
@@ -118,25 +116,34 @@ OPTIONS = {
 @pytest.mark.parametrize("options", OPTIONS)
 @pytest.mark.parametrize("problem", PROBLEMS)
 def test_numpy_runs_end_where_scipys_do(problem, options):
-    # scipy's least_squares' documented outcome, not one version's counts: the
-    # same status; where both converge, the same minimum; where the budget of
-    # evaluations stops them (a short or loose LSMR crawls), that budget spent
+    # scipy's least_squares' documented outcome, not its iterates or counts
+    # (its steps are LSMR's, these CGLS's, stopped by LSMR's tests): where
+    # scipy converges, converged too (at an exact minimum the last step may
+    # stop on xtol where scipy's gradient there, one Jacobian more, stops on
+    # gtol) at the same minimum; where this run spends its budget, scipy's
+    # does too, and ends no lower (the budget cuts a crawl at an arbitrary
+    # point: to 1e-4 of its cost)
     fun, products, x0 = PROBLEMS[problem]()
     options = OPTIONS[options]
     expected = _scipy(fun, products, x0, **options)
     result = trf(namespace(x0), fun, products, x0, **options)
-    assert result.status == expected.status
-    assert type(result.cost) is float and result.success == expected.success
+    assert type(result.cost) is float and result.success == (result.status > 0)
     assert result.cost == pytest.approx(0.5 * fun(result.x) @ fun(result.x), rel=1e-12)
     assert result.cost <= 0.5 * fun(x0) @ fun(x0)
     if result.status == 0:  # the budget (by default 100 n evaluations) spent
         budget = options.get("max_nfev", 100 * x0.size)
-        assert expected.nfev <= budget and budget - 1 <= result.nfev <= budget
-    else:  # converged: the same minimum, as far as the tolerances pin it
-        assert result.cost == pytest.approx(expected.cost, rel=1e-8, abs=1e-20)
-        np.testing.assert_allclose(
-            result.x, expected.x, rtol=0, atol=1e-5 * abs(expected.x).max()
-        )
+        assert expected.status == 0 and budget - 1 <= result.nfev <= budget
+        assert result.cost <= expected.cost * (1 + 1e-4)
+    if expected.success:  # the same minimum, as far as the tolerances pin it
+        assert result.success
+        assert result.cost == pytest.approx(expected.cost, rel=1e-8, abs=1e-14)
+        if not problem.startswith("varpro"):  # (a layer's Theta is not pinned
+            # by 3-token sequences: its minimum is a set, reached by both)
+            np.testing.assert_allclose(
+                result.x, expected.x, rtol=0, atol=1e-5 * abs(expected.x).max()
+            )
+    else:  # scipy's budget spent: this run converged lower, or spent it too
+        assert result.cost <= expected.cost * (1 + 1e-4)
 
 
 def test_a_callback_that_raises_stop_iteration_stops_the_run():
@@ -152,8 +159,9 @@ def test_a_callback_that_raises_stop_iteration_stops_the_run():
     seen, costs[:] = list(costs), []
     result = trf(namespace(x0), fun, products, x0, callback=callback)
     assert result.status == expected.status == -2 and not result.success
-    assert costs == seen and len(costs) == 3
-    np.testing.assert_array_equal(result.x, expected.x)
+    # the same first three steps, to rounding (CGLS's steps, not LSMR's)
+    assert len(costs) == len(seen) == 3
+    np.testing.assert_allclose(costs, seen, rtol=1e-6)
 
 
 def test_non_finite_start_is_refused():
@@ -260,6 +268,31 @@ def test_resume_from_any_iterate_gives_the_uninterrupted_run():
         )
 
 
+def _solve_trust_region_2d(B, g, Delta):
+    """The reference: scipy's ``solve_trust_region_2d`` (minimise ``1/2 p^T B p +
+    g^T p`` subject to ``||p|| <= Delta`` in 2-D): the Newton step when ``B`` is
+    positive definite and the step is inside, else the minimum on the circle,
+    ``p = Delta (2 t, 1 - t^2) / (1 + t^2)`` at a real root ``t`` of a quartic."""
+    try:
+        factor = linalg.cho_factor(B)
+        p = -linalg.cho_solve(factor, g)
+        if np.dot(p, p) <= Delta**2:
+            return p
+    except linalg.LinAlgError:
+        pass
+    a = B[0, 0] * Delta**2
+    b = B[0, 1] * Delta**2
+    c = B[1, 1] * Delta**2
+    d = g[0] * Delta
+    f = g[1] * Delta
+    coeffs = np.array([-b + d, 2 * (a - c + f), 6 * b, 2 * (-a + c + f), -b - d])
+    t = np.roots(coeffs)  # leading zeros are fine
+    t = np.real(t[np.isreal(t)])
+    p = Delta * np.vstack((2 * t / (1 + t**2), (1 - t**2) / (1 + t**2)))
+    value = 0.5 * np.sum(p * B.dot(p), axis=0) + np.dot(g, p)
+    return p[:, np.argmin(value)]
+
+
 def _subproblems(seed=0, count=400):
     """2-D trust-region problems ``(B, g, Delta)``: positive definite (steps
     inside and outside), indefinite, singular, nearly singular, ``g`` along an
@@ -288,9 +321,11 @@ def test_the_2d_subproblem_in_the_namespace_is_scipys(to_array):
     for B, g, Delta in _subproblems():
         expected = _solve_trust_region_2d(B, g, Delta)
         xp = namespace(to_array(B))
-        out = _solve_trust_region_2d_xp(xp, to_array(B), to_array(g), Delta)
+        out = _solve_trust_region_2d_batch(
+            xp, to_array(B[None]), to_array(g[None]), to_array(np.array([Delta]))
+        )
         assert namespace(out) is xp
-        p = to_numpy(out)
+        p = to_numpy(out)[0]
         assert p @ p <= Delta**2 * (1 + 1e-12)
         value = 0.5 * p @ B @ p + g @ p
         best = 0.5 * expected @ B @ expected + g @ expected
@@ -298,26 +333,20 @@ def test_the_2d_subproblem_in_the_namespace_is_scipys(to_array):
         assert value <= best + 1e-14 * scale
 
 
-def test_trf_reads_the_host_once_an_iteration_and_once_a_step_tried():
-    # besides LSMR's: the gradient's norms with the curvature along it at the
-    # top of each iteration, and each trial step's reductions and norms (before:
-    # 6 an iteration and 5 a step tried, the 2-D subproblem copied to the host)
+def test_trf_reads_the_host_once_a_step_tried_and_every_few_inner_iterations():
+    # the start's costs, one read a trial (its flags, cost and norms), and
+    # CGLS's look every check_every iterations: nothing once an iteration
+    # (LSMR, before the one core, read the host at each of its iterations)
     torch = pytest.importorskip("torch")
-    from skattn.solvers.optimizers import _trf
     from skattn.utils._device_work import DeviceWork
 
     xp = namespace(torch.ones(1))
     fun, products, x0 = _rosenbrock_products(xp, torch.asarray)
-    iterations = []
     work = DeviceWork()
-    lsmr = _trf.lsmr
-    try:
-        _trf.lsmr = work.wrap(lsmr, "lsmr")
-        with work, work.stage("trf"):
-            result = trf(xp, fun, products, x0, callback=iterations.append)
-    finally:
-        _trf.lsmr = lsmr
-    assert result.status > 0 and len(iterations) > 5
-    # the start's cost and radius, each iteration's top (and the last one's,
-    # which stops), each step tried
-    assert work.host_reads["trf"] == 1 + (len(iterations) + 1) + (result.nfev - 1)
+    with work, work.stage("trf"):
+        result = trf(xp, fun, products, x0, tr_options={"check_every": 4})
+    assert result.status > 0 and result.njev > 5
+    trials = result.nfev - 1
+    assert work.host_reads["trf"] == result.host_reads
+    assert result.host_reads <= 1 + trials + result.njev * math.ceil(6 / 4)
+    assert work.host_reads["trf"] < 3 * result.nfev

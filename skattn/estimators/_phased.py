@@ -266,9 +266,9 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
     polish_solver : {"auto", "dense", "matrix-free"}, default="auto"
         Levenberg-Marquardt solver of the polish: the Gauss-Newton matrix formed
         and factored (``"dense"``: ``O((m d^2)^3)`` a step, fastest for small
-        layers) or each step solved by LSMR from Jacobian-vector products
-        (``"matrix-free"``: a few tens of passes over the examples a step, no
-        ``(m d^2)^2`` matrix).  ``"auto"``: dense when ``m d^2 <= 400`` and
+        layers) or each step solved by conjugate gradients from Jacobian-vector
+        products (``"matrix-free"``: a few tens of passes over the examples a
+        step, no ``(m d^2)^2`` matrix).  ``"auto"``: dense when ``m d^2 <= 400`` and
         ``head_rank`` is None, else matrix-free
         (:func:`skattn.solvers.choose_solver`).  ``phase_report_`` says which ran,
         its iterations and its Jacobian products.

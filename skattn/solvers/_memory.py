@@ -27,12 +27,12 @@ from .stages._search import _BATCH_SIZE
 __all__ = ["decoder_fit_memory", "available_memory"]
 
 _DOUBLE, _SINGLE = 8, 4
-# Vectors of the residuals' length (n k d_out) the trust-region solver and LSMR
+# Vectors of the residuals' length (n k d_out) the trust-region solver and CGLS
 # hold at once: the residuals and the trial's, J s and the two columns of the
-# 2-D subspace, LSMR's u and its product.
+# 2-D subspace, CGLS's residual and its product.
 _RESIDUAL_VECTORS = 7
-# Vectors of the parameters' length they hold: x, the gradient, LSMR's v, h,
-# hbar, x and products, the step, the subspace's two columns, the trial point.
+# Vectors of the parameters' length they hold: x, the gradient, CGLS's x, s, p
+# and products, the step, the subspace's two columns, the trial point.
 _PARAMETER_VECTORS = 12
 
 

@@ -3,15 +3,16 @@ the reduced problem, its Jacobian given only through products.
 
 The variable-projection problem (the W_i eliminated by least squares;
 :class:`~skattn.solvers.kernels._varpro.VarproProblem` evaluates its residual and
-Jacobian products) is solved by the trust-region reflective method with LSMR steps
-(:func:`~skattn.solvers.optimizers._trf.trf`: scipy's ``least_squares(method="trf",
-tr_solver="lsmr")``, written against the array namespace of the data, so that torch
-or CuPy arrays stay on their device; on numpy it ends where scipy's ends).  No
+Jacobian products) is solved by trust-region steps solved by conjugate gradients
+(:func:`~skattn.solvers.optimizers._trf.trf`, the one core of every least-squares
+stage: the steps of scipy's ``least_squares(method="trf", tr_solver="lsmr")``,
+CGLS stopped where LSMR would, written against the array namespace of the data,
+every scalar on the device, so that torch or CuPy arrays stay there).  No
 ``(m d^2)^2`` matrix is ever formed: memory is that of a few residual vectors and
 the per-sample patterns.
 
-:func:`varpro_least_squares` runs the solver in two stages: loose LSMR steps
-while the residual is large (``COARSE_UNTIL``), then steps solved to LSMR's default
+:func:`varpro_least_squares` runs the solver in two stages: loose steps while
+the residual is large (``COARSE_UNTIL``), then steps solved to LSMR's default
 tolerance for the quadratic convergence at the end.  Each stage works in the
 variables of the parametrization's right preconditioner at its start (for low-rank
 heads the metric of scaled gradient descent; none for full Theta_i).  With
@@ -71,7 +72,7 @@ def jacobian_operator(problem, params, *, orthogonal=False):
 
 # Far from a minimum the trust region, not the accuracy of the Gauss-Newton step,
 # limits the progress: while the residual is above COARSE_UNTIL of the targets'
-# norm, each step's least-squares problem is solved by LSMR only to relative
+# norm, each step's least-squares problem is solved only to relative
 # tolerance COARSE_LSMR_TOL (its default is 1e-6); below, to the default, for the
 # quadratic convergence at the end.
 COARSE_UNTIL = 1e-2
@@ -100,7 +101,7 @@ def varpro_least_squares(
     verbose=0,
     memory=None,
 ):
-    """Minimise the reduced loss matrix-free: trust-region reflective steps by LSMR.
+    """Minimise the reduced loss matrix-free: trust-region steps by CGLS.
 
     The arrays may be of any array-API namespace (numpy, torch, CuPy,
     array-api-strict): the solver runs in that of ``X``, on its device; with
@@ -120,7 +121,7 @@ def varpro_least_squares(
         Relative step tolerance (``xtol``); ``ftol`` and ``gtol`` are set at the
         rounding floor so the solver stops on the step or at machine precision.
     max_products : int or None
-        Cap on the LSMR iterations of one step (``None``: ``min(p, 200)``).
+        Cap on the CGLS iterations of one step (``None``: ``min(p, 200)``).
     coarse : bool, default=True
         Solve the steps loosely (``COARSE_LSMR_TOL``) while the residual is above
         ``COARSE_UNTIL`` of the targets' norm, then to LSMR's default tolerance.
@@ -307,7 +308,7 @@ def varpro_least_squares(
         part, whitening = 0, {}
         steps = {"maxiter": max_products}
         if not is_numpy(xp) and options["slow_dims"] is not None:
-            # a rotary polish's steps, truncated: LSMR's tests read at its end
+            # a rotary polish's steps, truncated: CGLS's tests read at its end
             steps["check_every"] = max_products
         if options["slow_dims"] is not None and status is None:
             # far from a minimum the lift slows the polish: plain steps first,
@@ -449,7 +450,7 @@ def _stage(
     preconditioner=None,
     **options,
 ):
-    """One run of :func:`~skattn.solvers.optimizers._trf.trf` (LSMR steps) from
+    """One run of :func:`~skattn.solvers.optimizers._trf.trf` (CGLS steps) from
     ``params``.
 
     In the variables ``z`` of the parametrization's right preconditioner ``M``
@@ -518,7 +519,7 @@ def _stage(
     def jacobian(z):
         p = point(z)  # the problems keep their own copy of the point
 
-        # LSMR's left vectors stay orthogonal to the design (they are built from
+        # CGLS's residuals stay orthogonal to the design (they are built from
         # the residual at W* and from J v): the cheaper adjoint is exact there
         def matvec(v):
             return products.matvec(p, push(z, v))

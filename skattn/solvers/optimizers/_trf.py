@@ -1,44 +1,47 @@
-"""Trust-region reflective least squares without bounds, matrix-free, in any array
-namespace: scipy's ``least_squares(method="trf", tr_solver="lsmr", x_scale=1.0)``.
+"""Trust-region least squares without bounds, matrix-free, in any array
+namespace, for one problem or a batch of independent ones: the one core of every
+least-squares stage.
 
-scipy's ``least_squares`` is numpy-only.  :func:`trf` is the same method, step for
-step, written against the array namespace of ``x0``: the iterate, the residuals
-and the Jacobian products stay in that namespace and on its device, and the
-trust-region bookkeeping (the 1-D regularizing quadratic, the radius update, the
-stopping tests) runs on the host in Python floats.  The 2-D subproblem in the
-span of the gradient and the Gauss-Newton step is solved on the host as scipy's
-on numpy, and in the namespace elsewhere (:func:`_solve_trust_region_2d_xp`, a
-fixed number of operations, no host read).  The host reads two stacked sets of
-scalars an iteration, besides LSMR's: the gradient's norms with the curvature
-along it, then, after each trial step, its predicted and actual reductions and
-norms.  Each iteration:
+:func:`trust_region_steps` minimises ``1/2 ||r_i(x_i)||^2`` for ``h >= 1``
+problems at once (a batch of independent heads, or one problem: the joint polish,
+the decoder polish, a head's logit fit), each by the steps of scipy's
+``least_squares(method="trf", tr_solver="lsmr", x_scale=1.0)`` taken alone:
 
 1. ``g = J^T f``; stop when ``||g||_inf < gtol``;
-2. the Gauss-Newton step ``gn`` by :func:`~._lsmr.lsmr`, damped by the curvature
-   of the loss along ``-g`` within the trust region (scipy's ``regularize``);
-3. an orthonormal basis ``S`` of ``(g, gn)`` (economic QR), and the 2-D trust-region
-   problem ``min 1/2 p^T S^T J^T J S p + g^T S p``, ``||p|| <= Delta``;
-4. the trial point ``x + S p``; the ratio of actual to predicted decrease sets the
-   radius (scipy's ``update_tr_radius``), and ``ftol``/``xtol`` stop the run
-   (``check_termination``); a rejected step shrinks the radius and retries.
+2. the Gauss-Newton step ``gn`` by CGLS (:func:`~._cgls.batched_cgls`, stopped
+   where LSMR would), damped by the curvature of the loss along ``-g`` within
+   the trust region (scipy's ``regularize``);
+3. an orthonormal basis ``S`` of ``(g, gn)``, and the 2-D trust-region problem
+   ``min 1/2 p^T S^T J^T J S p + g^T S p``, ``||p|| <= Delta``;
+4. the trial point ``x + S p``; the ratio of actual to predicted decrease sets
+   the radius (scipy's ``update_tr_radius``), and ``ftol``/``xtol`` stop the
+   problem (``check_termination``); a rejected trial retries with a smaller
+   radius in the same 2-D span, without a new solve.
 
-With numpy it makes scipy's calls: the same BLAS calls on arrays of the same
-layout (the QR is scipy's ``linalg.qr``), the same scalar arithmetic, so that on
-the scipy it was written against its iterates were scipy's to the bit.  The tests
-hold it to scipy's documented outcome (the same status, the same minimum, the
-budget of evaluations), not to one scipy version's iterates or counts.
-Unlike scipy, no Jacobian product is spent on a zero vector to infer a dtype (scipy
-builds a ``LinearOperator`` each iteration that does that).
+Every scalar is an ``(h,)`` array on the device: the rules (:func:`radius_update`,
+:func:`termination`, :func:`minimize_quadratic_1d`) and the 2-D subproblem
+(:func:`_solve_trust_region_2d_batch`) are elementwise in the namespace.  The
+host reads once a trial (which problems took their step, which stopped, their
+costs), once at the start (the costs: a start whose residuals are not finite is
+refused), and in CGLS every ``check_every`` iterations: no read an iteration
+beyond the stopping test.  A problem that has stopped leaves the batch when the
+problem object can shrink (``leave``), so that the products shrink with it.
+
+:func:`trf` is the one-problem front (``h = 1``) with scipy's ``OptimizeResult``,
+callbacks and resumable states.  Before the one core, :func:`trf` ran LSMR with
+the scalars on the host (scipy's run to the bit on numpy) and the batched heads a
+copy of the same loop with CGLS; the tests hold :func:`trf` to scipy's
+documented outcome (the same status, the same minimum, the budget of
+evaluations), not to its iterates.
 """
 
 import math
 
 import numpy as np
-from scipy import linalg
 from scipy.optimize import OptimizeResult
 
-from ...utils._array_api import device, is_numpy, to_numpy
-from ._lsmr import lsmr
+from ...utils._array_api import device, to_numpy
+from ._cgls import _column, _norms2, _safe, batched_cgls
 
 __all__ = [
     "TERMINATION_MESSAGES",
@@ -46,6 +49,7 @@ __all__ = [
     "radius_update",
     "termination",
     "trf",
+    "trust_region_steps",
 ]
 
 # status -> message, as scipy's least_squares
@@ -64,32 +68,6 @@ TERMINATION_MESSAGES = {
 _ANGLES = 32
 _NEWTON_STEPS = 8
 _TINY = float(np.finfo(float).tiny)
-
-
-def _host_floats(xp, *scalars):
-    """0-d arrays (dot products, norms) of ``xp`` as numpy ``float64`` on the
-    host, in one stacked copy: one host read (so that scalar divisions by zero
-    give ``inf``/``nan`` as in scipy).  The dot products are those that
-    ``numpy.linalg.norm`` takes for a vector (BLAS ``ddot`` on numpy)."""
-    return tuple(np.float64(value) for value in to_numpy(xp.stack(scalars)))
-
-
-def _f64(*values):
-    """Host floats as numpy ``float64`` scalars, for the elementwise rules
-    (:func:`radius_update`, :func:`termination`, :func:`minimize_quadratic_1d`)
-    on the host: the same IEEE operations as on Python floats."""
-    return tuple(np.float64(v) for v in values)
-
-
-def _qr_columns(xp, a, b):
-    """An orthonormal basis ``S`` ``(n, 2)`` of the columns ``[a, b]`` (economic QR).
-
-    numpy: scipy's ``linalg.qr`` (LAPACK ``geqrf``/``orgqr``, a Fortran-ordered
-    ``Q``), as scipy's ``trf``, so that the products with ``S`` are its bits.
-    """
-    if is_numpy(xp):
-        return linalg.qr(np.vstack((a, b)).T, mode="economic")[0]
-    return xp.linalg.qr(xp.stack([a, b], axis=1))[0]
 
 
 def minimize_quadratic_1d(xp, a, b, upper):
@@ -113,49 +91,6 @@ def minimize_quadratic_1d(xp, a, b, upper):
     return xp.minimum(xp.minimum(at_zero, at_end), at_extremum)
 
 
-def _solve_trust_region_2d(B, g, Delta):
-    """Minimise ``1/2 p^T B p + g^T p`` subject to ``||p|| <= Delta`` in 2-D, on the
-    host (scipy's ``solve_trust_region_2d``): the Newton step when ``B`` is
-    positive definite and the step is inside, else the minimum on the circle,
-    ``p = Delta (2 t, 1 - t^2) / (1 + t^2)`` at a real root ``t`` of a quartic."""
-    try:
-        factor = linalg.cho_factor(B)
-        p = -linalg.cho_solve(factor, g)
-        if np.dot(p, p) <= Delta**2:
-            return p
-    except linalg.LinAlgError:
-        pass
-    a = B[0, 0] * Delta**2
-    b = B[0, 1] * Delta**2
-    c = B[1, 1] * Delta**2
-    d = g[0] * Delta
-    f = g[1] * Delta
-    coeffs = np.array([-b + d, 2 * (a - c + f), 6 * b, 2 * (-a + c + f), -b - d])
-    t = np.roots(coeffs)  # leading zeros are fine
-    t = np.real(t[np.isreal(t)])
-    p = Delta * np.vstack((2 * t / (1 + t**2), (1 - t**2) / (1 + t**2)))
-    value = 0.5 * np.sum(p * B.dot(p), axis=0) + np.dot(g, p)
-    return p[:, np.argmin(value)]
-
-
-def _solve_trust_region_2d_xp(xp, B, g, Delta):
-    """:func:`_solve_trust_region_2d` in ``xp``, on the device of ``B`` (2 x 2)
-    and ``g`` (2,), without a host read: :func:`_solve_trust_region_2d_batch`
-    of one problem.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skattn.utils._array_api import namespace
-    >>> B, g = np.array([[2.0, 0.0], [0.0, -1.0]]), np.array([1.0, 1.0])
-    >>> p = _solve_trust_region_2d_xp(namespace(B), B, g, 1.0)
-    >>> bool(np.allclose(p, _solve_trust_region_2d(B, g, 1.0)))
-    True
-    """
-    radius = xp.full((1,), float(Delta), dtype=B.dtype, device=device(B))
-    return _solve_trust_region_2d_batch(xp, B[None, ...], g[None, ...], radius)[0, :]
-
-
 def _solve_trust_region_2d_batch(xp, B, g, Delta):
     """:func:`_solve_trust_region_2d` for ``h`` problems at once in ``xp``
     (``B`` ``(h, 2, 2)``, ``g`` ``(h, 2)``, ``Delta`` ``(h,)``, all on the
@@ -173,9 +108,8 @@ def _solve_trust_region_2d_batch(xp, B, g, Delta):
     >>> B = np.array([[[2.0, 0.0], [0.0, -1.0]], [[3.0, 1.0], [1.0, 2.0]]])
     >>> g, Delta = np.array([[1.0, 1.0], [0.5, -0.2]]), np.array([1.0, 2.0])
     >>> p = _solve_trust_region_2d_batch(namespace(B), B, g, Delta)
-    >>> expected = [_solve_trust_region_2d(B[i], g[i], Delta[i]) for i in range(2)]
-    >>> bool(np.allclose(p, expected))
-    True
+    >>> np.round(p, 6).tolist()  # on the circle, then Newton's step inside
+    [[-0.248001, -0.96876], [-0.24, 0.22]]
     """
     a, b, c = B[:, 0, 0], B[:, 0, 1], B[:, 1, 1]
     g0, g1 = g[:, 0], g[:, 1]
@@ -307,6 +241,382 @@ def trial_errors():
     return np.errstate(over="ignore", invalid="ignore", divide="ignore")
 
 
+def _regularization(xp, matvec, g, Delta):
+    """scipy's ``regularize`` damping of each problem's Gauss-Newton step:
+    ``-min_{0 <= t <= Delta / ||g||} (a t^2 + b t) / Delta^2`` with ``a = ||J
+    g||^2 / 2``, ``b = -||g||^2``, the loss's decrease along ``-g`` within the
+    trust region; ``(h,)``."""
+    v = matvec(-g)
+    a = 0.5 * _norms2(xp, v)
+    gg = _norms2(xp, g)
+    upper = Delta / xp.sqrt(_safe(xp, gg))
+    return -minimize_quadratic_1d(xp, a, -gg, upper) / (Delta * Delta)
+
+
+def _subspace(xp, matvec, g, gn):
+    """An orthonormal basis ``S`` ``(h, p, 2)`` of each problem's ``(g, gn)``
+    (Gram-Schmidt; a second column of zeros where ``gn`` is along ``g``), and
+    the 2-D problem there: ``B_S = (J S)^T J S`` ``(h, 2, 2)``, ``g_S = S^T g``
+    ``(h, 2)``."""
+    first = g / _column(xp, xp.sqrt(_safe(xp, _norms2(xp, g))))
+    other = gn - _column(xp, xp.sum(first * gn, axis=1)) * first
+    size = xp.sqrt(_norms2(xp, other))
+    scale = xp.where(size > 1e-12 * xp.sqrt(_norms2(xp, gn)), size, xp.inf)
+    second = other / _column(xp, scale)
+    S = xp.stack([first, second], axis=2)
+    JS = xp.stack([matvec(first), matvec(second)], axis=2)  # (h, N, 2)
+    B_S = xp.matrix_transpose(JS) @ JS
+    g_S = xp.stack([xp.sum(first * g, axis=1), xp.sum(second * g, axis=1)], axis=1)
+    return S, B_S, g_S
+
+
+def trust_region_steps(
+    xp,
+    problem,
+    x0,
+    *,
+    ftol=1e-8,
+    xtol=1e-8,
+    gtol=1e-8,
+    max_nfev=None,
+    inner_maxiter=None,
+    inner_atol=1e-6,
+    inner_btol=1e-6,
+    damp=0.0,
+    regularize=True,
+    check_every=8,
+    callback=None,
+    resume=None,
+    verbose=0,
+):
+    """Minimise ``1/2 ||r_i(x_i)||^2`` for every problem ``i`` of ``problem``,
+    each by its own trust region, steps, acceptance and stopping (the steps of
+    the module's docstring).
+
+    Parameters
+    ----------
+    xp : namespace
+    problem : object
+        ``residual(x)``: ``(h, p) -> (h, N)``, the residuals at a trial point
+        (the problem may keep it as its current point); ``products(x,
+        current)``: the Jacobians at ``x``, an accepted point, as ``(matvec,
+        rmatvec)``, ``(h, p) -> (h, N)`` and back (``current``: ``x`` is the
+        last point given to ``residual``, or the one ``finished`` left);
+        ``finished(positions, x, current)``: the positions (host
+        integers) that stop, at the accepted point ``x`` of every problem still
+        in (to record what the problem holds at their end; the problem is at
+        ``x`` afterwards), and ``leave(keep)``: only the positions ``keep`` go
+        on (the problem's rows shrink with every array here).
+    x0 : array of shape (h, p)
+    ftol, xtol, gtol : float
+        scipy's tolerances: relative decrease of the cost (with a good step),
+        relative step ``||dx|| < xtol (xtol + ||x||)``, ``||g||_inf < gtol``.
+    max_nfev : int or None
+        Residual evaluations per problem, the start's included (``None``:
+        ``100 p``).
+    inner_maxiter, inner_atol, inner_btol : int or None, float, float
+        CGLS's iterations a step (``None``: ``min(p, 200)``) and LSMR's
+        stopping tolerances, which it applies.
+    damp : float, default=0.0
+        A fixed damping of every step, besides ``regularize``'s.
+    regularize : bool, default=True
+        scipy's damping by the loss's curvature along the gradient.
+    check_every : int, default=8
+        CGLS iterations between the host's looks.
+    callback : callable or None
+        With ``h = 1`` only: ``callback(intermediate_result)`` after each
+        accepted step, with ``x``, ``fun``, ``nit``, ``nfev``, ``cost`` and
+        ``state`` (what ``resume`` takes); ``StopIteration`` stops the run
+        (status -2).
+    resume : dict or None
+        With ``h = 1`` only: an intermediate result's ``state``; the run goes on
+        from that accepted step as the uninterrupted run did (``x0`` ignored).
+    verbose : int, default=0
+        With ``h = 1``: 1 the termination message, 2 also a line an accepted
+        step.
+
+    Returns
+    -------
+    dict
+        Per problem (lists): ``x`` and ``fun`` (rows in ``xp``), ``cost``,
+        ``status`` (-2 callback, 0 ``max_nfev``, 1 ``gtol``, 2 ``ftol``, 3
+        ``xtol``, 4 both), ``nfev``, ``njev`` (accepted steps plus one),
+        ``optimality`` (``||g||_inf`` at the last Jacobian), ``n_nonfinite``
+        (trials whose residuals overflowed: rejected, the radius cut to a
+        quarter of the step, without a numpy ``RuntimeWarning``); and
+        ``host_reads``, ``inner_iterations`` (CGLS iterations, all steps).
+
+    Raises
+    ------
+    ValueError
+        When the residuals at ``x0`` are not finite.
+    """
+    counter = {"reads": 0}
+    ftol, xtol, gtol, damp = float(ftol), float(xtol), float(gtol), float(damp)
+    z = xp.asarray(x0 if resume is None else resume["x"], dtype=xp.float64, copy=True)
+    if resume is not None and z.ndim == 1:
+        z = z[None, :]
+    h0, n = z.shape
+    one = callback is not None or resume is not None or verbose
+    if one and h0 != 1:
+        raise ValueError("callback, resume and verbose are for one problem (h = 1)")
+    if max_nfev is None:
+        max_nfev = 100 * n
+    where = device(z)
+    f = problem.residual(z)
+    cost = 0.5 * _norms2(xp, f)
+    # one read: the start's costs (non-finite where a residual is, or where
+    # finite residuals overflow the sum: then read the residuals too)
+    counter["reads"] += 1
+    start = np.asarray(to_numpy(cost), dtype=np.float64)
+    if not np.all(np.isfinite(start)) and not bool(xp.all(xp.isfinite(f))):
+        raise ValueError("Residuals are not finite in the initial point.")
+    host_cost = [float(c) for c in start]
+    initial_cost = host_cost[0] if resume is None else resume["initial_cost"]
+    alive = list(range(h0))  # the problems still in: host positions
+    n_eval, n_iter, n_nonfinite = [1] * h0, [1] * h0, [0] * h0
+    status = [None] * h0
+    final = {key: [None] * h0 for key in ("x", "fun", "cost", "optimality")}
+    nit = 0
+    Delta = xp.sqrt(_norms2(xp, z))
+    Delta = xp.where(Delta == 0, 1.0, Delta)
+    step_norm = reduction = None
+    if resume is not None:  # where the interrupted run stood after a step
+        Delta = xp.full((1,), float(resume["Delta"]), dtype=xp.float64, device=where)
+        n_eval, n_iter, nit = [resume["nfev"]], [resume["njev"]], resume["nit"]
+        step_norm, reduction = resume["step_norm"], resume["actual_reduction"]
+    if resume is not None and resume.get("status") is not None:
+        stopped = resume["status"]  # the interrupted run stopped at that step
+    elif min(n_eval) >= max_nfev:
+        stopped = 0  # no evaluation left for a trial
+    else:
+        stopped = None
+    if stopped is not None:
+        final = {
+            "x": [z[j, ...] for j in range(h0)],
+            "fun": [f[j, ...] for j in range(h0)],
+            "cost": host_cost,
+            "optimality": [math.nan] * h0,
+        }
+        if h0 > 1:
+            problem.finished(list(range(h0)), z, True)
+        return {
+            **final,
+            "status": [stopped] * h0,
+            "nfev": n_eval,
+            "njev": n_iter,
+            "n_nonfinite": n_nonfinite,
+            "host_reads": counter["reads"],
+            "inner_iterations": 0,
+        }
+    matvec, rmatvec = problem.products(z, True)
+    g = rmatvec(f)
+    g_max = xp.max(xp.abs(g), axis=1)
+    fresh = xp.ones(Delta.shape, dtype=xp.bool, device=where)  # a new Jacobian
+    S = B_S = g_S = None
+    last_itn = None
+    inner_total = 0
+    any_fresh = True  # (on the host) some problem has a new Jacobian
+    if verbose == 2:
+        _print_header()
+    while True:
+        # the problems with a new Jacobian: their gradient test and 2-D problem
+        g_ok = fresh & (g_max < gtol)
+        if any_fresh:
+            reg = _regularization(xp, matvec, g, Delta) if regularize else 0.0 * Delta
+            gn, _, itn = batched_cgls(
+                xp,
+                matvec,
+                rmatvec,
+                f,
+                xp.sqrt(xp.clip(reg + damp * damp, min=0.0)),
+                atol=inner_atol,
+                btol=inner_btol,
+                maxiter=inner_maxiter,
+                first_check=last_itn,
+                check_every=check_every,
+                counter=counter,
+                active=fresh & ~g_ok,
+            )
+            last_itn, inner_total = itn, inner_total + itn
+            S_new, B_new, g_new = _subspace(xp, matvec, g, gn)
+            if S is None:
+                S, B_S, g_S = S_new, B_new, g_new
+            else:
+                S = xp.where(fresh[:, None, None], S_new, S)
+                B_S = xp.where(fresh[:, None, None], B_new, B_S)
+                g_S = xp.where(fresh[:, None], g_new, g_S)
+        # a trial for every problem: a retry with a smaller radius where the
+        # last was rejected
+        p_S = _solve_trust_region_2d_batch(xp, B_S, g_S, Delta)
+        step = xp.sum(S * p_S[:, None, :], axis=2)
+        predicted = -(
+            0.5 * xp.sum(p_S * xp.sum(B_S * p_S[:, None, :], axis=2), axis=1)
+            + xp.sum(p_S * g_S, axis=1)
+        )
+        z_new = z + step
+        # a trial that overflows (logits of a step too long) is not finite and
+        # not accepted; numpy's warnings of it are left unsaid
+        with trial_errors():
+            f_new = problem.residual(z_new)
+            cost_new = 0.5 * _norms2(xp, f_new)
+        finite = xp.isfinite(cost_new)
+        actual = xp.where(finite, cost - cost_new, -1.0)
+        step_norm_now = xp.sqrt(_norms2(xp, step))
+        # scipy's update_tr_radius and check_termination, per problem
+        radius, ratio = radius_update(xp, Delta, actual, predicted, step_norm_now)
+        code = termination(
+            xp, actual, cost, step_norm_now, xp.sqrt(_norms2(xp, z)), ratio, ftol, xtol
+        )
+        code = xp.where(finite, code, -1)
+        code = xp.where(g_ok, 1, code)
+        accept = finite & (actual > 0) & ~g_ok
+        Delta = xp.where(finite, radius, 0.25 * step_norm_now)
+        # one read a trial: which problems took their step, which stopped,
+        # whether the trial was finite, its cost, the step's norm, the gradient
+        flags = xp.stack(
+            [
+                xp.astype(accept, xp.float64),
+                xp.astype(code, xp.float64),
+                xp.astype(finite, xp.float64),
+                xp.where(accept, cost_new, cost),
+                step_norm_now,
+                g_max,
+            ],
+            axis=1,
+        )
+        counter["reads"] += 1
+        flags = np.asarray(to_numpy(flags), dtype=np.float64)
+        took = flags[:, 0] > 0
+        codes = flags[:, 1].astype(np.int64)
+        for j, i in enumerate(alive):
+            n_eval[i] += 0 if codes[j] == 1 else 1
+            n_iter[i] += int(took[j])
+            n_nonfinite[i] += int(flags[j, 2] == 0 and codes[j] != 1)
+        current = bool(took.all())  # the problem is at z
+        if current:  # the same arrays, so that a problem knows its point
+            z, f, cost = z_new, f_new, cost_new
+        elif took.any():
+            z = xp.where(accept[:, None], z_new, z)
+            f = xp.where(accept[:, None], f_new, f)
+            cost = xp.where(accept, cost_new, cost)
+        fresh = accept
+        done = [j for j, i in enumerate(alive) if codes[j] > 0 or n_eval[i] >= max_nfev]
+        stop = False
+        if one and took[0]:
+            nit += 1
+            step_norm = float(flags[0, 4])
+            reduction = host_cost[0] - float(flags[0, 3])
+            host_cost[0] = float(flags[0, 3])
+            if verbose == 2:
+                _print_iteration(
+                    nit, n_eval[0], host_cost[0], reduction, step_norm, flags[0, 5]
+                )
+            if callback is not None:
+                intermediate = OptimizeResult(
+                    x=z[0, ...], fun=f[0, ...], nit=nit, nfev=n_eval[0]
+                )
+                intermediate["cost"] = host_cost[0]
+                intermediate["state"] = {
+                    "x": z[0, ...],
+                    "Delta": float(to_numpy(Delta)[0]),
+                    "nfev": n_eval[0],
+                    "njev": n_iter[0],
+                    "nit": nit,
+                    "initial_cost": initial_cost,
+                    "step_norm": step_norm,
+                    "actual_reduction": reduction,
+                    "status": (
+                        int(codes[0])
+                        if codes[0] > 0
+                        else (0 if n_eval[0] >= max_nfev else None)
+                    ),
+                }
+                try:
+                    callback(intermediate)
+                except StopIteration:
+                    stop = True
+                    done = [0]
+        if done:
+            problem.finished(done, z, current)
+            current = True
+            for j in done:
+                i = alive[j]
+                code = int(codes[j])
+                status[i] = -2 if stop else (code if code > 0 else 0)
+                final["x"][i], final["fun"][i] = z[j, ...], f[j, ...]
+                final["cost"][i] = float(flags[j, 3])
+                final["optimality"][i] = float(flags[j, 5])
+        if len(done) == len(alive):
+            break
+        going = [j for j in range(len(alive)) if j not in done]
+        any_fresh = bool(took[going].any())
+        if done:
+            problem.leave(going)
+            rows = xp.asarray(np.asarray(going, dtype=np.int64), device=where)
+            z, f, g, cost, Delta, fresh, g_max, S, B_S, g_S = (
+                xp.take(a, rows, axis=0)
+                for a in (z, f, g, cost, Delta, fresh, g_max, S, B_S, g_S)
+            )
+            alive = [alive[j] for j in going]
+        if any_fresh:
+            matvec, rmatvec = problem.products(z, current)
+            g = rmatvec(f)
+            g_max = xp.max(xp.abs(g), axis=1)
+    if verbose >= 1:
+        print(TERMINATION_MESSAGES[status[0]])
+        print(
+            f"Function evaluations {n_eval[0]}, initial cost {initial_cost:.4e}, "
+            f"final cost {final['cost'][0]:.4e}, "
+            f"first-order optimality {final['optimality'][0]:.2e}."
+        )
+    return {
+        **final,
+        "status": status,
+        "nfev": n_eval,
+        "njev": n_iter,
+        "n_nonfinite": n_nonfinite,
+        "host_reads": counter["reads"],
+        "inner_iterations": inner_total,
+    }
+
+
+class _OneProblem:
+    """:func:`trf`'s ``fun`` and ``jac`` as a batch of one problem; the row
+    of a point is the same array each time it is asked for, so that ``fun``
+    and ``jac`` see the same object at an accepted point (the joint polish's
+    problem knows its point by it)."""
+
+    def __init__(self, fun, jac):
+        self._fun, self._jac = fun, jac
+        self._last = (None, None)
+
+    def _row(self, x):
+        if x is not self._last[0]:
+            self._last = (x, x[0, ...])
+        return self._last[1]
+
+    def residual(self, x):
+        return self._fun(self._row(x))[None, ...]
+
+    def products(self, x, current):
+        matvec, rmatvec = self._jac(self._row(x))
+        return (
+            lambda v: matvec(v[0, ...])[None, ...],
+            lambda u: rmatvec(u[0, ...])[None, ...],
+        )
+
+    def finished(self, positions, x, current):
+        pass
+
+    def leave(self, keep):  # pragma: no cover - one problem stops the run
+        pass
+
+
+# tr_options that trf takes (LSMR's names, applied by CGLS)
+_TR_OPTIONS = {"maxiter", "atol", "btol", "damp", "regularize", "check_every"}
+
+
 def trf(
     xp,
     fun,
@@ -322,8 +632,8 @@ def trf(
     verbose=0,
     resume=None,
 ):
-    """Minimise ``1/2 ||fun(x)||^2``: trust-region reflective steps (no bounds,
-    linear loss, ``x_scale=1``) with LSMR on the Jacobian's products.
+    """Minimise ``1/2 ||fun(x)||^2``: :func:`trust_region_steps` for one problem
+    (no bounds, linear loss, ``x_scale=1``), scipy's ``least_squares`` interface.
 
     Parameters
     ----------
@@ -333,8 +643,8 @@ def trf(
         ``x -> f``, the residuals ``(m,)`` in ``xp``.
     jac : callable
         ``x -> (matvec, rmatvec)``: the Jacobian at ``x`` by its products
-        ``v -> J v`` and ``u -> J^T u`` (returning new arrays).  Called once at
-        ``x0`` and after each accepted step.
+        ``v -> J v`` and ``u -> J^T u`` (returning new arrays).  Called at
+        ``x0`` and after each accepted step, with the array ``fun`` was given.
     x0 : array of shape (n,)
     ftol, xtol, gtol : float
         scipy's tolerances: relative decrease of the cost (with a good step),
@@ -342,31 +652,32 @@ def trf(
     max_nfev : int or None
         Residual evaluations (``None``: ``100 n``).
     tr_options : dict or None
-        Keywords of :func:`~._lsmr.lsmr` (``maxiter``, ``atol``, ``btol``,
-        ``conlim``, ``damp``) and ``regularize`` (default True).
+        The steps' solver (LSMR's keywords, which CGLS applies): ``maxiter``,
+        ``atol``, ``btol``, ``damp``, ``regularize`` (default True) and
+        ``check_every`` (iterations between the host's looks, default 8).
     callback : callable or None
-        ``callback(intermediate_result)`` after each iteration, with attributes
-        ``x``, ``fun``, ``nit``, ``nfev``, ``cost`` and ``state`` (what
-        ``resume`` takes to go on from there); raising ``StopIteration`` stops
-        the run with status -2.
+        ``callback(intermediate_result)`` after each accepted step, with
+        attributes ``x``, ``fun``, ``nit``, ``nfev``, ``cost`` and ``state``
+        (what ``resume`` takes to go on from there); raising ``StopIteration``
+        stops the run with status -2.
     verbose : int, default=0
-        1: the termination message; 2: also one line per iteration.
+        1: the termination message; 2: also one line per accepted step.
     resume : dict or None
         An intermediate result's ``state`` (a kept iterate of an interrupted
-        run): the run goes on from that iteration as the uninterrupted run did
-        (its residuals and Jacobian at the iterate are evaluated again, to the
-        same bits); ``x0`` is then ignored.
+        run): the run goes on from that step as the uninterrupted run did (its
+        residuals and Jacobian there are evaluated again, to the same bits);
+        ``x0`` is then ignored.
 
     Returns
     -------
     OptimizeResult
-        ``x`` and ``fun`` (in ``xp``), ``cost``, ``optimality`` (``||g||_inf``),
-        ``grad``, ``nfev``, ``njev``, ``status`` (-2 callback, 0 ``max_nfev``,
-        1 ``gtol``, 2 ``ftol``, 3 ``xtol``, 4 ``ftol`` and ``xtol``), ``message``,
-        ``success`` (``status > 0``), as scipy's ``least_squares``; and
-        ``n_nonfinite_trials``: the trial points whose residuals overflowed
-        (rejected, the trust region cut to a quarter of the step, without a
-        numpy ``RuntimeWarning``).
+        ``x`` and ``fun`` (in ``xp``), ``cost``, ``optimality`` (``||g||_inf``
+        at the last Jacobian), ``nfev``, ``njev``, ``status`` (-2 callback, 0
+        ``max_nfev``, 1 ``gtol``, 2 ``ftol``, 3 ``xtol``, 4 ``ftol`` and
+        ``xtol``), ``message``, ``success`` (``status > 0``), as scipy's
+        ``least_squares``; and ``n_nonfinite_trials``: the trial points whose
+        residuals overflowed (rejected, the trust region cut to a quarter of
+        the step, without a numpy ``RuntimeWarning``).
 
     Raises
     ------
@@ -389,166 +700,41 @@ def trf(
     ([2.0, -1.5], True)
     """
     tr_options = dict(tr_options or {})
-    damp = tr_options.pop("damp", 0.0)
-    regularize = tr_options.pop("regularize", True)
-    x = xp.asarray(x0 if resume is None else resume["x"], dtype=xp.float64, copy=True)
-    n = x.shape[0]
-    if max_nfev is None:
-        max_nfev = 100 * n
-    f = fun(x)
-    # one host read: the residuals' squared norm (non-finite when any residual
-    # is) and ||x||, the first radius
-    ff, xx = _host_floats(xp, f @ f, x @ x)
-    cost = 0.5 * ff
-    if not math.isfinite(cost) and not bool(xp.all(xp.isfinite(f))):
-        raise ValueError("Residuals are not finite in the initial point.")
-    initial_cost = cost
-    matvec, rmatvec = jac(x)
-    nfev = njev = 1
-    m = f.shape[0]
-    g = rmatvec(f)
-    # x_scale = 1: scipy's scaling by a vector of ones is exact, and left out
-    Delta = np.sqrt(xx)
-    if Delta == 0:
-        Delta = 1.0
-    reg_term = 0.0
-    status = None
-    iteration = n_nonfinite = 0
-    step_norm = actual_reduction = None
-    if resume is not None:  # where the interrupted run stood after an iteration
-        Delta, nfev, njev = resume["Delta"], resume["nfev"], resume["njev"]
-        iteration, initial_cost = resume["nit"], resume["initial_cost"]
-        step_norm, actual_reduction = resume["step_norm"], resume["actual_reduction"]
-        status = resume["status"]
-    if verbose == 2:
-        _print_header()
-
-    while True:
-        going = status is None and nfev != max_nfev
-        scalars = [xp.max(xp.abs(g))]
-        if going and regularize:
-            # the loss's curvature along -g within the trust region damps LSMR
-            # (a product spent in vain when the gradient stops the run: its
-            # scalars are read with the gradient's norm, in one host read)
-            minus_g = -g
-            v = matvec(minus_g)
-            scalars += [v @ v, g @ minus_g, g @ g]
-        scalars = _host_floats(xp, *scalars)
-        g_norm = float(scalars[0])
-        if g_norm < gtol:
-            status = 1
-        if verbose == 2:
-            _print_iteration(iteration, nfev, cost, actual_reduction, step_norm, g_norm)
-        if status is not None or nfev == max_nfev:
-            break
-
-        if regularize:
-            a, b, gg = scalars[1:]
-            a *= 0.5
-            to_tr = Delta / np.sqrt(gg)
-            reg_term = -float(minimize_quadratic_1d(np, *_f64(a, b, to_tr))) / Delta**2
-        damp_full = (damp**2 + reg_term) ** 0.5
-        gn = lsmr(xp, matvec, rmatvec, f, damp=damp_full, shape=(m, n), **tr_options)[0]
-        S = _qr_columns(xp, g, gn)
-        JS = xp.stack([matvec(S[:, 0]), matvec(S[:, 1])], axis=1)
-        B_S = xp.linalg.matrix_transpose(JS) @ JS
-        g_S = xp.linalg.matrix_transpose(S) @ g
-
-        actual_reduction = -1
-        while actual_reduction <= 0 and nfev < max_nfev:
-            if is_numpy(xp):  # scipy's, on the host
-                p_S = _solve_trust_region_2d(B_S, g_S, Delta)
-            else:
-                p_S = _solve_trust_region_2d_xp(xp, B_S, g_S, Delta)
-            step = S @ p_S
-            Js = matvec(step)
-            x_new = x + step
-            # a trial point may overflow (logits of a step too long): it is
-            # rejected below, counted, and says nothing on numpy's channel
-            with trial_errors():
-                f_new = fun(x_new)
-                nfev += 1
-                # one host read: the trial's predicted and actual reductions, norms
-                JsJs, sg, ss, ff, xx = _host_floats(
-                    xp, Js @ Js, step @ g, step @ step, f_new @ f_new, x @ x
-                )
-            predicted_reduction = -(0.5 * JsJs + sg)
-            step_h_norm = np.sqrt(ss)
-            cost_new = 0.5 * ff
-            if not math.isfinite(cost_new) and not bool(xp.all(xp.isfinite(f_new))):
-                n_nonfinite += 1
-                Delta = 0.25 * step_h_norm
-                continue
-            actual_reduction = cost - cost_new
-            # the rules of the batched heads' solver, on the host's floats
-            Delta_new, ratio = (
-                float(v)
-                for v in radius_update(
-                    np, *_f64(Delta, actual_reduction, predicted_reduction, step_h_norm)
-                )
-            )
-            step_norm = step_h_norm
-            code = int(
-                termination(
-                    np,
-                    *_f64(actual_reduction, cost, step_norm, np.sqrt(xx), ratio),
-                    ftol,
-                    xtol,
-                )
-            )
-            status = code if code > 0 else None
-            if status is not None:
-                break
-            Delta = Delta_new
-
-        if actual_reduction > 0:
-            x, f, cost = x_new, f_new, cost_new
-            matvec, rmatvec = jac(x)
-            njev += 1
-            g = rmatvec(f)
-        else:
-            step_norm = 0
-            actual_reduction = 0
-        iteration += 1
-        if callback is not None:
-            intermediate = OptimizeResult(x=x, fun=f, nit=iteration, nfev=nfev)
-            intermediate["cost"] = cost
-            intermediate["state"] = {
-                "x": x,
-                "Delta": Delta,
-                "nfev": nfev,
-                "njev": njev,
-                "nit": iteration,
-                "initial_cost": initial_cost,
-                "step_norm": step_norm,
-                "actual_reduction": actual_reduction,
-                "status": status,
-            }
-            try:
-                callback(intermediate)
-            except StopIteration:
-                status = -2
-                break
-
-    if status is None:
-        status = 0
-    if verbose >= 1:
-        print(TERMINATION_MESSAGES[status])
-        print(
-            f"Function evaluations {nfev}, initial cost {initial_cost:.4e}, "
-            f"final cost {cost:.4e}, "
-            f"first-order optimality {g_norm:.2e}."
+    unknown = set(tr_options) - _TR_OPTIONS
+    if unknown:
+        raise TypeError(
+            f"unknown tr_options {sorted(unknown)}; known: {sorted(_TR_OPTIONS)}"
         )
+    start = None if resume is not None else xp.reshape(xp.asarray(x0), (1, -1))
+    out = trust_region_steps(
+        xp,
+        _OneProblem(fun, jac),
+        start,
+        ftol=ftol,
+        xtol=xtol,
+        gtol=gtol,
+        max_nfev=max_nfev,
+        inner_maxiter=tr_options.get("maxiter"),
+        inner_atol=tr_options.get("atol", 1e-6),
+        inner_btol=tr_options.get("btol", 1e-6),
+        damp=tr_options.get("damp", 0.0),
+        regularize=tr_options.get("regularize", True),
+        check_every=tr_options.get("check_every", 8),
+        callback=callback,
+        resume=resume,
+        verbose=verbose,
+    )
+    status = out["status"][0]
     return OptimizeResult(
-        x=x,
-        cost=float(cost),
-        fun=f,
-        grad=g,
-        optimality=float(g_norm),
-        nfev=nfev,
-        njev=njev,
+        x=out["x"][0],
+        cost=out["cost"][0],
+        fun=out["fun"][0],
+        optimality=out["optimality"][0],
+        nfev=out["nfev"][0],
+        njev=out["njev"][0],
         status=status,
         message=TERMINATION_MESSAGES[status],
         success=status > 0,
-        n_nonfinite_trials=n_nonfinite,
+        n_nonfinite_trials=out["n_nonfinite"][0],
+        host_reads=out["host_reads"],
     )

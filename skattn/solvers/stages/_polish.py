@@ -158,9 +158,9 @@ def polish(
         not stop on a small loss decrease).
     solver : {"auto", "dense", "matrix-free"}, default="auto"
         Levenberg-Marquardt only: form the Gauss-Newton matrix (``"dense"``) or
-        solve each step by LSMR from Jacobian products (``"matrix-free"``,
-        scipy's ``least_squares``); ``"auto"`` picks by size
-        (:func:`choose_solver`).
+        solve each step by conjugate gradients from Jacobian products
+        (``"matrix-free"``, the steps of scipy's ``least_squares``); ``"auto"``
+        picks by size (:func:`choose_solver`).
     head_rank : int or None, default=None
         Restrict every Theta_i to rank ``head_rank`` (parametrized as
         ``Q_i K_i^T``; matrix-free solver only).  The start is truncated to that

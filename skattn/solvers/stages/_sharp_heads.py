@@ -43,12 +43,13 @@ from ..optimizers._trf import trf
 # (benchmarks/HISTORY.md).
 _PATTERN_ROUNDS = 50
 _PATTERN_STALL = 0.01
-# Residual evaluations of the logit fit, its tolerances and its LSMR products a
-# step (on MiniLM layer 0's previous-token head, 1128 sequences: about 3 minutes
-# on one thread with the patterns read, against 10 with 50 and 200).
+# Residual evaluations of the logit fit, its tolerances and its inner products a
+# step (on MiniLM layer 0's previous-token head, 1128 sequences, with LSMR's
+# steps: about 3 minutes on one thread with the patterns read, against 10 with
+# 50 and 200).
 _LOGIT_NFEV = 20
 _LOGIT_TOL = 1e-12
-_LSMR_MAXITER = 100
+_STEP_MAXITER = 100
 
 
 def can_read_patterns(head_rank, n_tokens):
@@ -244,9 +245,9 @@ def fit_logits(
         xtol=_LOGIT_TOL,
         gtol=_LOGIT_TOL,
         max_nfev=max_nfev,
-        # LSMR's products per step capped (its default, min(rows, unknowns), let
+        # the products per step capped (LSMR's default, min(rows, unknowns), let
         # one step take thousands on MiniLM); the fit is a start, not an end
-        tr_options={"maxiter": _LSMR_MAXITER},
+        tr_options={"maxiter": _STEP_MAXITER},
     )
     info = {
         "logit_cost_start": start_cost,
