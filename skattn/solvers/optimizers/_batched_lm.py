@@ -132,6 +132,8 @@ def batched_least_squares(
     d, r = problem.n_features, problem.rank
     x_all = xp.asarray(params, dtype=xp.float64, copy=True)
     apply, inverse = _preconditioner(xp, x_all, d, r)
+    if inner_maxiter is None:
+        inner_maxiter = min(x_all.shape[1], 200)
     heads = _Heads(problem, apply, h0)
     out = trust_region_steps(
         xp,

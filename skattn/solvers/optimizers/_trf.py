@@ -315,7 +315,7 @@ def trust_region_steps(
         Residual evaluations per problem, the start's included (``None``:
         ``100 p``).
     inner_maxiter, inner_atol, inner_btol : int or None, float, float
-        CGLS's iterations a step (``None``: ``min(p, 200)``) and LSMR's
+        CGLS's iterations a step (``None``: ``min(N, p)``, LSMR's) and LSMR's
         stopping tolerances, which it applies.
     damp : float, default=0.0
         A fixed damping of every step, besides ``regularize``'s.
@@ -364,6 +364,8 @@ def trust_region_steps(
         max_nfev = 100 * n
     where = device(z)
     f = problem.residual(z)
+    if inner_maxiter is None:
+        inner_maxiter = min(f.shape[1], n)
     cost = 0.5 * _norms2(xp, f)
     # one read: the start's costs (non-finite where a residual is, or where
     # finite residuals overflow the sum: then read the residuals too)
@@ -398,8 +400,7 @@ def trust_region_steps(
             "cost": host_cost,
             "optimality": [math.nan] * h0,
         }
-        if h0 > 1:
-            problem.finished(list(range(h0)), z, True)
+        problem.finished(list(range(h0)), z, True)
         return {
             **final,
             "status": [stopped] * h0,
@@ -473,7 +474,8 @@ def trust_region_steps(
         accept = finite & (actual > 0) & ~g_ok
         Delta = xp.where(finite, radius, 0.25 * step_norm_now)
         # one read a trial: which problems took their step, which stopped,
-        # whether the trial was finite, its cost, the step's norm, the gradient
+        # whether the trial was finite, the cost, the step's norm, the
+        # gradient's, the new radius
         flags = xp.stack(
             [
                 xp.astype(accept, xp.float64),
@@ -482,6 +484,7 @@ def trust_region_steps(
                 xp.where(accept, cost_new, cost),
                 step_norm_now,
                 g_max,
+                Delta,
             ],
             axis=1,
         )
@@ -519,7 +522,7 @@ def trust_region_steps(
                 intermediate["cost"] = host_cost[0]
                 intermediate["state"] = {
                     "x": z[0, ...],
-                    "Delta": float(to_numpy(Delta)[0]),
+                    "Delta": float(flags[0, 6]),
                     "nfev": n_eval[0],
                     "njev": n_iter[0],
                     "nit": nit,
