@@ -104,8 +104,9 @@ def varpro_least_squares(
     """Minimise the reduced loss matrix-free: trust-region steps by CGLS.
 
     The arrays may be of any array-API namespace (numpy, torch, CuPy,
-    array-api-strict): the solver runs in that of ``X``, on its device; with
-    numpy it ends where scipy's ``least_squares`` (which it replaced) ends.
+    array-api-strict): the solver runs in that of ``X``, on its device, every
+    namespace by the same steps (scipy's ``least_squares``, which it replaced,
+    ends at the same minimum).
 
     Parameters
     ----------
