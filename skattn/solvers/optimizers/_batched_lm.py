@@ -173,15 +173,9 @@ class _Heads:
     def residual(self, z):
         return self.batch.residual(self.apply(z, self.index))
 
-    def _at(self, z, current):
-        """The batch's point made ``z``'s (after a rejected trial); ``p``."""
-        x = self.apply(z, self.index)
-        if not current:
-            self.batch.evaluate(x)
-        return x
-
     def products(self, z, current):
-        self._at(z, current)
+        if not current:  # the batch's point made z's (after a rejected trial)
+            self.batch.evaluate(self.apply(z, self.index))
         batch, apply = self.batch, self.apply
         return (
             lambda v: batch.matvec(apply(v, self.index)),
@@ -189,7 +183,9 @@ class _Heads:
         )
 
     def finished(self, positions, z, current):
-        x = self._at(z, current)
+        x = self.apply(z, self.index)
+        if not current:
+            self.batch.evaluate(x)
         for j in positions:
             i = self.alive[j]
             self.x[i] = x[j, ...]

@@ -382,11 +382,21 @@ def trust_region_steps(
     nit = 0
     Delta = xp.sqrt(_norms2(xp, z))
     Delta = xp.where(Delta == 0, 1.0, Delta)
-    step_norm = reduction = None
     if resume is not None:  # where the interrupted run stood after a step
         Delta = xp.full((1,), float(resume["Delta"]), dtype=xp.float64, device=where)
         n_eval, n_iter, nit = [resume["nfev"]], [resume["njev"]], resume["nit"]
-        step_norm, reduction = resume["step_norm"], resume["actual_reduction"]
+
+    def outcome(status, inner_iterations):
+        return {
+            **final,
+            "status": status,
+            "nfev": n_eval,
+            "njev": n_iter,
+            "n_nonfinite": n_nonfinite,
+            "host_reads": counter["reads"],
+            "inner_iterations": inner_iterations,
+        }
+
     if resume is not None and resume.get("status") is not None:
         stopped = resume["status"]  # the interrupted run stopped at that step
     elif min(n_eval) >= max_nfev:
@@ -394,22 +404,14 @@ def trust_region_steps(
     else:
         stopped = None
     if stopped is not None:
-        final = {
-            "x": [z[j, ...] for j in range(h0)],
-            "fun": [f[j, ...] for j in range(h0)],
-            "cost": host_cost,
-            "optimality": [math.nan] * h0,
-        }
+        final.update(
+            x=[z[j, ...] for j in range(h0)],
+            fun=[f[j, ...] for j in range(h0)],
+            cost=host_cost,
+            optimality=[math.nan] * h0,
+        )
         problem.finished(list(range(h0)), z, True)
-        return {
-            **final,
-            "status": [stopped] * h0,
-            "nfev": n_eval,
-            "njev": n_iter,
-            "n_nonfinite": n_nonfinite,
-            "host_reads": counter["reads"],
-            "inner_iterations": 0,
-        }
+        return outcome([stopped] * h0, 0)
     matvec, rmatvec = problem.products(z, True)
     g = rmatvec(f)
     g_max = xp.max(xp.abs(g), axis=1)
@@ -527,8 +529,6 @@ def trust_region_steps(
                     "njev": n_iter[0],
                     "nit": nit,
                     "initial_cost": initial_cost,
-                    "step_norm": step_norm,
-                    "actual_reduction": reduction,
                     "status": (
                         int(codes[0])
                         if codes[0] > 0
@@ -573,15 +573,7 @@ def trust_region_steps(
             f"final cost {final['cost'][0]:.4e}, "
             f"first-order optimality {final['optimality'][0]:.2e}."
         )
-    return {
-        **final,
-        "status": status,
-        "nfev": n_eval,
-        "njev": n_iter,
-        "n_nonfinite": n_nonfinite,
-        "host_reads": counter["reads"],
-        "inner_iterations": inner_total,
-    }
+    return outcome(status, inner_total)
 
 
 class _OneProblem:
