@@ -254,6 +254,40 @@ def test_an_interrupted_decoder_fit_resumes_to_the_uninterrupted_layer(tmp_path)
     np.testing.assert_array_equal(again[2], uninterrupted[2])
 
 
+def test_decoder_starts_go_through_the_drivers_loop_and_polish_subsets(monkeypatch):
+    # one driver: the decoder's starts report to the same progress hook as the
+    # encoder's, and its polish takes the polish set and its warm-up subset
+    # as staged_polish does (polish_rows), the search all examples
+    X, y = make_attention_regression(
+        900, 5, 8, 2, head_rank=2, causal=True, rope=True, rope_theta=100.0,
+        random_state=1,
+    )  # fmt: skip
+    X, Y = X.reshape(-1, 5, 8), y.reshape(-1, 5, 8)
+    import skattn.solvers._decoder as decoder_module
+
+    searched_on, search = [], decoder_module.minibatch_search
+
+    def recorded(X_searched, *args, **kwargs):
+        searched_on.append(len(X_searched))
+        return search(X_searched, *args, **kwargs)
+
+    monkeypatch.setattr(decoder_module, "minibatch_search", recorded)
+    calls = []
+    *_, info = fit_decoder_from_random_starts(
+        X, Y, 2, 2, causal=True, rope_theta=100.0, n_polish_samples=600,
+        n_warmup_samples=200, random_state=0,
+        progress=lambda message, done: calls.append((message, done)),
+    )  # fmt: skip
+    assert info["relative_residual"] <= 1e-10
+    assert info["n_polish_samples"] == 600 and info["warmup"] is not None
+    assert searched_on == [900] * info["n_starts_run"]
+    begun = [message for message, done in calls if not done]
+    assert begun[:2] == ["start 1: search", "start 1: joint polish"]
+    message, done = calls[-1]
+    assert done and message.startswith(f"start {info['n_starts_run']}: relative")
+    assert info["n_starts_run"] == len(info["start_residuals"])
+
+
 def test_anisotropic_tokens_are_whitened_and_the_heads_mapped_back():
     # a rotary causal layer on tokens whose coordinates span two decades (as a
     # trained GPT-2's second layer sees): the same layer in other coordinates,

@@ -25,6 +25,7 @@ from ..metrics._identifiability import (
 from ..phased import phased_fit
 from ..phased._model_selection import split_indices
 from ..phased._options import PARAMETERS, PhasedOptions
+from ..phased._pipeline import random_starts_bar
 from ..phased._report import PhaseReport
 from ..solvers import balanced_factors
 from ..solvers._decoder import fit_decoder_from_random_starts
@@ -821,27 +822,30 @@ n_features_per_token)
             print(f"MultiHeadAttentionRegressor: {reason}.")
         rng = check_random_state(self.random_state)
         start = time.perf_counter()
-        query, key, projection, info = fit_decoder_from_random_starts(
-            X3,
-            Y3,
-            m,
-            r,
-            causal=self.causal,
-            rope_theta=self.rope_theta if self.rope else None,
-            rope_layout=self.rope_layout,
-            n_kv_heads=self.n_kv_heads,
-            sample_weight=weights,
-            random_state=rng.randint(np.iinfo(np.int32).max),
-            n_starts=self.n_restarts,
-            search=self.start_search != "none",
-            max_iter=self.polish_max_iter,
-            tol=self.polish_tol,
-            n_polish_samples=self.polish_samples,
-            intercept=self.fit_intercept,
-            whiten=self.whiten,
-            verbose=self.verbose,
-            memory=self.memory,
-        )
+        # the bars of the random starts and of each stage, as the encoder's
+        with random_starts_bar(self.verbose, self.n_restarts) as progress:
+            query, key, projection, info = fit_decoder_from_random_starts(
+                X3,
+                Y3,
+                m,
+                r,
+                causal=self.causal,
+                rope_theta=self.rope_theta if self.rope else None,
+                rope_layout=self.rope_layout,
+                n_kv_heads=self.n_kv_heads,
+                sample_weight=weights,
+                random_state=rng.randint(np.iinfo(np.int32).max),
+                n_starts=self.n_restarts,
+                search=self.start_search != "none",
+                max_iter=self.polish_max_iter,
+                tol=self.polish_tol,
+                n_polish_samples=self.polish_samples,
+                intercept=self.fit_intercept,
+                whiten=self.whiten,
+                verbose=self.verbose,
+                progress=progress,
+                memory=self.memory,
+            )
         info["reason"] = reason
         info["init"] = "random"
         self.phase_report_ = [

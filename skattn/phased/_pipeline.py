@@ -487,21 +487,18 @@ class _PhasedRun:
         start = time.perf_counter()
         X3, Y3, polish_rows = self._polish_data(X3, Y3)
         n_starts = self.options.starts.n_starts
-        with _progress(
-            self.options.verbose, None, "random starts", "start", at_most=n_starts
-        ) as bar:
-            with shown(self.options.verbose):  # a bar per stage
-                attention, projection, info = fit_from_random_starts(
-                    X3,
-                    Y3,
-                    m,
-                    sample_weight=weights,
-                    random_state=rng.randint(np.iinfo(np.int32).max),
-                    starts=self.options.starts,
-                    polish=self._polish(polish_rows),
-                    progress=None if bar is None else partial(_advance_start, bar),
-                    memory=self.memory,
-                )
+        with random_starts_bar(self.options.verbose, n_starts) as progress:
+            attention, projection, info = fit_from_random_starts(
+                X3,
+                Y3,
+                m,
+                sample_weight=weights,
+                random_state=rng.randint(np.iinfo(np.int32).max),
+                starts=self.options.starts,
+                polish=self._polish(polish_rows),
+                progress=progress,
+                memory=self.memory,
+            )
         info = {key: value for key, value in info.items() if key != "stages"}
         if not self.on_host:  # the record is a host object (see _host_record)
             info = _host_record(info)
@@ -1126,6 +1123,15 @@ def _progress(verbose, total, desc="phased learner", unit="phase", at_most=None)
         return _NoBar()
     bar = make_bar(total, desc, unit, at_most=at_most)
     return bar if hasattr(bar, "__enter__") else contextlib.closing(bar)
+
+
+@contextlib.contextmanager
+def random_starts_bar(verbose, n_starts):
+    """The random starts' bar, and within it a bar per stage, when ``verbose``
+    is positive: yields the drivers' ``progress`` hook (None when silent)."""
+    with _progress(verbose, None, "random starts", "start", at_most=n_starts) as bar:
+        with shown(verbose):  # a bar per stage
+            yield None if bar is None else partial(_advance_start, bar)
 
 
 def _advance_start(bar, message, done):

@@ -6,8 +6,11 @@ The path of :mod:`._driver` hands the heads from stage to stage as matrices
 positions) and grouped key heads are no per-head factors of one.  Here the
 stages pass the factors themselves, in the decoder parametrizations of
 :mod:`.kernels._parametrization` (``FactoredHeads`` / ``LowRank`` with
-``causal``, ``rope_theta``, ``rope_layout``, ``n_kv_heads``).  For each random
-start:
+``causal``, ``rope_theta``, ``rope_layout``, ``n_kv_heads``).  The starts go
+through the driver's loop (:func:`~._driver.random_starts`: kept stages and
+resume, whitening, the best start, progress) and the polish through the
+encoder's subsets (:func:`~.stages._polish.polish_rows`); what a start runs
+(:func:`decoder_stages`) is:
 
 1. **search** (:func:`~skattn.solvers.minibatch_search`): Adam on minibatches,
    the output factors eliminated on each batch; no weakest-head replacement (it
@@ -33,27 +36,27 @@ The tokens may be of any array-API namespace: every stage runs in it, the factor
 come back in it, the record holds Python numbers.
 """
 
+import functools
 import itertools
 import math
 import time
 
-import joblib
 import numpy as np
 from sklearn.utils import check_random_state
 
 from ..layer._positions import rotary_pairs
 from ..utils._array_api import device, einsum, namespace, to_namespace, to_numpy
+from ..utils._progress import stage_bar
 from ..utils._validation import _normalized_weights
-from ._checkpoints import StageMemory, _rng_state, kept
-from ._driver import best_of_starts
+from ._checkpoints import kept
+from ._driver import random_starts
 from .kernels._loss import REALISABLE_RESIDUAL
 from .kernels._near_gauge import reflect_slow_dims, slow_rotary_dims
 from .kernels._parametrization import FactoredHeads, LowRank
 from .kernels._varpro import VarproProblem, _intercept_direction
-from .kernels._whitening import _whiten
 from .optimizers._lm_matrix_free import varpro_least_squares
-from .stages._common import _blas_limits, _on_accelerator, _take, _threads
-from .stages._polish import choose_factor_values, warmup_size
+from .stages._common import _blas_limits, _on_accelerator, _on_rows, _threads
+from .stages._polish import choose_factor_values, polish_rows, warmup_size
 from .stages._search import minibatch_search
 
 # The polish of rotary heads solves every step to LSMR's default tolerance, at
@@ -305,6 +308,7 @@ def fit_decoder_from_random_starts(
     regroup_keys=True,
     whiten=False,
     verbose=0,
+    progress=None,
     memory=None,
 ):
     """Learn decoder heads from random starts: search, then joint polish.
@@ -358,8 +362,11 @@ def fit_decoder_from_random_starts(
         above ``WHITEN_MIN_CONDITION`` or reaches a proper subspace (a trained
         GPT-2's second layer: about 40 on its 64 dimensions).
     verbose : int, default=0
-        1 prints a line per stage, 2 also the search's checks and the polish's
-        iterations.
+        2 prints the search's checks and the polish's iterations.
+    progress : callable or None, default=None
+        ``progress(message, done)``, called as each stage of a start begins
+        and when a start ends, as :func:`~._driver.fit_from_random_starts`
+        calls it: a progress bar's hook.
     memory : str, joblib.Memory, StageMemory or None, default=None
         Where to keep each finished stage (each start's searches, warm-up,
         polish and its iterates at intervals, reorientation;
@@ -402,54 +409,117 @@ def fit_decoder_from_random_starts(
     ((2, 6, 2), (2, 6, 2), (2, 6, 6), True)
     """
     began = time.perf_counter()
-    xp = namespace(X, Y)
-    rng = check_random_state(random_state)
-    n, k, d = X.shape
     m, r = int(n_heads), int(head_rank)
-    decoder = {
+    heads = {
         "causal": causal,
         "rope_theta": rope_theta,
         "rope_layout": rope_layout,
         "n_kv_heads": n_kv_heads,
     }
-    if not isinstance(memory, StageMemory):  # what decides the fit, and its data
-        key = {
-            "path": "decoder",
-            "n_heads": m,
-            "head_rank": r,
-            **{name: repr(value) for name, value in decoder.items()},
-            "n_starts": int(n_starts),
-            "search": bool(search),
-            "max_iter": int(max_iter),
-            "tol": repr(tol),
-            "n_polish_samples": repr(n_polish_samples),
-            "n_warmup_samples": repr(n_warmup_samples),
-            "intercept": bool(intercept),
-            "regroup_keys": bool(regroup_keys),
-            "whiten": repr(whiten),
-            "random_state": joblib.hash(_rng_state(rng)),
-            "namespace": xp.__name__,
-            "device": str(device(X)),
-        }
-        memory = StageMemory(memory, key, (X, Y, sample_weight))
-    X, whitener, whitening = _whiten(X, sample_weight, whiten)
-    d = X.shape[2]
-    searched = FactoredHeads(m, d, r, **decoder)
+    # what decides the fit besides its data (not verbose)
+    key = {
+        "path": "decoder",
+        "n_heads": m,
+        "head_rank": r,
+        **{name: repr(value) for name, value in heads.items()},
+        "n_starts": int(n_starts),
+        "search": bool(search),
+        "max_iter": int(max_iter),
+        "tol": repr(tol),
+        "n_polish_samples": repr(n_polish_samples),
+        "n_warmup_samples": repr(n_warmup_samples),
+        "intercept": bool(intercept),
+        "regroup_keys": bool(regroup_keys),
+        "whiten": repr(whiten),
+    }
+    stages = functools.partial(
+        decoder_stages,
+        n_heads=m,
+        head_rank=r,
+        heads=heads,
+        search=search,
+        regroup_keys=regroup_keys,
+        polish={
+            "max_iter": max_iter,
+            "tol": tol,
+            "n_samples": n_polish_samples,
+            "n_warmup_samples": n_warmup_samples,
+            "intercept": intercept,
+        },
+        verbose=verbose,
+    )
+    (params, projection, info), whitener, record = random_starts(
+        X,
+        Y,
+        key,
+        stages,
+        sample_weight=sample_weight,
+        random_state=random_state,
+        n_starts=n_starts,
+        whiten=whiten,
+        progress=progress,
+        memory=memory,
+    )
+    xp = namespace(X)
+    d = X.shape[2] if whitener is None else whitener.shape[1]
+    factored = info["factored_values"]
+    polished = FactoredHeads if factored else LowRank
+    query, key = polished(m, d, r, **heads).factors(params)[:2]
+    if whitener is not None:  # back to the tokens' own coordinates
+        query, key, projection = (
+            einsum(xp, "ap,mpq->maq", whitener, a) for a in (query, key, projection)
+        )
+    info.update(
+        record,
+        decoupled=None,
+        decoupled_note=(
+            "no per-head refinement: decoder heads (shared key heads, rotary "
+            "positions) are searched and polished jointly"
+        ),
+        seconds=time.perf_counter() - began,
+    )
+    return query, key, projection, info
+
+
+def decoder_stages(
+    X,
+    Y,
+    sample_weight,
+    rng,
+    memory,
+    report,
+    *,
+    n_heads,
+    head_rank,
+    heads,
+    search,
+    regroup_keys,
+    polish,
+    verbose=0,
+):
+    """:func:`~._driver.random_starts`' stages for decoder heads: ``one_start``
+    (the search, ungrouped first where key heads are shared; the polish on its
+    warm-up subset and then on the polish set; the slow blocks reoriented; the
+    module's docstring), each stage kept in ``memory``.
+
+    ``heads``: ``causal``, ``rope_theta``, ``rope_layout``, ``n_kv_heads``;
+    ``polish``: ``max_iter``, ``tol``, ``n_samples``, ``n_warmup_samples``,
+    ``intercept``.  The outcome is ``(params, projection, info)``, ``params``
+    the polished parametrization's (:class:`FactoredHeads` where
+    ``info["factored_values"]``, else :class:`LowRank`).
+    """
+    xp = namespace(X, Y)
+    n, k, d = X.shape
+    m, r = n_heads, head_rank
+    searched = FactoredHeads(m, d, r, **heads)
     factored = choose_factor_values(m, d, r) or not r < d
-    polished = searched if factored else LowRank(m, d, r, **decoder)
+    polished = searched if factored else LowRank(m, d, r, **heads)
+    n_warmup_samples = polish["n_warmup_samples"]
     if n_warmup_samples == "auto":
         n_warmup_samples = warmup_size(m, k, d, r)
+    intercept = polish["intercept"]
     direction = _intercept_direction(X) if intercept and search else None
     n_jobs = 1 if _on_accelerator(X) else _threads(None, 2)
-    say = print if verbose else (lambda *args: None)
-    # the polish set, and its warm-up subset, drawn once for all starts
-    if n_polish_samples is not None and n > n_polish_samples:
-        rows = np.sort(rng.choice(n, size=n_polish_samples, replace=False))
-        X, Y, sample_weight = (_take(xp, a, rows) for a in (X, Y, sample_weight))
-        n = n_polish_samples
-    warm = None
-    if n_warmup_samples is not None and n > n_warmup_samples:
-        warm = np.sort(rng.choice(n, size=n_warmup_samples, replace=False))
     search_options = {
         "intercept_direction": direction,
         "sample_weight": sample_weight,
@@ -458,8 +528,22 @@ def fit_decoder_from_random_starts(
         "verbose": int(verbose > 1),
     }
     ungrouped = FactoredHeads(
-        m, d, r, causal=causal, rope_theta=rope_theta, rope_layout=rope_layout
+        m,
+        d,
+        r,
+        causal=heads["causal"],
+        rope_theta=heads["rope_theta"],
+        rope_layout=heads["rope_layout"],
     )
+    options = {
+        "max_iter": polish["max_iter"],
+        "tol": polish["tol"],
+        "intercept": intercept and factored,
+        "stop_below": REALISABLE_RESIDUAL,
+        "verbose": int(verbose > 1),
+    }
+    if heads["rope_theta"] is not None:  # steps solved closely (ROTARY_LSMR_PRODUCTS)
+        options.update(coarse=False, max_products=ROTARY_LSMR_PRODUCTS)
 
     def one_start(start):
         """Start ``start``'s stages: ``(params, projection, info)``."""
@@ -467,7 +551,7 @@ def fit_decoder_from_random_starts(
         if search and regroup_keys and searched.n_kv_heads < m:
             # grouped heads searched from a random grouping can stall with query
             # heads in the wrong key groups: search them ungrouped, then group
-            say(f"decoder start {start}: minibatch search, a key head per query head")
+            report(f"start {start}: search, a key head per query head", False)
 
             def search_ungrouped(child):
                 with _blas_limits(xp):
@@ -494,7 +578,7 @@ def fit_decoder_from_random_starts(
         else:
             params = to_namespace(random_decoder_start(searched, rng), xp, device(X))
         if search:
-            say(f"decoder start {start}: minibatch search")
+            report(f"start {start}: search", False)
 
             def search_grouped(child, params=params):
                 with _blas_limits(xp):
@@ -506,55 +590,74 @@ def fit_decoder_from_random_starts(
             search_info["regrouped"] = regrouped
         if not factored:  # the polish eliminates whole W_i: Q and K only
             params = params[: polished.size]
-        options = {
-            "max_iter": max_iter,
-            "tol": tol,
-            "intercept": intercept and factored,
-            "stop_below": REALISABLE_RESIDUAL,
-            "verbose": int(verbose > 1),
-        }
-        if rope_theta is not None:  # steps solved closely, see ROTARY_LSMR_PRODUCTS
-            options.update(coarse=False, max_products=ROTARY_LSMR_PRODUCTS)
+        report(f"start {start}: joint polish", False)
+        params, projection, info = _staged_polish(
+            (X, Y, sample_weight),
+            params,
+            polished,
+            options,
+            polish["n_samples"],
+            n_warmup_samples,
+            rng,
+            memory,
+            lambda message: report(f"start {start}: {message}", False),
+        )
+        info.update(start_search=search_info, factored_values=bool(factored))
+        return params, projection, info
+
+    return one_start
+
+
+def _staged_polish(
+    data, params, par, options, n_polish_samples, n_warmup_samples, rng, memory, say
+):
+    """The decoder heads' polish, staged as the encoder's
+    (:func:`~.stages._polish.staged_polish`, the same subsets drawn by
+    :func:`~.stages._polish.polish_rows`): on the warm-up subset of the polish
+    set, then on the polish set unless the warm-up's fit is realisable there;
+    then, for rotary heads that stopped short, their slow blocks reoriented
+    (:func:`_reorient`).  Returns ``(params, projection, info)``, the
+    projections fitted on the polish set."""
+    X, Y, sample_weight = data
+    xp = namespace(X, Y)
+    rows, warm = polish_rows(rng, X.shape[0], n_polish_samples, n_warmup_samples)
+    if rows is not None:
+        X, Y, sample_weight = _on_rows(xp, rows, X, Y, sample_weight)
+    bound = options["max_iter"] * (2 if warm is not None else 1)
+    with stage_bar("polish", None, "iter", iterations=True, at_most=bound):
         warmup_info, final_stage = None, "ran"
         if warm is not None:
-            say(f"decoder start {start}: polish on {len(warm)} examples")
+            say(f"polish on {len(warm)} examples")
 
-            def warm_up(child, params=params, options=options):
+            def warm_up(child, params=params):
+                X_w, Y_w, w_w = _on_rows(xp, warm, X, Y, sample_weight)
                 found, _, found_info = varpro_least_squares(
-                    _take(xp, X, warm),
-                    _take(xp, Y, warm),
-                    params,
-                    polished,
-                    _take(xp, sample_weight, warm),
-                    memory=child,
-                    **options,
+                    X_w, Y_w, params, par, w_w, memory=child, **options
                 )
                 return found, found_info
 
             params, warmup_info = kept(memory, "decoder-warmup", warm_up, rng)
         problem = VarproProblem(
-            X, Y, sample_weight, polished, intercept=intercept and factored
+            X, Y, sample_weight, par, intercept=options["intercept"]
         )
         residual = _relative(problem, params, Y, sample_weight)
         if warmup_info is not None and residual <= REALISABLE_RESIDUAL:
             final_stage, info = "skipped: realisable", warmup_info
         else:
-            say(f"decoder start {start}: polish on {n} examples")
+            say(f"polish on {X.shape[0]} examples")
 
-            def polish_all(child, params=params, options=options):
+            def polish_all(child, params=params):
                 found, _, found_info = varpro_least_squares(
-                    X, Y, params, polished, sample_weight, memory=child, **options
+                    X, Y, params, par, sample_weight, memory=child, **options
                 )
                 return found, found_info
 
             params, info = kept(memory, "decoder-polish", polish_all, rng)
             residual = _relative(problem, params, Y, sample_weight)
         orientations = None
-        if residual > REALISABLE_RESIDUAL and rope_theta is not None:
+        if residual > REALISABLE_RESIDUAL and par.rope_theta is not None:
 
-            def reorient(
-                _, params=params, residual=residual, problem=problem, options=options
-            ):
+            def reorient(_, params=params, residual=residual):
                 found, _, record = _reorient(
                     (X, Y, sample_weight), params, residual, problem, options, say
                 )
@@ -563,51 +666,24 @@ def fit_decoder_from_random_starts(
             params, orientations = kept(memory, "decoder-reorient", reorient, rng)
             # the problem's projection at the returned point, read back or not
             residual = _relative(problem, params, Y, sample_weight)
-        projection = problem.projection  # W* on all examples, at params
-        info = {key: value for key, value in info.items() if key != "stages"}
-        if warmup_info is not None and final_stage == "ran":
-            info["n_iter"] += warmup_info["n_iter"]
-            info["n_products"] += warmup_info["n_products"]
-        if orientations is not None:
-            info["n_iter"] += orientations.pop("n_iter")
-            info["n_products"] += orientations.pop("n_products")
-            if orientations["kept"]:  # the run ends with the kept one's polish
-                info["converged"], info["stop_reason"] = orientations.pop("stop")
-        info.update(
-            orientations=orientations,
-            relative_residual=residual,
-            warmup=warmup_info,
-            final_stage=final_stage,
-            start_search=search_info,
-        )
-        return params, projection, info
-
-    def tried(start, outcome):
-        residual = outcome[2]["relative_residual"]
-        say(f"decoder start {start}: relative residual {residual:.3g}")
-        return residual
-
-    best, residuals = best_of_starts(n_starts, one_start, tried)
-    params, projection, info = best
-    query, key = polished.factors(params)[:2]
-    if whitener is not None:  # back to the tokens' own coordinates
-        query, key, projection = (
-            einsum(xp, "ap,mpq->maq", whitener, a) for a in (query, key, projection)
-        )
+    projection = problem.projection  # W* on the polish set, at params
+    info = {key: value for key, value in info.items() if key != "stages"}
+    if warmup_info is not None and final_stage == "ran":
+        info["n_iter"] += warmup_info["n_iter"]
+        info["n_products"] += warmup_info["n_products"]
+    if orientations is not None:
+        info["n_iter"] += orientations.pop("n_iter")
+        info["n_products"] += orientations.pop("n_products")
+        if orientations["kept"]:  # the run ends with the kept one's polish
+            info["converged"], info["stop_reason"] = orientations.pop("stop")
     info.update(
-        whitening=whitening,
-        factored_values=bool(factored),
-        decoupled=None,
-        decoupled_note=(
-            "no per-head refinement: decoder heads (shared key heads, rotary "
-            "positions) are searched and polished jointly"
-        ),
-        n_starts_run=len(residuals),
-        start_residuals=residuals,
-        seconds=time.perf_counter() - began,
-        memory=memory.record(),
+        orientations=orientations,
+        relative_residual=residual,
+        warmup=warmup_info,
+        final_stage=final_stage,
+        n_polish_samples=int(X.shape[0]),
     )
-    return query, key, projection, info
+    return params, projection, info
 
 
 def _reorient(data, params, residual, problem, options, say):
@@ -643,7 +719,7 @@ def _reorient(data, params, residual, problem, options, say):
     for flipped in itertools.chain.from_iterable(
         itertools.combinations(groups, size) for size in sizes
     ):
-        say(f"decoder: key head(s) {list(flipped)}: slow block reflected, polished")
+        say(f"key head(s) {list(flipped)}: slow block reflected, polished")
         trial, _, info = varpro_least_squares(
             X,
             Y,

@@ -1,7 +1,14 @@
 """The random-start path, as one driver that reads like the algorithm.
 
-For each random start (the best of ``n_starts`` kept, the first exact one
-ending the loop), on whitened tokens when they are anisotropic:
+:func:`random_starts` is the loop every kind of head goes through: the fit's
+stages kept in ``memory`` (an interrupted fit resumes), the tokens whitened
+when they are anisotropic, the starts tried one after another (the best of
+``n_starts`` kept, the first exact one ending the loop), each stage reported to
+a progress hook.  What a start runs is the heads' own: position-free heads
+here (:func:`fit_from_random_starts`), decoder heads (causal masks, rotary
+positions, shared key heads) in :mod:`._decoder`, both polished on the same
+warm-up and polish subsets (:func:`~.stages._polish.polish_rows`).  For each
+random start of position-free heads:
 
 0. **rank-free start** (low-rank heads of a small layer): the polish of
    full-rank heads from the start, on a few hundred sequences for at most 15
@@ -27,6 +34,7 @@ then moved: a seed gives the same starts in every namespace.
 """
 
 import dataclasses
+import functools
 import math
 
 import joblib
@@ -143,18 +151,130 @@ def fit_from_random_starts(
             "The random-start path needs the polish (PolishOptions.enabled=True): "
             "without it a random start is no estimate."
         )
-    xp = namespace(X, Y)
-    rng = check_random_state(random_state)
     if n_warmup_samples == "auto":
         n_warmup_samples = warmup_size(
             n_heads, X.shape[1], X.shape[2], polish.head_rank
         )
+    # what decides the fit besides its data (not verbose); the tokens as given,
+    # not whitened: a whitening computed with another number of threads rounds
+    # otherwise, and would miss every kept stage
+    key = {
+        "n_heads": int(n_heads),
+        "starts": repr(starts),
+        "polish": repr(dataclasses.replace(polish, verbose=0)),
+        "n_warmup_samples": repr(n_warmup_samples),
+    }
+    stages = functools.partial(
+        _encoder_stages,
+        n_heads=n_heads,
+        starts=starts,
+        polish=polish,
+        n_warmup_samples=n_warmup_samples,
+    )
+    (attention, projection, info), A, record = random_starts(
+        X,
+        Y,
+        key,
+        stages,
+        sample_weight=sample_weight,
+        random_state=random_state,
+        n_starts=starts.n_starts,
+        whiten=starts.whiten,
+        progress=progress,
+        memory=memory,
+    )
+    if A is not None:
+        attention, projection = _unwhiten(attention, projection, A)
+    info.update(record)
+    return attention, projection, info
+
+
+def random_starts(
+    X,
+    Y,
+    key,
+    stages,
+    *,
+    sample_weight=None,
+    random_state=None,
+    n_starts=3,
+    whiten="auto",
+    progress=None,
+    memory=None,
+):
+    """The loop of random starts that every kind of head goes through: the
+    stages kept in ``memory``, the tokens whitened, the starts tried one after
+    another (:func:`best_of_starts`), each reported to ``progress``.
+
+    ``key`` (a dict of what decides the fit besides its data) and the random
+    generator's state, the arrays' namespace and device name the fit in
+    ``memory``.  ``stages(X, Y, sample_weight, rng, memory, report)`` is
+    called once, on the whitened tokens, and returns ``one_start(start)``:
+    start ``start``'s outcome ``(heads, projection, info)``, ``info`` with
+    its ``relative_residual``; ``report(message, done)`` is the progress
+    hook.  The heads of position-free layers are :func:`_encoder_stages`'s,
+    decoder heads :func:`~._decoder.decoder_stages`'.
+
+    Returns
+    -------
+    best : tuple
+        The outcome of the start of the lowest residual, on whitened tokens.
+    whitener : array or None
+        The whitening map (:func:`~.kernels._whitening._whiten`), to map the
+        heads back with.
+    record : dict
+        ``n_starts_run``, ``start_residuals`` (one per start tried),
+        ``whitening`` (``applied``, ``condition``, ``rank``) and ``memory``
+        (None, or the ``folder`` of the kept stages and the stages
+        ``reused`` and ``computed``, in order).
+    """
+    xp = namespace(X, Y)
+    rng = check_random_state(random_state)
     if not isinstance(memory, StageMemory):
-        # the tokens as given, not whitened: a whitening computed with another
-        # number of threads rounds otherwise, and would miss every kept stage
-        key = _memory_key(xp, X, n_heads, starts, polish, n_warmup_samples, rng)
+        key = {
+            **key,
+            "random_state": joblib.hash(_rng_state(rng)),
+            "namespace": xp.__name__,
+            "device": str(device(X)),
+        }
         memory = StageMemory(memory, key, (X, Y, sample_weight))
-    X, A, whitening = _whiten(X, sample_weight, starts.whiten)
+    X, A, whitening = _whiten(X, sample_weight, whiten)
+    report = progress if progress is not None else (lambda message, done: None)
+    one_start = stages(X, Y, sample_weight, rng, memory, report)
+
+    def tried(start, outcome):
+        residual = outcome[2]["relative_residual"]
+        report(f"start {start}: relative residual {residual:.2g}", True)
+        return residual
+
+    best, residuals = best_of_starts(n_starts, one_start, tried)
+    record = {
+        "n_starts_run": len(residuals),
+        "start_residuals": residuals,
+        "whitening": whitening,
+        "memory": memory.record(),  # what was read back, what was computed
+    }
+    return best, A, record
+
+
+def _encoder_stages(
+    X,
+    Y,
+    sample_weight,
+    rng,
+    memory,
+    report,
+    *,
+    n_heads,
+    starts,
+    polish,
+    n_warmup_samples,
+):
+    """:func:`random_starts`' stages for position-free heads: ``one_start``
+    (the rank-free start, the search and the per-head refinement, the joint
+    polish; the module's docstring).  The info of its outcome also holds
+    ``start_search`` (the search's info, or None)."""
+    xp = namespace(X, Y)
     d, d_out, head_rank = X.shape[2], Y.shape[2], polish.head_rank
     factored, search, decouple = _plan(n_heads, d, d_out, starts, polish)
     rank_free = _plans_rank_free(X.shape, n_heads, d_out, starts, polish, factored)
@@ -164,10 +284,9 @@ def fit_from_random_starts(
     # what heads that attend uniformly leave (once for all starts): a search
     # that ends no better found no head
     uniform = uniform_residual(X, Y, sample_weight) if search else None
-    report = progress if progress is not None else (lambda message, done: None)
 
     def one_start(start):
-        """Start ``start``'s stages: ``(result, search_info)``."""
+        """Start ``start``'s stages: ``(attention, projection, info)``."""
         # drawn on the host: the same start in every namespace
         attention = random_attention(n_heads, d, rng)
         values = None
@@ -186,7 +305,8 @@ def fit_from_random_starts(
                 rng,
             )
             if result is not None:
-                return result, None
+                result[2]["start_search"] = None
+                return result
         if search:  # 1. the search, 2. the per-head refinement
             report(f"start {start}: search and per-head refinement", False)
             attention, values, search_info = _search(
@@ -235,37 +355,10 @@ def fit_from_random_starts(
                 stop_reason="heads_unconverged",
                 unconverged_heads=unconverged,
             )
-        return result, search_info
+        result[2]["start_search"] = search_info
+        return result
 
-    def tried(start, outcome):
-        residual = outcome[0][2]["relative_residual"]
-        report(f"start {start}: relative residual {residual:.2g}", True)
-        return residual
-
-    (best, best_search), residuals = best_of_starts(starts.n_starts, one_start, tried)
-    attention, projection, info = best
-    if A is not None:
-        attention, projection = _unwhiten(attention, projection, A)
-    info["n_starts_run"] = len(residuals)
-    info["start_residuals"] = residuals
-    info["whitening"] = whitening
-    info["start_search"] = best_search
-    info["memory"] = memory.record()  # what was read back, what was computed
-    return attention, projection, info
-
-
-def _memory_key(xp, X, n_heads, starts, polish, n_warmup_samples, rng):
-    """What decides a fit besides its data: the settings (not ``verbose``), the
-    random generator's state, the arrays' namespace and device."""
-    return {
-        "n_heads": int(n_heads),
-        "starts": repr(starts),
-        "polish": repr(dataclasses.replace(polish, verbose=0)),
-        "n_warmup_samples": repr(n_warmup_samples),
-        "random_state": joblib.hash(_rng_state(rng)),
-        "namespace": xp.__name__,
-        "device": str(device(X)),
-    }
+    return one_start
 
 
 # Features per token from which start_search='auto' searches low-rank heads that
@@ -457,8 +550,7 @@ def _rank_free(
 
 
 def best_of_starts(n_starts, one_start, residual_of):
-    """Starts one after another, the best kept: the loop of both random-start
-    drivers (this module's and :func:`~._decoder.fit_decoder_from_random_starts`).
+    """Starts one after another, the best kept: :func:`random_starts`' loop.
 
     ``one_start(start)`` runs start ``start`` (1 to ``n_starts``) and returns
     its outcome; ``residual_of(start, outcome)`` its relative residual (and

@@ -402,6 +402,33 @@ def output_basis(Y, rank, slack=9):
     return _copy(xp, xp.flip(vectors, axis=1)[:, :p])
 
 
+def polish_rows(rng, n, n_polish_samples, n_warmup_samples):
+    """The polish set and its warm-up subset, drawn by ``rng``: ``(rows,
+    warm)``, sorted host indices, ``rows`` of the ``n`` examples (None: all of
+    them, when ``n_polish_samples`` is None or not below ``n``), ``warm`` of the
+    polish set (None: no warm-up stage, when ``n_warmup_samples`` is None or
+    not below the polish set's size).  The subsets of every kind of head's
+    staged polish (:func:`staged_polish`,
+    :func:`~skattn.solvers._decoder.decoder_stages`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rows, warm = polish_rows(np.random.default_rng(0), 10, 6, 4)
+    >>> len(rows), len(warm), bool(warm.max() < 6)
+    (6, 4, True)
+    >>> polish_rows(np.random.default_rng(0), 10, None, None)
+    (None, None)
+    """
+    rows = warm = None
+    if n_polish_samples is not None and n > n_polish_samples:
+        rows = np.sort(rng.choice(n, size=n_polish_samples, replace=False))
+        n = n_polish_samples
+    if n_warmup_samples is not None and n > n_warmup_samples:
+        warm = np.sort(rng.choice(n, size=n_warmup_samples, replace=False))
+    return rows, warm
+
+
 def staged_polish(
     X,
     Y,
@@ -475,17 +502,15 @@ def staged_polish(
         # a start fitted already (decoupled heads) is not polished again: on 12 MiniLM
         # heads that cost 2 iterations and 10 minutes for nothing
         options.setdefault("stop_below", REALISABLE_RESIDUAL)
-        n = X.shape[0]
-        if n_polish_samples is not None and n > n_polish_samples:
-            rows = np.sort(rng.choice(n, size=n_polish_samples, replace=False))
+        rows, warm = polish_rows(rng, X.shape[0], n_polish_samples, n_warmup_samples)
+        if rows is not None:
             X, Y, sample_weight = _on_rows(xp, rows, X, Y, sample_weight)
         warmup_info, final_stage = None, "none"
         m, d = attention.shape[0], attention.shape[1]
         output_rank = m * min(options.get("head_rank") or d, d)
         X_w = None
-        if n_warmup_samples is not None and X.shape[0] > n_warmup_samples:
-            rows = np.sort(rng.choice(X.shape[0], size=n_warmup_samples, replace=False))
-            X_w, Y_w, w_w = _on_rows(xp, rows, X, Y, sample_weight)
+        if warm is not None:
+            X_w, Y_w, w_w = _on_rows(xp, warm, X, Y, sample_weight)
             basis = output_basis(Y_w, output_rank)
         elif n_warmup_samples is not None:
             # no more examples than a warm-up: warm up on all of them when the heads'
