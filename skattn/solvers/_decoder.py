@@ -75,6 +75,13 @@ ROTARY_LSMR_PRODUCTS = 200
 # (:func:`_reorient`): on the planted layer of ROTARY_LSMR_PRODUCTS' note, the
 # right reflection reached 8e-17 in 6, the wrong one stayed above the start.
 ORIENTATION_EVALUATIONS = 16
+# ... of which every reflection first gets this many, the screen that orders
+# the longer polishes: on the random tiny Llama (base 10^4, layer 1, 92
+# windows of 32 tokens) after 2-3 evaluations the right reflection (both key
+# groups) was the lowest, 1.1e-3 against 1.7e-3 and 3.3e-3 (in cost), and the
+# wrong ones stopped at 5.5e-4 and 5.7e-4 relative after 16 (benchmarks/
+# HISTORY.md, twelfth session).
+ORIENTATION_SCREEN = 3
 # ... and kept when it divides the residual by more than this (the wrong one,
 # polished as long, can end a little below the start: 6.5e-5 against 7.0e-5).
 ORIENTATION_GAIN = 0.5
@@ -694,14 +701,16 @@ def _reorient(data, params, residual, problem, options, say):
     where it is the wrong one, the polish stops at a stationary point.  Each
     set of key groups (each group alone beyond ``ORIENTATION_ALL_SETS`` groups)
     is reflected (:func:`~skattn.solvers.kernels._near_gauge.
-    reflect_slow_dims`) and polished for ``ORIENTATION_EVALUATIONS``, until
-    one fits to rounding; the best is kept when it takes the residual below
-    ``ORIENTATION_GAIN`` of the polish's, and then polished as the polish
-    was.
+    reflect_slow_dims`) and polished for ``ORIENTATION_SCREEN`` evaluations;
+    then, from the lowest residual up, each is polished on to
+    ``ORIENTATION_EVALUATIONS`` in all, until one fits to rounding.  The best
+    is kept when it takes the residual below ``ORIENTATION_GAIN`` of the
+    polish's, and then polished as the polish was.
     ``data``: ``(X, Y, sample_weight)``; ``problem``: their
     :class:`VarproProblem`.  Returns ``(params, residual, record)``, ``record``
-    None where no dimension is slow, else a dict of ``tried`` (``(key heads,
-    residual)``), ``kept`` (the key heads reflected), ``n_iter``,
+    None where no dimension is slow, else a dict of ``screened`` and
+    ``tried`` (``(key heads, residual)`` after the screen and after the
+    longer polish), ``kept`` (the key heads reflected), ``n_iter``,
     ``n_products`` and, where one was kept, ``stop``: the last polish's
     ``(converged, stop_reason)``.
     """
@@ -710,42 +719,49 @@ def _reorient(data, params, residual, problem, options, say):
     dims = slow_rotary_dims(par.rank, par.rope_theta, par.rope_layout, X.shape[1])
     if not len(dims):
         return params, residual, None
-    record = {"tried": [], "kept": [], "n_iter": 0, "n_products": 0}
-    trial_options = {**options, "max_iter": ORIENTATION_EVALUATIONS}
+    record = {"screened": [], "tried": [], "kept": [], "n_iter": 0, "n_products": 0}
+
+    def polished(start, evaluations):
+        found, _, info = varpro_least_squares(
+            X, Y, start, par, sample_weight, **{**options, "max_iter": evaluations}
+        )
+        record["n_iter"] += info["n_iter"]
+        record["n_products"] += info["n_products"]
+        return found, _relative(problem, found, Y, sample_weight), info
+
     groups = range(par.n_kv_heads)
     largest = par.n_kv_heads if par.n_kv_heads <= ORIENTATION_ALL_SETS else 1
     sizes = range(1, largest + 1)
-    best = None
+    screened, best = [], None
     for flipped in itertools.chain.from_iterable(
         itertools.combinations(groups, size) for size in sizes
     ):
         say(f"key head(s) {list(flipped)}: slow block reflected, polished")
-        trial, _, info = varpro_least_squares(
-            X,
-            Y,
-            reflect_slow_dims(params, par, flipped, dims),
-            par,
-            sample_weight,
-            **trial_options,
+        trial, trial_residual, info = polished(
+            reflect_slow_dims(params, par, flipped, dims), ORIENTATION_SCREEN
         )
-        record["n_iter"] += info["n_iter"]
-        record["n_products"] += info["n_products"]
-        trial_residual = _relative(problem, trial, Y, sample_weight)
-        record["tried"].append((list(flipped), trial_residual))
-        if best is None or trial_residual < best[1]:
-            best = (trial, trial_residual, list(flipped), info)
+        record["screened"].append((list(flipped), trial_residual))
+        screened.append((trial_residual, list(flipped), trial, info))
         if trial_residual <= REALISABLE_RESIDUAL:
+            best = (trial, trial_residual, list(flipped), info)
             break
+    if best is None:  # the most promising first, each to its full polish
+        for _, flipped, trial, _ in sorted(screened, key=lambda entry: entry[0]):
+            say(f"key head(s) {flipped}: reflected, polished on")
+            trial, trial_residual, info = polished(
+                trial, ORIENTATION_EVALUATIONS - ORIENTATION_SCREEN
+            )
+            record["tried"].append((flipped, trial_residual))
+            if best is None or trial_residual < best[1]:
+                best = (trial, trial_residual, flipped, info)
+            if trial_residual <= REALISABLE_RESIDUAL:
+                break
     trial, trial_residual, flipped, info = best
     if trial_residual < ORIENTATION_GAIN * residual:
         params, residual, record["kept"] = trial, trial_residual, flipped
         record["stop"] = (info["converged"], info["stop_reason"])
     if record["kept"] and residual > REALISABLE_RESIDUAL:
-        params, _, info = varpro_least_squares(
-            X, Y, params, par, sample_weight, **options
-        )
-        record["n_iter"] += info["n_iter"]
-        record["n_products"] += info["n_products"]
+        params, _, info = polished(params, options["max_iter"])
         record["stop"] = (info["converged"], info["stop_reason"])
     # leave the problem's projection at the returned point
     residual = _relative(problem, params, Y, sample_weight)
