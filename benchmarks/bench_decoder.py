@@ -14,7 +14,11 @@ with ``--rope-theta 500000``, Llama 3's base.
 
     python benchmarks/bench_decoder.py [--setting issue|small|wide] [--n N]
         [--threads T] [--restarts R] [--rope-theta B] [--polish-max-iter I]
-        [--out F.json]
+        [--memory DIR] [--out F.json]
+
+``--memory DIR`` keeps the fit's stages there (the estimator's ``memory=``):
+a run stopped and started again with the same arguments resumes after the last
+(a fit of hours, such as ``--setting wide``, pieced together).
 
 Prints the fit's time, peak resident memory, stages and the held-out error;
 ``--out`` writes them as JSON.
@@ -61,6 +65,7 @@ def main(argv=None):
         "--rope-theta", type=float, default=10000.0, help="RoPE's base (both layers)"
     )
     parser.add_argument("--verbose", type=int, default=1)
+    parser.add_argument("--memory", default=None, help="keep the fit's stages here")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     n, m, m_kv, d, k, r = SETTINGS[args.setting]
@@ -90,6 +95,7 @@ def main(argv=None):
         polish_max_iter=args.polish_max_iter,
         random_state=args.seed,
         verbose=args.verbose,
+        memory=args.memory,
     )
     start = time.perf_counter()
     with threadpool_limits(args.threads):
@@ -121,6 +127,7 @@ def main(argv=None):
         "polish_products": info["n_products"],
         "final_stage": info["final_stage"],
         "stop_reason": info["stop_reason"],
+        "memory": info["memory"],  # the stages read back and computed
     }
     print(json.dumps(record, indent=1))
     if args.out:
