@@ -446,16 +446,14 @@ def fit_decoder_from_random_starts(
         heads=heads,
         search=search,
         regroup_keys=regroup_keys,
-        polish={
-            "max_iter": max_iter,
-            "tol": tol,
-            "n_samples": n_polish_samples,
-            "n_warmup_samples": n_warmup_samples,
-            "intercept": intercept,
-        },
+        max_iter=max_iter,
+        tol=tol,
+        n_polish_samples=n_polish_samples,
+        n_warmup_samples=n_warmup_samples,
+        intercept=intercept,
         verbose=verbose,
     )
-    (params, projection, info), whitener, record = random_starts(
+    ((query, key), projection, info), whitener, record = random_starts(
         X,
         Y,
         key,
@@ -467,14 +465,10 @@ def fit_decoder_from_random_starts(
         progress=progress,
         memory=memory,
     )
-    xp = namespace(X)
-    d = X.shape[2] if whitener is None else whitener.shape[1]
-    factored = info["factored_values"]
-    polished = FactoredHeads if factored else LowRank
-    query, key = polished(m, d, r, **heads).factors(params)[:2]
     if whitener is not None:  # back to the tokens' own coordinates
         query, key, projection = (
-            einsum(xp, "ap,mpq->maq", whitener, a) for a in (query, key, projection)
+            einsum(namespace(X), "ap,mpq->maq", whitener, a)
+            for a in (query, key, projection)
         )
     info.update(
         record,
@@ -501,7 +495,11 @@ def decoder_stages(
     heads,
     search,
     regroup_keys,
-    polish,
+    max_iter,
+    tol,
+    n_polish_samples,
+    n_warmup_samples,
+    intercept,
     verbose=0,
 ):
     """:func:`~._driver.random_starts`' stages for decoder heads: ``one_start``
@@ -510,10 +508,8 @@ def decoder_stages(
     module's docstring), each stage kept in ``memory``.
 
     ``heads``: ``causal``, ``rope_theta``, ``rope_layout``, ``n_kv_heads``;
-    ``polish``: ``max_iter``, ``tol``, ``n_samples``, ``n_warmup_samples``,
-    ``intercept``.  The outcome is ``(params, projection, info)``, ``params``
-    the polished parametrization's (:class:`FactoredHeads` where
-    ``info["factored_values"]``, else :class:`LowRank`).
+    the other keywords as :func:`fit_decoder_from_random_starts`' (on the
+    whitened tokens).  The outcome is ``((query, key), projection, info)``.
     """
     xp = namespace(X, Y)
     n, k, d = X.shape
@@ -521,10 +517,8 @@ def decoder_stages(
     searched = FactoredHeads(m, d, r, **heads)
     factored = choose_factor_values(m, d, r) or not r < d
     polished = searched if factored else LowRank(m, d, r, **heads)
-    n_warmup_samples = polish["n_warmup_samples"]
     if n_warmup_samples == "auto":
         n_warmup_samples = warmup_size(m, k, d, r)
-    intercept = polish["intercept"]
     direction = _intercept_direction(X) if intercept and search else None
     n_jobs = 1 if _on_accelerator(X) else _threads(None, 2)
     search_options = {
@@ -534,17 +528,10 @@ def decoder_stages(
         "random_state": rng,
         "verbose": int(verbose > 1),
     }
-    ungrouped = FactoredHeads(
-        m,
-        d,
-        r,
-        causal=heads["causal"],
-        rope_theta=heads["rope_theta"],
-        rope_layout=heads["rope_layout"],
-    )
+    ungrouped = FactoredHeads(m, d, r, **{**heads, "n_kv_heads": None})
     options = {
-        "max_iter": polish["max_iter"],
-        "tol": polish["tol"],
+        "max_iter": max_iter,
+        "tol": tol,
         "intercept": intercept and factored,
         "stop_below": REALISABLE_RESIDUAL,
         "verbose": int(verbose > 1),
@@ -603,14 +590,14 @@ def decoder_stages(
             params,
             polished,
             options,
-            polish["n_samples"],
+            n_polish_samples,
             n_warmup_samples,
             rng,
             memory,
             lambda message: report(f"start {start}: {message}", False),
         )
         info.update(start_search=search_info, factored_values=bool(factored))
-        return params, projection, info
+        return tuple(polished.factors(params)[:2]), projection, info
 
     return one_start
 
