@@ -293,6 +293,40 @@ def test_decoder_starts_go_through_the_drivers_loop_and_polish_subsets(monkeypat
     assert info["n_starts_run"] == len(info["start_residuals"])
 
 
+def test_the_decoder_polish_runs_its_chunks_in_threads_of_one_blas_thread(
+    monkeypatch,
+):
+    # with two BLAS threads the small products of a decoder polish ran 2.5
+    # times slower than on one: the polish limits BLAS to one thread and runs
+    # the products' chunks in as many jobs as BLAS had threads (at most 2)
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    X, y = make_attention_regression(
+        300, 5, 8, 2, head_rank=2, causal=True, rope=True, rope_theta=100.0,
+        random_state=1,
+    )  # fmt: skip
+    X, Y = X.reshape(-1, 5, 8), y.reshape(-1, 5, 8)
+    import skattn.solvers._decoder as decoder_module
+
+    seen, polish = [], decoder_module.varpro_least_squares
+
+    def recorded(*args, **kwargs):
+        blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        seen.append((kwargs.get("n_jobs"), max(blas, default=1)))
+        return polish(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_module, "varpro_least_squares", recorded)
+    for threads, jobs in ((1, 1), (2, 2)):
+        seen.clear()
+        with threadpool_limits(threads, user_api="blas"):
+            *_, info = fit_decoder_from_random_starts(
+                X, Y, 2, 2, causal=True, rope_theta=100.0, n_starts=1,
+                random_state=0,
+            )  # fmt: skip
+        assert info["relative_residual"] <= 1e-10
+        assert seen and set(seen) == {(jobs, 1)}
+
+
 def test_anisotropic_tokens_are_whitened_and_the_heads_mapped_back():
     # a rotary causal layer on tokens whose coordinates span two decades (as a
     # trained GPT-2's second layer sees): the same layer in other coordinates,

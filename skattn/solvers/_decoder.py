@@ -535,6 +535,11 @@ def decoder_stages(
         "intercept": intercept and factored,
         "stop_below": REALISABLE_RESIDUAL,
         "verbose": int(verbose > 1),
+        # the products' chunks in n_jobs threads of one BLAS thread each: two
+        # BLAS threads on a product of 92 windows (d = 64, 4 heads of 16) made
+        # 6 polish evaluations 34.5 s (68.6 CPU s) where one took 14.0 s and
+        # two jobs of one 10.9 s (HISTORY, thirteenth session)
+        "n_jobs": n_jobs,
     }
     if heads["rope_theta"] is not None:  # steps solved closely (ROTARY_LSMR_PRODUCTS)
         options.update(coarse=False, max_products=ROTARY_LSMR_PRODUCTS)
@@ -585,17 +590,18 @@ def decoder_stages(
         if not factored:  # the polish eliminates whole W_i: Q and K only
             params = params[: polished.size]
         report(f"start {start}: joint polish", False)
-        params, projection, info = _staged_polish(
-            (X, Y, sample_weight),
-            params,
-            polished,
-            options,
-            n_polish_samples,
-            n_warmup_samples,
-            rng,
-            memory,
-            lambda message: report(f"start {start}: {message}", False),
-        )
+        with _blas_limits(xp):
+            params, projection, info = _staged_polish(
+                (X, Y, sample_weight),
+                params,
+                polished,
+                options,
+                n_polish_samples,
+                n_warmup_samples,
+                rng,
+                memory,
+                lambda message: report(f"start {start}: {message}", False),
+            )
         info.update(start_search=search_info, factored_values=bool(factored))
         return tuple(polished.factors(params)[:2]), projection, info
 
