@@ -259,15 +259,21 @@ def test_an_interrupted_decoder_fit_resumes_to_the_uninterrupted_layer(tmp_path)
     np.testing.assert_array_equal(again[2], uninterrupted[2])
 
 
+def _two_rotary_heads(n):
+    """``n`` sequences of 5 tokens (d = 8) through 2 causal rotary heads of rank
+    2 (base 100): ``(X, Y)`` as ``(n, 5, 8)``."""
+    X, y = make_attention_regression(
+        n, 5, 8, 2, head_rank=2, causal=True, rope=True, rope_theta=100.0,
+        random_state=1,
+    )  # fmt: skip
+    return X.reshape(-1, 5, 8), y.reshape(-1, 5, 8)
+
+
 def test_decoder_starts_go_through_the_drivers_loop_and_polish_subsets(monkeypatch):
     # one driver: the decoder's starts report to the same progress hook as the
     # encoder's, and its polish takes the polish set and its warm-up subset
     # as staged_polish does (polish_rows), the search all examples
-    X, y = make_attention_regression(
-        900, 5, 8, 2, head_rank=2, causal=True, rope=True, rope_theta=100.0,
-        random_state=1,
-    )  # fmt: skip
-    X, Y = X.reshape(-1, 5, 8), y.reshape(-1, 5, 8)
+    X, Y = _two_rotary_heads(900)
     import skattn.solvers._decoder as decoder_module
 
     searched_on, search = [], decoder_module.minibatch_search
@@ -301,24 +307,24 @@ def test_the_decoder_polish_runs_its_chunks_in_threads_of_one_blas_thread(
     # the products' chunks in as many jobs as BLAS had threads (at most 2)
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    X, y = make_attention_regression(
-        300, 5, 8, 2, head_rank=2, causal=True, rope=True, rope_theta=100.0,
-        random_state=1,
-    )  # fmt: skip
-    X, Y = X.reshape(-1, 5, 8), y.reshape(-1, 5, 8)
+    X, Y = _two_rotary_heads(300)
     import skattn.solvers._decoder as decoder_module
+
+    def blas_threads():
+        pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        return max(pools, default=1)
 
     seen, polish = [], decoder_module.varpro_least_squares
 
     def recorded(*args, **kwargs):
-        blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-        seen.append((kwargs.get("n_jobs"), max(blas, default=1)))
+        seen.append((kwargs.get("n_jobs"), blas_threads()))
         return polish(*args, **kwargs)
 
     monkeypatch.setattr(decoder_module, "varpro_least_squares", recorded)
-    for threads, jobs in ((1, 1), (2, 2)):
+    for threads in (1, 2):
         seen.clear()
         with threadpool_limits(threads, user_api="blas"):
+            jobs = min(2, blas_threads())  # a BLAS built for one thread: 1
             *_, info = fit_decoder_from_random_starts(
                 X, Y, 2, 2, causal=True, rope_theta=100.0, n_starts=1,
                 random_state=0,
