@@ -545,7 +545,13 @@ def decoder_stages(
         options.update(coarse=False, max_products=ROTARY_LSMR_PRODUCTS)
 
     def one_start(start):
-        """Start ``start``'s stages: ``(params, projection, info)``."""
+        """Start ``start``'s stages: ``((query, key), projection, info)``, on
+        one BLAS thread (the searches' and the polish's products in
+        ``n_jobs`` jobs)."""
+        with _blas_limits(xp):
+            return start_stages(start)
+
+    def start_stages(start):
         search_info = regrouped = None
         if search and regroup_keys and searched.n_kv_heads < m:
             # grouped heads searched from a random grouping can stall with query
@@ -553,17 +559,14 @@ def decoder_stages(
             report(f"start {start}: search, a key head per query head", False)
 
             def search_ungrouped(child):
-                with _blas_limits(xp):
-                    free, free_info = minibatch_search(
-                        X,
-                        Y,
-                        to_namespace(
-                            random_decoder_start(ungrouped, rng), xp, device(X)
-                        ),
-                        ungrouped,
-                        memory=child,
-                        **search_options,
-                    )
+                free, free_info = minibatch_search(
+                    X,
+                    Y,
+                    to_namespace(random_decoder_start(ungrouped, rng), xp, device(X)),
+                    ungrouped,
+                    memory=child,
+                    **search_options,
+                )
                 tied, groups = tie_key_heads(free, ungrouped, searched, k)
                 return to_namespace(tied, xp, device(X)), {
                     "groups": groups,
@@ -580,28 +583,26 @@ def decoder_stages(
             report(f"start {start}: search", False)
 
             def search_grouped(child, params=params):
-                with _blas_limits(xp):
-                    return minibatch_search(
-                        X, Y, params, searched, memory=child, **search_options
-                    )
+                return minibatch_search(
+                    X, Y, params, searched, memory=child, **search_options
+                )
 
             params, search_info = kept(memory, "decoder-search", search_grouped, rng)
             search_info["regrouped"] = regrouped
         if not factored:  # the polish eliminates whole W_i: Q and K only
             params = params[: polished.size]
         report(f"start {start}: joint polish", False)
-        with _blas_limits(xp):
-            params, projection, info = _staged_polish(
-                (X, Y, sample_weight),
-                params,
-                polished,
-                options,
-                n_polish_samples,
-                n_warmup_samples,
-                rng,
-                memory,
-                lambda message: report(f"start {start}: {message}", False),
-            )
+        params, projection, info = _staged_polish(
+            (X, Y, sample_weight),
+            params,
+            polished,
+            options,
+            n_polish_samples,
+            n_warmup_samples,
+            rng,
+            memory,
+            lambda message: report(f"start {start}: {message}", False),
+        )
         info.update(start_search=search_info, factored_values=bool(factored))
         return tuple(polished.factors(params)[:2]), projection, info
 
