@@ -157,6 +157,28 @@ def test_table_marks_each_head():
     assert lines[2].split() == ["3", "~", "not", "learned"]
 
 
+def test_the_heatmap_keeps_its_colorbar_label_inside_the_figure():
+    # two layers made a figure 2 inches high, its colorbar's label (about 3)
+    # cut off at both ends in heads.png
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from skattn.experiments._model import _heads_figure
+
+    heads = [{"attention_error": 10.0**-e} for e in range(10, 22)]
+    fig = _heads_figure([{"layer": 1, "heads": heads}, {"layer": 2, "heads": heads}])
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (bar,) = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+        label = bar.yaxis.label.get_window_extent(renderer)
+        assert label.height > 0
+        assert fig.bbox.y0 <= label.y0 and label.y1 <= fig.bbox.y1
+        assert fig.bbox.x0 <= label.x0 and label.x1 <= fig.bbox.x1
+    finally:
+        plt.close(fig)
+
+
 def test_an_encoder_model_is_compared_by_its_sentence_embeddings(
     text, tmp_path, monkeypatch
 ):

@@ -140,8 +140,9 @@ def table_text(rows):
     return "\n".join(lines)
 
 
-def _plot_heads(rows, path):
-    """A layer x head heatmap of the held-out attention errors (log10)."""
+def _heads_figure(rows):
+    """A layer x head heatmap of the held-out attention errors (log10), its
+    colorbar's label inside the figure however few the layers."""
     import matplotlib.pyplot as plt
 
     width = max(len(row["heads"]) for row in rows)
@@ -151,13 +152,22 @@ def _plot_heads(rows, path):
             error = head.get("attention_error")
             if error is not None:
                 grid[i, j] = np.log10(max(error, 1e-16))
-    fig, ax = plt.subplots(figsize=(1 + 0.5 * width, 1 + 0.5 * len(rows)))
+    # 3 inches at least: the colorbar's label runs along its height
+    size = (1 + 0.5 * width, max(3.0, 1 + 0.5 * len(rows)))
+    fig, ax = plt.subplots(figsize=size, layout="constrained")
     image = ax.imshow(grid, cmap="viridis", vmin=-16, vmax=0, aspect="auto")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_yticks(range(len(rows)), [str(row["layer"]) for row in rows])
     fig.colorbar(image, ax=ax, label="log10 held-out attention error")
-    fig.tight_layout()
+    return fig
+
+
+def _plot_heads(rows, path):
+    """:func:`_heads_figure`, saved to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = _heads_figure(rows)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
