@@ -165,6 +165,49 @@ def test_products_in_threads_give_the_same_bits(monkeypatch, par, fixed):
         np.testing.assert_array_equal(a, b)
 
 
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+
+    pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    return max(pools, default=1)
+
+
+def test_products_in_threads_run_one_blas_thread_each_and_the_gram_the_callers(
+    monkeypatch,
+):
+    # two BLAS threads on a product's thin GEMMs were slower than one (a small
+    # planted layer's pair 0.034 s against 0.019; bench_polish_threads.py): the
+    # jobs run on one BLAS thread each, the evaluation's one large GEMM (the
+    # Gram) on the threads BLAS had, which are back after every product
+    from threadpoolctl import threadpool_limits
+
+    X, Y, _, _ = planted(60, 3, 4, 2, 3, noise=0.1)
+    par = LowRank(2, 4, 2)
+    rng = np.random.default_rng(6)
+    params, v = rng.normal(size=par.size) / 2, rng.normal(size=par.size)
+    monkeypatch.setattr(objective, "_CHUNK_FLOATS", 200)
+    seen = {"product": set(), "gram": set()}
+    logits_jvp, factor = par.logits_jvp, varpro._factor
+
+    def recorded_jvp(*args, **kwargs):
+        seen["product"].add(_blas_threads())
+        return logits_jvp(*args, **kwargs)
+
+    def recorded_factor(gram):
+        seen["gram"].add(_blas_threads())
+        return factor(gram)
+
+    monkeypatch.setattr(par, "logits_jvp", recorded_jvp)
+    monkeypatch.setattr(varpro, "_factor", recorded_factor)
+    with threadpool_limits(2, user_api="blas"):
+        before = _blas_threads()  # a BLAS built for one thread: 1
+        problem = VarproProblem(X, Y, None, par, n_jobs=2)
+        problem.matvec(params, v)
+        assert _blas_threads() == before
+        problem.matvec(params + v / 10, v)  # a new point: the Gram again
+    assert seen == {"product": {1}, "gram": {before}}
+
+
 @pytest.mark.parametrize("intercept", [False, True])
 def test_factored_products_are_adjoint(intercept):
     X, Y, truth = factored_planted(30, 3, 5, 2, 2, 7, intercept=intercept)

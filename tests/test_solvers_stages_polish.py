@@ -178,3 +178,35 @@ def test_polish_with_factored_values_recovers_an_intercept():
     # without the intercept column a rank-2 V_i O_i cannot fit these outputs
     _, _, info = polish(X, Y, start, head_rank=2, factor_values=True, max_iter=30)
     assert info["loss"] > 1e-6
+
+
+def test_the_matrix_free_polish_takes_its_products_jobs_from_blas_threads(
+    monkeypatch,
+):
+    # the products' chunks in as many jobs as BLAS has threads (at most 2), each
+    # job on one BLAS thread inside the problem; the polish itself leaves BLAS's
+    # threads to the evaluations' Gram
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import skattn.solvers.stages._polish as polish_module
+
+    def blas_threads():
+        pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        return max(pools, default=1)
+
+    X, Y, attention, _ = planted(400, 4, 5, 2, 6)
+    start = attention + 0.05 * np.random.default_rng(0).normal(size=attention.shape)
+    seen, solve = [], polish_module.varpro_least_squares
+
+    def recorded(*args, **kwargs):
+        seen.append((kwargs.get("n_jobs"), blas_threads()))
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "varpro_least_squares", recorded)
+    for threads in (1, 2):
+        seen.clear()
+        with threadpool_limits(threads, user_api="blas"):
+            available = blas_threads()  # a BLAS built for one thread: 1
+            found, _, info = polish(X, Y, start, solver="matrix-free")
+        assert seen == [(min(2, available), available)]
+        assert relative(found, attention) < 1e-6 and info["converged"]

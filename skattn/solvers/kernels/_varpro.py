@@ -24,10 +24,13 @@ device the chunks come from the memory it has free, and a product that runs out
 of it is redone with the kept states dropped, then with half the chunks.
 """
 
+import contextlib
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from sklearn.externals import array_api_compat as _compat
+from threadpoolctl import ThreadpoolController
 
 from ...layer._math import _DEVICE_MEMORY_SHARE, _namespace, softmax
 from ...utils._array_api import (
@@ -49,6 +52,22 @@ _KEEP_FLOATS_PER_CHUNK_FLOAT = 256
 # On a device, the kept states may take up to this share of the memory it has free
 # when the problem is made.
 _DEVICE_KEEP_SHARE = 0.5
+
+
+@functools.cache
+def _blas_controller():
+    """threadpoolctl's view of the loaded libraries, looked up once
+    (``threadpool_limits`` looks them up at every call: 0.4 ms, against 0.01)."""
+    return ThreadpoolController()
+
+
+def _one_blas_thread(xp):
+    """numpy's BLAS on one thread (a product's GEMMs are too thin to share its
+    threads: HISTORY, fourteenth session); nothing for the other namespaces,
+    whose libraries schedule their own threads."""
+    if not is_numpy(xp):
+        return contextlib.nullcontext()
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 def _softmax_jvp(patterns, d_logits):
@@ -105,9 +124,10 @@ class VarproProblem:
     n_jobs : int, default=1
         Threads over the chunks of the examples in the Jacobian products (when
         the chunks' states are kept); the chunks' sums are taken in their order,
-        so the results do not depend on it.  The caller limits BLAS to one
-        thread each (``threadpoolctl``).  Arrays on a device (GPU) use one: the
-        device runs a chunk's products in parallel already.
+        so the results do not depend on it.  numpy's BLAS runs one thread a
+        job meanwhile (``threadpoolctl``), the evaluation's Gram on the caller's.
+        Arrays on a device (GPU) use one: the device runs a chunk's products in
+        parallel already.
 
     Attributes
     ----------
@@ -362,13 +382,16 @@ class VarproProblem:
 
     def _map(self, function):
         """``function(rows, state)`` over the chunks, an iterator over the results
-        in the chunks' order: in ``n_jobs`` threads when the states are kept."""
+        in the chunks' order: in ``n_jobs`` threads of one BLAS thread each when
+        the states are kept (the evaluation's Gram keeps the caller's threads)."""
         if self.n_jobs > 1 and self._cached is not None and len(self.slices) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.n_jobs)
             chunks = zip(self.slices, self._cached, strict=True)
-            return self._pool.map(lambda chunk: function(*chunk), chunks)
-        return (function(rows, state) for rows, state in self._states())
+            with _one_blas_thread(self._xp):
+                yield from self._pool.map(lambda chunk: function(*chunk), chunks)
+            return
+        yield from (function(rows, state) for rows, state in self._states())
 
     def _residual_for(self, flat):
         """``sqrt(w) (A W - Y)`` as rows ``(n, l)``: ``(n k, d_out)``."""

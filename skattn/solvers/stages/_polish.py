@@ -28,7 +28,7 @@ from ..kernels._parametrization import make_parametrization
 from ..optimizers._lbfgs import lbfgs_layer, lbfgs_reduced
 from ..optimizers._lm_dense import _varpro_levenberg_marquardt
 from ..optimizers._lm_matrix_free import varpro_least_squares
-from ._common import _copy, _on_rows
+from ._common import _copy, _on_accelerator, _on_rows, _threads
 
 # the polish's defaults (written once, in PolishOptions)
 _POLISH = PolishOptions()
@@ -308,6 +308,9 @@ def polish(
                 stop_below=stop_below,
                 verbose=verbose,
                 memory=memory,
+                # the products' chunks in as many jobs as BLAS has threads (at
+                # most 2), one BLAS thread each (HISTORY, fourteenth session)
+                n_jobs=1 if _on_accelerator(X) else _threads(None, 2),
             )
             attention = par.attention(params)
             info["factored_values"] = bool(factor_values)
