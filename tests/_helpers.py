@@ -361,3 +361,11 @@ def tiny_bert_tensors(
             t[base + norm + ".weight"] = 1 + normal(d, scale=0.1)
             t[base + norm + ".bias"] = normal(d, scale=0.1)
     return {prefix + key: value for key, value in t.items()}
+
+
+def blas_threads():
+    """The threads numpy's BLAS runs now (1 for a BLAS built for one)."""
+    from threadpoolctl import threadpool_info
+
+    pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    return max(pools, default=1)

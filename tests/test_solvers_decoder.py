@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from _helpers import blas_threads
 
 from skattn.datasets import make_attention_regression
 from skattn.layer._math import forward
@@ -305,14 +306,10 @@ def test_the_decoder_polish_runs_its_chunks_in_threads_of_one_blas_thread(
     # with two BLAS threads the small products of a decoder polish ran 2.5
     # times slower than on one: the polish limits BLAS to one thread and runs
     # the products' chunks in as many jobs as BLAS had threads (at most 2)
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_limits
 
     X, Y = _two_rotary_heads(300)
     import skattn.solvers._decoder as decoder_module
-
-    def blas_threads():
-        pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-        return max(pools, default=1)
 
     seen, polish = [], decoder_module.varpro_least_squares
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from _helpers import factored_planted, planted
+from _helpers import blas_threads, factored_planted, planted
 
 import skattn.solvers.kernels._loss as objective
 import skattn.solvers.kernels._varpro as varpro
@@ -165,13 +165,6 @@ def test_products_in_threads_give_the_same_bits(monkeypatch, par, fixed):
         np.testing.assert_array_equal(a, b)
 
 
-def _blas_threads():
-    from threadpoolctl import threadpool_info
-
-    pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-    return max(pools, default=1)
-
-
 def test_products_in_threads_run_one_blas_thread_each_and_the_gram_the_callers(
     monkeypatch,
 ):
@@ -190,20 +183,20 @@ def test_products_in_threads_run_one_blas_thread_each_and_the_gram_the_callers(
     logits_jvp, factor = par.logits_jvp, varpro._factor
 
     def recorded_jvp(*args, **kwargs):
-        seen["product"].add(_blas_threads())
+        seen["product"].add(blas_threads())
         return logits_jvp(*args, **kwargs)
 
     def recorded_factor(gram):
-        seen["gram"].add(_blas_threads())
+        seen["gram"].add(blas_threads())
         return factor(gram)
 
     monkeypatch.setattr(par, "logits_jvp", recorded_jvp)
     monkeypatch.setattr(varpro, "_factor", recorded_factor)
     with threadpool_limits(2, user_api="blas"):
-        before = _blas_threads()  # a BLAS built for one thread: 1
+        before = blas_threads()  # a BLAS built for one thread: 1
         problem = VarproProblem(X, Y, None, par, n_jobs=2)
         problem.matvec(params, v)
-        assert _blas_threads() == before
+        assert blas_threads() == before
         problem.matvec(params + v / 10, v)  # a new point: the Gram again
     assert seen == {"product": {1}, "gram": {before}}
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from _helpers import factored_planted, planted, relative
+from _helpers import blas_threads, factored_planted, planted, relative
 
 from skattn.layer._math import forward, squared_loss_gradient
 from skattn.solvers import FactoredHeads, choose_solver, polish
@@ -186,13 +186,9 @@ def test_the_matrix_free_polish_takes_its_products_jobs_from_blas_threads(
     # the products' chunks in as many jobs as BLAS has threads (at most 2), each
     # job on one BLAS thread inside the problem; the polish itself leaves BLAS's
     # threads to the evaluations' Gram
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_limits
 
     import skattn.solvers.stages._polish as polish_module
-
-    def blas_threads():
-        pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-        return max(pools, default=1)
 
     X, Y, attention, _ = planted(400, 4, 5, 2, 6)
     start = attention + 0.05 * np.random.default_rng(0).normal(size=attention.shape)
