@@ -369,3 +369,16 @@ def blas_threads():
 
     pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
     return max(pools, default=1)
+
+
+def record_polish_threads(monkeypatch, module):
+    """Record, at each call of ``module.varpro_least_squares``, its ``n_jobs``
+    and the BLAS threads it is called with: the list filled as calls come."""
+    seen, solve = [], module.varpro_least_squares
+
+    def recorded(*args, **kwargs):
+        seen.append((kwargs.get("n_jobs"), blas_threads()))
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(module, "varpro_least_squares", recorded)
+    return seen

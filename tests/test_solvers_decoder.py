@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from _helpers import blas_threads
+from _helpers import blas_threads, record_polish_threads
 
 from skattn.datasets import make_attention_regression
 from skattn.layer._math import forward
@@ -311,13 +311,7 @@ def test_the_decoder_polish_runs_its_chunks_in_threads_of_one_blas_thread(
     X, Y = _two_rotary_heads(300)
     import skattn.solvers._decoder as decoder_module
 
-    seen, polish = [], decoder_module.varpro_least_squares
-
-    def recorded(*args, **kwargs):
-        seen.append((kwargs.get("n_jobs"), blas_threads()))
-        return polish(*args, **kwargs)
-
-    monkeypatch.setattr(decoder_module, "varpro_least_squares", recorded)
+    seen = record_polish_threads(monkeypatch, decoder_module)
     for threads in (1, 2):
         seen.clear()
         with threadpool_limits(threads, user_api="blas"):

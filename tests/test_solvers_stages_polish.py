@@ -2,7 +2,13 @@
 
 import numpy as np
 import pytest
-from _helpers import blas_threads, factored_planted, planted, relative
+from _helpers import (
+    blas_threads,
+    factored_planted,
+    planted,
+    record_polish_threads,
+    relative,
+)
 
 from skattn.layer._math import forward, squared_loss_gradient
 from skattn.solvers import FactoredHeads, choose_solver, polish
@@ -192,13 +198,7 @@ def test_the_matrix_free_polish_takes_its_products_jobs_from_blas_threads(
 
     X, Y, attention, _ = planted(400, 4, 5, 2, 6)
     start = attention + 0.05 * np.random.default_rng(0).normal(size=attention.shape)
-    seen, solve = [], polish_module.varpro_least_squares
-
-    def recorded(*args, **kwargs):
-        seen.append((kwargs.get("n_jobs"), blas_threads()))
-        return solve(*args, **kwargs)
-
-    monkeypatch.setattr(polish_module, "varpro_least_squares", recorded)
+    seen = record_polish_threads(monkeypatch, polish_module)
     for threads in (1, 2):
         seen.clear()
         with threadpool_limits(threads, user_api="blas"):

@@ -61,10 +61,10 @@ def _blas_controller():
     return ThreadpoolController()
 
 
-def _one_blas_thread(xp):
+def _blas_limits(xp):
     """numpy's BLAS on one thread (a product's GEMMs are too thin to share its
     threads: HISTORY, fourteenth session); nothing for the other namespaces,
-    whose libraries schedule their own threads."""
+    whose libraries schedule their own threads.  The stages' limit too."""
     if not is_numpy(xp):
         return contextlib.nullcontext()
     return _blas_controller().limit(limits=1, user_api="blas")
@@ -388,7 +388,7 @@ class VarproProblem:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.n_jobs)
             chunks = zip(self.slices, self._cached, strict=True)
-            with _one_blas_thread(self._xp):
+            with _blas_limits(self._xp):
                 yield from self._pool.map(lambda chunk: function(*chunk), chunks)
             return
         yield from (function(rows, state) for rows, state in self._states())

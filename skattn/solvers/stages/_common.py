@@ -6,14 +6,13 @@ module of ``stages/``: the search, the refinement's stages, the polish and the
 driver import from it, it imports none of them.
 """
 
-import contextlib
-
 import numpy as np
 from sklearn.externals import array_api_compat as _compat
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
 from ...utils._array_api import device, is_numpy, namespace, to_namespace
 from ..kernels._decoupling import _output_factors
+from ..kernels._varpro import _blas_limits  # noqa: F401 (the stages' one BLAS thread)
 
 # The array namespace's small helpers of the random-start stages (_search, the
 # refinement's stages, _polish and the driver): each keeps the numpy route of the
@@ -52,14 +51,6 @@ def _on_accelerator(x):
     if _compat.is_cupy_array(x):
         return True
     return _compat.is_torch_array(x) and x.device.type != "cpu"
-
-
-def _blas_limits(xp):
-    """One BLAS thread (numpy's threadpoolctl limit), or nothing for the other
-    namespaces (their libraries schedule their own threads)."""
-    if is_numpy(xp):
-        return threadpool_limits(limits=1, user_api="blas")
-    return contextlib.nullcontext()
 
 
 def _threads(n_jobs, size):
