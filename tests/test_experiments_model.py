@@ -179,6 +179,33 @@ def test_the_heatmap_keeps_its_colorbar_label_inside_the_figure():
         plt.close(fig)
 
 
+def test_the_heatmap_marks_the_heads_without_an_error_as_the_table_does():
+    # MiniLM's layer 0 (a head not pinned by 400 windows, so none fitted) was a
+    # blank row in heads.png with nothing to say why
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from skattn.experiments._model import _heads_figure
+
+    unfitted = [{"verdict": "not fitted"}, {"verdict": "not pinned by this data"}]
+    fitted = [{"verdict": "exact", "attention_error": 1e-13}] * 2
+    fig = _heads_figure(
+        [{"layer": 0, "heads": unfitted}, {"layer": 1, "heads": fitted}]
+    )
+    try:
+        (ax,) = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+        marks = {(t.get_position(), t.get_text()) for t in ax.texts}
+        assert marks == {((0, 0), "-"), ((1, 0), "?")}
+        assert ax.get_xlabel() == "head\n(? not pinned by this data, - not fitted)"
+    finally:
+        plt.close(fig)
+    fig = _heads_figure([{"layer": 1, "heads": fitted}])
+    try:
+        assert not fig.axes[0].texts and fig.axes[0].get_xlabel() == "head"
+    finally:
+        plt.close(fig)
+
+
 def test_an_encoder_model_is_compared_by_its_sentence_embeddings(
     text, tmp_path, monkeypatch
 ):

@@ -109,6 +109,23 @@ def _held_by_every_layer(results):
     return np.asarray([row for row in held[0] if tuple(row) in common])
 
 
+# the mark of each head's verdict, in the table and on the picture's blank cells
+_MARKS = {
+    "exact": "=",
+    "not converged": "~",
+    "not pinned by this data": "?",
+    "not fitted": "-",
+}
+
+
+def _legend(verdicts=_MARKS):
+    """``(= exact, ~ not converged, ...)`` for ``verdicts``, in the marks' order."""
+    shown = [
+        f"{mark} {verdict}" for verdict, mark in _MARKS.items() if verdict in verdicts
+    ]
+    return f"({', '.join(shown)})"
+
+
 def table_text(rows):
     """The layer x head table as text: one line per layer, a letter per head
     (``=`` exact, ``~`` not converged, ``?`` not pinned by this data, ``-``
@@ -123,40 +140,41 @@ def table_text(rows):
         0  =?     2e-13
     (= exact, ~ not converged, ? not pinned by this data, - not fitted)
     """
-    marks = {
-        "exact": "=",
-        "not converged": "~",
-        "not pinned by this data": "?",
-        "not fitted": "-",
-    }
     width = max(len(row["heads"]) for row in rows)
     lines = [f"layer  {'heads'.ljust(width)}  held-out"]
     for row in rows:
-        letters = "".join(marks[h["verdict"]] for h in row["heads"]).ljust(width)
+        letters = "".join(_MARKS[h["verdict"]] for h in row["heads"]).ljust(width)
         error = row["held_out_relative_error"]
         shown = "not learned" if error is None else f"{error:.3g}"
         lines.append(f"{row['layer']:5d}  {letters}  {shown}")
-    lines.append("(= exact, ~ not converged, ? not pinned by this data, - not fitted)")
+    lines.append(_legend())
     return "\n".join(lines)
 
 
 def _heads_figure(rows):
     """A layer x head heatmap of the held-out attention errors (log10), its
-    colorbar's label inside the figure however few the layers."""
+    colorbar's label inside the figure however few the layers; a head without
+    an error (not fitted, not pinned by the data) carries the table's mark,
+    explained under the axes."""
     import matplotlib.pyplot as plt
 
     width = max(len(row["heads"]) for row in rows)
     grid = np.full((len(rows), width), np.nan)
+    blank = {}  # (layer row, head) -> verdict of the heads without an error
     for i, row in enumerate(rows):
         for j, head in enumerate(row["heads"]):
             error = head.get("attention_error")
             if error is not None:
                 grid[i, j] = np.log10(max(error, 1e-16))
+            elif head.get("verdict") in _MARKS:
+                blank[i, j] = head["verdict"]
     # 3 inches at least: the colorbar's label runs along its height
     size = (1 + 0.5 * width, max(3.0, 1 + 0.5 * len(rows)))
     fig, ax = plt.subplots(figsize=size, layout="constrained")
     image = ax.imshow(grid, cmap="viridis", vmin=-16, vmax=0, aspect="auto")
-    ax.set_xlabel("head")
+    for (i, j), verdict in blank.items():
+        ax.text(j, i, _MARKS[verdict], ha="center", va="center")
+    ax.set_xlabel("head" if not blank else f"head\n{_legend(set(blank.values()))}")
     ax.set_ylabel("layer")
     ax.set_yticks(range(len(rows)), [str(row["layer"]) for row in rows])
     fig.colorbar(image, ax=ax, label="log10 held-out attention error")
