@@ -624,6 +624,12 @@ def compare(label, true, X, y, X_test, est, make_module, args):
             steps=steps,
             note=note,
         )
+        # at once, so a run cut before the table keeps this row
+        print(
+            f"{label} {NAMES[name]}: held-out {row['error']:.3g} at "
+            f"{row['time']:.1f} s, {steps} steps",
+            flush=True,
+        )
         if args.teacher == "planted":
             params = [q.detach().double().numpy() for q in module.parameters()]
             row["layer"] = AttentionLayer(*params)
@@ -666,6 +672,7 @@ def compare_decoder(args):
         rope_theta=args.rope_theta,
         n_restarts=args.restarts,
         polish_max_iter=args.polish_max_iter,
+        verbose=args.verbose,
         random_state=seed,
     )
     module, what = llama_attention(d, m, m_kv, r, k, seed, args.rope_theta)
@@ -793,6 +800,12 @@ def parse(argv):
         type=float,
         default=10000.0,
         help="decoder: the rotary base of the planted layer and of the module",
+    )
+    add(
+        "--verbose",
+        type=int,
+        default=0,
+        help="decoder: skattn's verbose (where a fit cut by the budget stood)",
     )
     add("--layer", type=int, default=0, help="MiniLM layer")
     add(

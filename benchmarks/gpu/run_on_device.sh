@@ -54,9 +54,10 @@
 # Llama-shaped planted layer (d = 1024, 8 query heads sharing 2 key/value heads
 # of 128, rotary base 5e5, k = 32, 1280 sequences) by skattn on the GPU beside
 # torch Adam on transformers' own LlamaAttention there, each given
-# DECODER_BUDGET seconds (default 240, less where the call's time left is
-# less), its CUDA synchronizations by stage printed; the GPT-2-small-shaped one is the
-# gpt2small case above:
+# DECODER_BUDGET seconds (default 210, less where the call's time left is
+# less), its CUDA synchronizations by stage and its progress printed
+# (DECODER_VERBOSE=1: where a fit cut by its budget stood); the GPT-2-small-shaped
+# one is the gpt2small case above:
 #
 #     CASES="gpt2small" LONG_CASES="" LEARNERS="skattn adam" BUDGET=120 \
 #         DECODER=llama bash benchmarks/gpu/run_on_device.sh
@@ -103,13 +104,15 @@ if [ -n "$LONG_CASES" ]; then
 fi
 if [ -n "${DECODER:-}" ]; then
     left=$((560 - (SECONDS - START)))
-    # two learners and the data (about 30 s) within what is left: a run cut by
-    # the timeout would lose the table, written at the end
-    budget=${DECODER_BUDGET:-240}
-    [ $(((left - 40) / 2)) -lt "$budget" ] && budget=$(((left - 40) / 2))
+    # two learners, the data and the module's check (about 60 s on the H200,
+    # 2026-11-30: 40 s left too little, the table was lost) within what is
+    # left; each learner's line is printed as it ends
+    budget=${DECODER_BUDGET:-210}
+    [ $(((left - 100) / 2)) -lt "$budget" ] && budget=$(((left - 100) / 2))
     timeout "$left" python3 benchmarks/bench_torch_anchors.py --teacher decoder \
         --setting "$DECODER" --rope-theta 500000 --device "$DEVICE" \
         --learners skattn adam --budget "$budget" --restarts 1 \
-        --checkpoints 0.25 0.5 2>&1 | tee "$OUT/decoder.log" | tee -a "$OUT/gpu.log"
+        --checkpoints 0.25 0.5 --verbose "${DECODER_VERBOSE:-1}" 2>&1 \
+        | tee "$OUT/decoder.log" | tee -a "$OUT/gpu.log"
 fi
 echo "# done in $((SECONDS - START)) s" | tee -a "$OUT/gpu.log"
