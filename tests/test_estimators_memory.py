@@ -326,3 +326,32 @@ def test_a_whitening_that_rounds_otherwise_still_resumes(tmp_path, monkeypatch):
     again = learner().fit(X, y)
     kept = again.phase_report_[-1].info["memory"]
     assert kept["computed"] == [] and len(kept["reused"]) > 0
+
+
+def test_a_raised_polish_max_iter_goes_on_from_the_kept_stages(
+    tmp_path, uninterrupted, monkeypatch
+):
+    # the fit the ConvergenceWarning asks for: polish_max_iter raised after a
+    # polish cut short.  The kept stages are read back from the first fit's
+    # folder (the polish gone on from its kept iterates), and the layer is the
+    # uninterrupted fit's under the raised cap, bit for bit
+    from sklearn.exceptions import ConvergenceWarning
+
+    monkeypatch.setattr(_checkpoints, "ITERATE_INTERVAL", 0.0)
+    X, y = _data()
+    short = {**POLISH_PARAMS, "polish_max_iter": 5}
+    with pytest.warns(ConvergenceWarning, match="polish_max_iter"):
+        MultiHeadAttentionRegressor(memory=str(tmp_path), **short).fit(X, y)
+    raised = MultiHeadAttentionRegressor(memory=str(tmp_path), **POLISH_PARAMS)
+    memory = _stages(raised.fit(X, y))
+    _same_layer(raised, uninterrupted["polish"])
+    assert memory["inherited"] is not None and memory["inherited"] != memory["folder"]
+    assert "polish-1" in memory["continued"]
+    assert any(name.endswith("iterate") for name in memory["reused"])
+    # lowered again: the layer of a fit under that cap alone
+    lowered = MultiHeadAttentionRegressor(memory=str(tmp_path), **short)
+    with pytest.warns(ConvergenceWarning):
+        lowered.fit(X, y)
+    with pytest.warns(ConvergenceWarning):
+        alone = MultiHeadAttentionRegressor(**short).fit(X, y)
+    _same_layer(lowered, alone)

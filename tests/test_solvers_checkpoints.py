@@ -77,3 +77,56 @@ def test_data_digest_sees_values_dtype_and_shape():
     assert data_digest(a) == data_digest(a.copy())
     assert data_digest(a) != data_digest(a.reshape(2, 2))
     assert data_digest(a, None) != data_digest(a)
+
+
+def test_a_fit_under_another_cap_reads_the_stages_it_did_not_cut(tmp_path):
+    # a fit that differs in the polish's iteration cap alone: its stages before
+    # the polish are read back, a polish stage that the cap cut short is not
+    # (it is gone on from), one that ended before either cap is
+    old = _memory(tmp_path, {"n_heads": 2, "max_iter": 5})
+    old.stage("search", lambda: "searched")
+    old.stage("polish", lambda: {"stop_reason": "max_iter", "n_evaluations": 5})
+    new = _memory(tmp_path, {"n_heads": 2, "max_iter": 50})
+    assert new.inherited == old.folder and (new.cap, new.inherited_cap) == (50, 5)
+    assert new.stage("search", lambda: pytest.fail("recomputed")) == "searched"
+    polished = {"stop_reason": "gradient", "n_evaluations": 12}
+
+    def settled(info):
+        return info["stop_reason"] != "max_iter"
+
+    assert new.stage("polish", lambda: polished, settled) == polished
+    assert new.reused == ["search"] and new.continued == ["polish"]
+    assert new.computed == ["polish"]
+    # read back into this fit's own folder: a third run needs the other no more
+    assert (new.folder / "search.joblib").exists()
+    third = _memory(tmp_path, {"n_heads": 2, "max_iter": 50})
+    assert third.stage("polish", lambda: pytest.fail("recomputed"), settled) == polished
+    # another setting is no sibling
+    assert _memory(tmp_path, {"n_heads": 3, "max_iter": 5}).inherited is None
+
+
+def test_a_stage_kept_after_one_that_is_kept_again_is_computed_again(tmp_path):
+    # a reorientation kept after a polish that was then kept again, to another
+    # end (as a run under another cap that went on from it does), followed the
+    # other polish: computed again, said as stale ("order")
+    def fail():
+        pytest.fail("recomputed")
+
+    first = _memory(tmp_path, {"max_iter": 5})
+    first.stage("polish", lambda: "short")
+    first.stage("reorient", lambda: "after the short polish")
+    second = _memory(tmp_path, {"max_iter": 5})
+    second.save("polish", "longer")
+    assert second.stage("polish", fail) == "longer"
+    assert second.stage("reorient", lambda: "again") == "again"
+    assert [(e["stage"], e["reason"]) for e in second.stale] == [("reorient", "order")]
+    # a fit under another cap: its polish gone on from, to the value it had,
+    # keeps the stages after it
+    third = _memory(tmp_path, {"max_iter": 50})
+    assert third.stage("polish", lambda: "longer", lambda value: False) == "longer"
+    assert third.continued == ["polish"]
+    assert third.stage("reorient", fail) == "again"
+    # to another value: the other fit's later stages followed another polish
+    fourth = _memory(tmp_path, {"max_iter": 500})
+    fourth.stage("polish", lambda: "longest", lambda value: False)
+    assert fourth.stage("reorient", lambda: "third") == "third"

@@ -356,3 +356,57 @@ def test_anisotropic_tokens_are_whitened_and_the_heads_mapped_back():
     assert info["whitening"]["applied"] and info["whitening"]["condition"] > 1e3
     error = np.linalg.norm(est.predict(X) - y) / np.linalg.norm(y)
     assert error <= 1e-8
+
+
+def test_a_raised_cap_goes_on_from_the_kept_polish_and_its_lift(tmp_path, monkeypatch):
+    # a rotary polish (base 10 000, k = 32: the slow pairs lifted after 4 plain
+    # evaluations) cut at 6 evaluations, then run under a cap of 40 with the
+    # same memory: the plain steps and the lift's scale are read back (no scale
+    # computed again), the lifted stage gone on from its kept iterate, and the
+    # layer is the uninterrupted run's, bit for bit; a cap of 7 after it gives
+    # the run cut at 7
+    from skattn.solvers._checkpoints import StageMemory
+    from skattn.solvers.optimizers import _lm_matrix_free
+
+    n, m, m_kv, d, k, r = 24, 4, 2, 12, 32, 8
+    X, y, layer = make_attention_regression(
+        n, k, d, m, head_rank=r, causal=True, rope=True, n_kv_heads=m_kv,
+        distribution="gaussian", random_state=0, return_layer=True,
+    )  # fmt: skip
+    X, Y = X.reshape(n, k, d), y.reshape(n, k, -1)
+    par = LowRank(m, d, r, n_kv_heads=m_kv, causal=True, rope_theta=layer.rope_theta)
+    truth = np.concatenate([layer.rotary_query.ravel(), layer.rotary_key.ravel()])
+    noise = np.random.default_rng(1).normal(size=(m + m_kv, d, r))
+    fast = [i for i in range(r) if i not in slow_rotary_dims(r, 1e4, "half", k)]
+    noise[..., fast] *= 0.1
+    start = truth + 0.03 * np.sqrt(np.mean(truth**2)) * noise.ravel()
+    scales = []
+    lift = _lm_matrix_free.lift_near_gauge
+
+    def counted(*args, scale=None, **kwargs):
+        scales.append(scale is None)  # a scale computed
+        return lift(*args, scale=scale, **kwargs)
+
+    monkeypatch.setattr(_lm_matrix_free, "lift_near_gauge", counted)
+
+    def polish(cap, memory=None):
+        if memory is not None:
+            memory = StageMemory(tmp_path, {"max_iter": cap}, (X, Y))
+            memory.iterate_interval = 0.0
+        scales.clear()
+        found, _, info = varpro_least_squares(
+            X, Y, start, par, max_iter=cap, coarse=False, memory=memory
+        )
+        return found, info, memory
+
+    reference, info, _ = polish(40)
+    assert info["converged"] and info["loss"] < 1e-20 and scales == [True]
+    cut = polish(6, memory=True)[1]
+    assert cut["stop_reason"] == "max_iter" and scales == [True]
+    resumed, info, memory = polish(40, memory=True)
+    assert scales == [False]  # the scale read back
+    assert "lm-1-plain" in memory.reused and memory.continued == ["lm-1"]
+    assert any("iterate" in name for name in memory.reused)
+    np.testing.assert_array_equal(resumed, reference)
+    lower, _, memory = polish(7, memory=True)
+    np.testing.assert_array_equal(lower, polish(7)[0])

@@ -314,7 +314,11 @@ class MultiHeadAttentionRegressor(BaseAttentionRegressor):
         and goes on from the last one, to the layer an uninterrupted fit gives
         (bit for bit with the same number of BLAS threads; to rounding with
         another, as a product's last bits depend on it).
-        Changed data or parameters use none of them; resuming needs an int
+        Changed data or parameters use none of them, but for
+        ``polish_max_iter``: a fit under a larger cap (as the
+        ``ConvergenceWarning`` of a polish cut short asks) reads the stages
+        before the polish back from the fit under the smaller one and goes on
+        from the polish's kept iterates; resuming needs an int
         ``random_state`` (with None every fit draws new starts: ``fit`` then
         warns at once that it cannot be resumed, and an interrupted fit does not
         promise it). Phases 1-6 are not kept. ``None``: nothing is kept.
@@ -855,7 +859,13 @@ n_features_per_token)
             warnings.warn(
                 f"The decoder layer's polish stopped ({info['stop_reason']}) at "
                 f"relative residual {info['relative_residual']:.3g}: raise "
-                f"polish_max_iter or n_restarts.",
+                f"polish_max_iter or n_restarts"
+                + (
+                    " (with the same memory=, a larger polish_max_iter goes on "
+                    "from this fit's kept stages)."
+                    if self.memory is not None
+                    else "."
+                ),
                 ConvergenceWarning,
                 stacklevel=4,
             )

@@ -22,6 +22,18 @@ of another version or schema is recomputed, never reused half-compatible, and th
 fit says so (``StageMemory.stale``, ``info["memory"]["stale"]``); the folder of a
 fit does not depend on the version, so that an upgrade finds its old entries and
 reports them instead of leaving them behind unnoticed.
+
+The polish's iteration cap (``max_iter``, the estimators' ``polish_max_iter``)
+decides only the stages that it cut short.  Where its own folder lacks a stage, a
+fit reads the stage kept by the fit that differs from it in that cap alone (the
+latest such folder, ``StageMemory.inherited``; the entry is then linked into its
+own folder): the stages before the polish as they are, each polish stage that
+ended before either cap could cut it (its ``settled`` test) too, and the others
+are gone on from their kept iterates (``StageMemory.continued``).  A
+kept stage holds only where every stage before it is the one it followed: each
+entry records when it was written, and an entry written before a stage read or
+computed before it in this fit (a reorientation that followed a polish which is
+now continued) is computed again, as a stale one.
 """
 
 import copy
@@ -29,7 +41,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import joblib
@@ -85,6 +99,33 @@ def stage_schema(name):
 # Seconds between two kept iterates of a Levenberg-Marquardt run (an iterate of
 # 12 MiniLM heads is about 8 MB; a run of minutes keeps a few)
 ITERATE_INTERVAL = 30.0
+
+
+# The polish's iteration cap as a fit's key writes it: the decoder's ``max_iter``
+# entry, or ``max_iter=N`` inside the encoder's repr of its PolishOptions
+_CAP_ENTRY = "max_iter"
+_CAP_IN_TEXT = re.compile(r"(PolishOptions\([^)]*?\bmax_iter=)(\d+)")
+
+
+def _without_cap(key):
+    """``(key without the polish's iteration cap, the cap or None)``.
+
+    Examples
+    --------
+    >>> from skattn.solvers._checkpoints import _without_cap
+    >>> _without_cap({"max_iter": 300, "tol": "1e-10"})
+    ({'tol': '1e-10'}, 300)
+    >>> _without_cap({"polish": "PolishOptions(max_iter=100, tol=1e-10)"})
+    ({'polish': 'PolishOptions(max_iter=?, tol=1e-10)'}, 100)
+    """
+    key, cap = dict(key), key.get(_CAP_ENTRY)
+    key.pop(_CAP_ENTRY, None)
+    for name, value in key.items():
+        found = _CAP_IN_TEXT.search(value) if isinstance(value, str) else None
+        if found:
+            cap = int(found.group(2))
+            key[name] = _CAP_IN_TEXT.sub(r"\g<1>?", value)
+    return key, cap
 
 
 class DamagedCacheError(ValueError):
@@ -144,9 +185,20 @@ class StageMemory:
         The stages read back and the stages computed, in order.
     stale : list of dict
         The kept stages found but not reused, each ``{"stage", "written_by",
-        "schema"}``: written by another skattn version (``written_by``, ``None``
-        for a version that did not record it) or under another schema of the
-        stage; each was computed again and its entry replaced.
+        "schema", "reason"}``: written by another skattn version (``written_by``,
+        ``None`` for a version that did not record it) or under another schema
+        of the stage (``reason`` ``"version"``), or before a stage that this fit
+        read or computed before it (``"order"``); each was computed again and
+        its entry replaced.
+    cap : int or None
+        The polish's iteration cap written in ``key`` (see the module's notes).
+    inherited : Path or None
+        The folder of the fit that differs from this one in the cap alone, whose
+        stages this fit reads where its own folder has none; its cap is
+        ``inherited_cap``.
+    continued : list of str
+        Kept stages found that the cap would have cut otherwise: gone on from
+        their kept iterates instead of read back.
 
     Examples
     --------
@@ -162,14 +214,22 @@ class StageMemory:
     """
 
     def __init__(self, memory, key, data):
-        self.reused, self.computed, self.stale = [], [], []
-        self.folder = None
+        self.reused, self.computed, self.stale, self.continued = [], [], [], []
+        self.folder = self.inherited = self.inherited_cap = None
         self.iterate_interval = ITERATE_INTERVAL
         self._calls, self._prefix = {}, ""
+        # when the last stage in effect was written (ns): a kept entry written
+        # before it followed another run of that stage
+        self._latest = 0
+        self._replaced = {}  # continued stages: (digest of the value, written)
+        # shared with the children: once a stage's value is this fit's own, the
+        # inherited fit's later stages followed another and are not read
+        self._shared = {"diverged": False}
         location = _location(memory)
+        key = {"data": data_digest(*data), **key} if location is not None else key
+        self.cap = _without_cap(key)[1]
         if location is None:
             return
-        key = {"data": data_digest(*data), **key}
         text = json.dumps(key, sort_keys=True, default=repr)
         name = hashlib.sha256(text.encode()).hexdigest()[:32]
         self.folder = Path(location) / "skattn" / name
@@ -177,6 +237,11 @@ class StageMemory:
         settings = self.folder / "key.json"
         if not settings.exists():
             _atomic_write(settings, text.encode())
+        self.inherited, self.inherited_cap = _sibling(self.folder, text)
+
+    @property
+    def _diverged(self):
+        return self._shared["diverged"]
 
     @property
     def enabled(self):
@@ -197,25 +262,43 @@ class StageMemory:
         return child
 
     def load(self, name):
-        """The kept value of stage ``name``, or ``(False, None)`` when not kept."""
+        """The kept value of stage ``name``, or ``(False, None)`` when not kept
+        (or kept before a stage that this fit read or computed before it)."""
+        found, entry = self._read(name)
+        return (True, entry["value"]) if found else (False, None)
+
+    def _read(self, name):
+        """``(True, entry)`` for stage ``name``'s entry that holds, with its
+        ``written`` time and the ``cap`` it ran under, or ``(False, None)``."""
         if self.folder is None:
             return False, None
-        data, digest = self.folder / (name + _DATA), self.folder / (name + _DIGEST)
+        own = self.folder / (name + _DIGEST)
+        if own.exists() or self.inherited is None or self._diverged:
+            entry = self._entry(self.folder, name, self.cap)
+        else:  # the fit under another cap's, held in this fit's folder from now
+            entry = self._entry(self.inherited, name, self.inherited_cap)
+            if entry is not None:
+                _link(self.inherited, self.folder, name)
+        return (False, None) if entry is None else (True, entry)
+
+    def _entry(self, folder, name, cap):
+        """The entry of stage ``name`` in ``folder`` that holds, or None."""
+        data, digest = folder / (name + _DATA), folder / (name + _DIGEST)
         if not digest.exists():
-            return False, None
+            return None
         expected = digest.read_text().strip()
         if not data.exists() or _sha256(data) != expected:
             raise DamagedCacheError(
                 f"The kept stage {str(data)!r} of an earlier fit is damaged (its "
                 f"bytes do not match {str(digest)!r}). Delete the folder "
-                f"{str(self.folder)!r} (or pass another memory=) and fit again."
+                f"{str(folder)!r} (or pass another memory=) and fit again."
             )
         try:
             value = joblib.load(data)
         except Exception as exc:  # a digest that matches bytes joblib cannot read
             raise DamagedCacheError(
                 f"The kept stage {str(data)!r} cannot be read ({exc}). Delete the "
-                f"folder {str(self.folder)!r} and fit again."
+                f"folder {str(folder)!r} and fit again."
             ) from exc
         schema = stage_schema(name)
         if (
@@ -225,29 +308,83 @@ class StageMemory:
             or "value" not in value
         ):  # another version's entry: computed again (and replaced)
             written = value if isinstance(value, dict) else {}
-            self.stale.append(
-                {
-                    "stage": name,
-                    "written_by": written.get("skattn"),
-                    "schema": written.get("schema"),
-                }
-            )
-            return False, None
-        return True, value["value"]
+            self._stale(name, written, "version")
+            return None
+        # entries written before stamps were kept: the file's time
+        written = value.get("written") or data.stat().st_mtime_ns
+        if written < self._latest:  # it followed another run of a stage before it
+            self._stale(name, value, "order")
+            return None
+        return {**value, "written": written, "cap": cap}
+
+    def _stale(self, name, entry, reason):
+        self.stale.append(
+            {
+                "stage": name,
+                "written_by": entry.get("skattn"),
+                "schema": entry.get("schema"),
+                "reason": reason,
+            }
+        )
 
     def save(self, name, value):
         """Keep ``value`` as stage ``name`` (written, then its digest), with this
-        skattn version and the stage's schema number."""
+        skattn version, the stage's schema number and the time; returns that
+        time (ns)."""
         if self.folder is None:
-            return
+            return None
         data, digest = self.folder / (name + _DATA), self.folder / (name + _DIGEST)
         digest.unlink(missing_ok=True)
         handle, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
         os.close(handle)
-        entry = {"skattn": __version__, "schema": stage_schema(name), "value": value}
+        written = max(time.time_ns(), self._latest + 1)
+        entry = {
+            "skattn": __version__,
+            "schema": stage_schema(name),
+            "written": written,
+            "value": value,
+        }
         joblib.dump(entry, tmp)
         os.replace(tmp, data)
         _atomic_write(digest, _sha256(data).encode())
+        return written
+
+    def take(self, name, settled=None):
+        """``(True, value)`` of stage ``name`` where its kept entry holds for
+        this fit, else ``(False, None)``: the stage is to be computed (and
+        then :meth:`keep`).
+
+        ``settled(value)``, for a stage that the polish's iteration cap can cut
+        short: whether the kept value, of a run under another cap, ended before
+        either cap could cut it (then it is read back; else it is gone on from
+        its kept iterates, and listed in ``continued``).  A stage read back is
+        the last in effect: entries written before it are not read after it.
+        """
+        found, entry = self._read(name)
+        if not found:
+            return False, None
+        value = entry["value"]
+        if settled is not None and entry["cap"] != self.cap and not settled(value):
+            self.continued.append(name)
+            self._replaced[name] = (joblib.hash(value), entry["written"])
+            return False, None
+        self.reused.append(name)
+        self._latest = max(self._latest, entry["written"])
+        return True, value
+
+    def keep(self, name, value):
+        """Keep the computed ``value`` of stage ``name``, the last in effect (a
+        continued stage that ends where it had ended keeps its place in time:
+        the stages after it hold still)."""
+        written = self.save(name, value)
+        self.computed.append(name)
+        replaced = self._replaced.pop(name, None)
+        if replaced is not None and replaced[0] == joblib.hash(value):
+            written = replaced[1]
+        else:
+            self._shared["diverged"] = True
+        if written is not None:
+            self._latest = max(self._latest, written)
 
     def record(self):
         """What this fit kept, for its info: None without a folder, else the
@@ -260,26 +397,28 @@ class StageMemory:
             "reused": list(self.reused),
             "computed": list(self.computed),
             "stale": list(self.stale),
+            "continued": list(self.continued),
+            "inherited": None if self.inherited is None else str(self.inherited),
         }
-        if self.stale:  # entries of another version: recomputed, and said
-            versions = sorted({str(entry["written_by"]) for entry in self.stale})
+        other = [entry for entry in self.stale if entry.get("reason") == "version"]
+        if other:  # entries of another version: recomputed, and said
+            versions = sorted({str(entry["written_by"]) for entry in other})
             record["note"] = (
-                f"{len(self.stale)} kept stage(s) in {str(self.folder)!r} were "
+                f"{len(other)} kept stage(s) in {str(self.folder)!r} were "
                 f"written by another skattn version or stage schema (written by "
                 f"{', '.join(versions)}; this is skattn {__version__}): computed "
                 f"again and replaced, not reused"
             )
         return record
 
-    def stage(self, name, compute):
-        """Stage ``name``'s value: read back when kept, else computed and kept."""
-        found, value = self.load(name)
+    def stage(self, name, compute, settled=None):
+        """Stage ``name``'s value: read back when kept (see :meth:`take` for
+        ``settled``), else computed and kept."""
+        found, value = self.take(name, settled)
         if found:
-            self.reused.append(name)
             return value
         value = compute()
-        self.save(name, value)
-        self.computed.append(name)
+        self.keep(name, value)
         return value
 
 
@@ -294,6 +433,40 @@ def _location(memory):
     return getattr(memory, "location", None)
 
 
+def _sibling(folder, text):
+    """``(folder, cap)`` of the latest fit beside ``folder`` whose key (the
+    JSON ``text``) differs from this fit's in the polish's iteration cap alone,
+    or ``(None, None)``."""
+    mine = _without_cap(json.loads(text))[0]
+    found = []
+    for settings in folder.parent.glob("*/key.json"):
+        if settings.parent == folder:
+            continue
+        try:
+            other, cap = _without_cap(json.loads(settings.read_text()))
+        except (OSError, ValueError):  # not a fit's key: not a sibling
+            continue
+        if other == mine and cap is not None:
+            found.append((settings.parent.stat().st_mtime_ns, settings.parent, cap))
+    if not found:
+        return None, None
+    _, sibling, cap = max(found, key=lambda entry: entry[0])
+    return sibling, cap
+
+
+def _link(source, target, name):
+    """Stage ``name``'s entry of folder ``source`` into ``target`` (a hard link,
+    or a copy that keeps its times): its digest last, as :meth:`StageMemory.
+    save` writes."""
+    for suffix in (_DATA, _DIGEST):
+        there, here = source / (name + suffix), target / (name + suffix)
+        here.unlink(missing_ok=True)
+        try:
+            os.link(there, here)
+        except OSError:  # another file system, or none allowed
+            shutil.copy2(there, here)
+
+
 def _atomic_write(path, payload):
     handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(handle, "wb") as out:
@@ -301,12 +474,13 @@ def _atomic_write(path, payload):
     os.replace(tmp, path)
 
 
-def kept(memory, label, compute, rng=None):
+def kept(memory, label, compute, rng=None, settled=None):
     """``compute(child)``, kept in ``memory`` as the stage ``label`` (numbered),
     with the state of the random generator ``rng`` after it: read back, the
     stage also puts ``rng`` where the computed stage left it, so that the stages
     after it draw what they drew.  ``child`` is the memory of the stages inside
-    it (``None`` without memory).
+    it (``None`` without memory).  ``settled(value)``: for a stage that the
+    polish's iteration cap can cut short (:meth:`StageMemory.take`).
 
     Examples
     --------
@@ -329,7 +503,8 @@ def kept(memory, label, compute, rng=None):
         value = compute(memory.child(name))
         return value, None if rng is None else _rng_state(rng)
 
-    value, state = memory.stage(name, run)
+    test = None if settled is None else (lambda entry: settled(entry[0]))
+    value, state = memory.stage(name, run, test)
     if rng is not None:
         _set_rng_state(rng, state)
     return value

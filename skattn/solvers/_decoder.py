@@ -54,7 +54,7 @@ from .kernels._loss import REALISABLE_RESIDUAL
 from .kernels._near_gauge import reflect_slow_dims, slow_rotary_dims
 from .kernels._parametrization import FactoredHeads, LowRank
 from .kernels._varpro import VarproProblem, _intercept_direction
-from .optimizers._lm_matrix_free import varpro_least_squares
+from .optimizers._lm_matrix_free import settled, varpro_least_squares
 from .stages._common import _blas_limits, _on_accelerator, _on_rows, _threads
 from .stages._polish import choose_factor_values, polish_rows, warmup_size
 from .stages._search import minibatch_search
@@ -637,7 +637,9 @@ def _staged_polish(
                 )
                 return found, found_info
 
-            params, warmup_info = kept(memory, "decoder-warmup", warm_up, rng)
+            params, warmup_info = kept(
+                memory, "decoder-warmup", warm_up, rng, _settled_under(options)
+            )
         problem = VarproProblem(
             X, Y, sample_weight, par, intercept=options["intercept"]
         )
@@ -653,7 +655,9 @@ def _staged_polish(
                 )
                 return found, found_info
 
-            params, info = kept(memory, "decoder-polish", polish_all, rng)
+            params, info = kept(
+                memory, "decoder-polish", polish_all, rng, _settled_under(options)
+            )
             residual = _relative(problem, params, Y, sample_weight)
         orientations = None
         if residual > REALISABLE_RESIDUAL and par.rope_theta is not None:
@@ -664,7 +668,14 @@ def _staged_polish(
                 )
                 return found, record
 
-            params, orientations = kept(memory, "decoder-reorient", reorient, rng)
+            # the reorientations' polish at the cap ran only where one was kept
+            params, orientations = kept(
+                memory,
+                "decoder-reorient",
+                reorient,
+                rng,
+                lambda value: value[1] is None or "stop" not in value[1],
+            )
             # the problem's projection at the returned point, read back or not
             residual = _relative(problem, params, Y, sample_weight)
     projection = problem.projection  # W* on the polish set, at params
@@ -685,6 +696,12 @@ def _staged_polish(
         n_polish_samples=int(X.shape[0]),
     )
     return params, projection, info
+
+
+def _settled_under(options):
+    """A kept polish stage's test for another iteration cap (:func:`~.optimizers.
+    _lm_matrix_free.settled` of its info, under ``options["max_iter"]``)."""
+    return lambda value: settled(value[1], options["max_iter"])
 
 
 def _reorient(data, params, residual, problem, options, say):

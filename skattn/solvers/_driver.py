@@ -47,6 +47,7 @@ from .kernels._loss import REALISABLE_RESIDUAL, uniform_residual
 from .kernels._parametrization import FactoredHeads, random_attention
 from .kernels._varpro import _intercept_direction
 from .kernels._whitening import _unwhiten, _whiten
+from .optimizers._lm_matrix_free import settled
 from .stages._common import _blas_limits, _on_accelerator, _threads
 from .stages._polish import choose_factor_values, staged_polish, warmup_size
 from .stages._refine import refine_heads
@@ -303,6 +304,9 @@ def _encoder_stages(
                     X, Y, attention, sample_weight, polish, rng, n_warmup_samples, child
                 ),
                 rng,
+                # its full-rank stage runs under min(cap, _RANK_FREE_MAX_ITER):
+                # under another cap, run again (from the kept polish stages)
+                lambda value: False,
             )
             if result is not None:
                 result[2]["start_search"] = None
@@ -348,7 +352,13 @@ def _encoder_stages(
                 **({"stop_below": math.inf} if stop else {}),
             )
 
-        result = kept(memory, "polish", joint_polish, rng)
+        result = kept(
+            memory,
+            "polish",
+            joint_polish,
+            rng,
+            lambda value: settled(value[2], polish.max_iter),
+        )
         if unconverged and result[2]["relative_residual"] > REALISABLE_RESIDUAL:
             result[2].update(
                 converged=False,

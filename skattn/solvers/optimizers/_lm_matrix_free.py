@@ -213,9 +213,8 @@ def varpro_least_squares(
         memory, name = None, None
     else:
         name = memory.next_name("lm")
-        found, kept = memory.load(name)
+        found, kept = memory.take(name, lambda value: settled(value[2], max_iter))
         if found:
-            memory.reused.append(name)
             return kept
     xp = namespace(X, Y)
     # the problem in double precision, and its twins in other precisions
@@ -285,7 +284,7 @@ def varpro_least_squares(
 
         # its end kept: a resumed run goes on to the next stage
         x, n_iter, n_evaluations, status, n_loose_products = _kept_stage(
-            memory, f"{name}-coarse", coarse_stage
+            memory, f"{name}-coarse", coarse_stage, max_iter
         )
         n_coarse = n_iter
     else:
@@ -307,6 +306,16 @@ def varpro_least_squares(
             chunk = min(chunk, BLOCK_REFRESH)
         in_blocks = blocks if head_blocks is True else None
         part, whitening = 0, {}
+        # the lift's scale, computed at the first lifted stage (a product pair a
+        # lifted column: 25 min for heads of 64 on 2 cores), kept for a resumed run
+        if memory is not None and options["slow_dims"] is not None:
+            found, scale = memory.load(f"{name}-lift")
+            if found:
+                whitening["scale"] = scale
+            else:
+                whitening["keep_scale"] = functools.partial(
+                    _keep_scale, memory, f"{name}-lift"
+                )
         steps = {"maxiter": max_products}
         if not is_numpy(xp) and options["slow_dims"] is not None:
             # a rotary polish's steps, truncated: CGLS's tests read at its end
@@ -336,7 +345,7 @@ def varpro_least_squares(
 
             # its end kept: a resumed run goes on to the lifted stages
             x, n_plain, n_plain_evaluations, status, cost = _kept_stage(
-                memory, f"{name}-plain", plain_stage
+                memory, f"{name}-plain", plain_stage, max_iter - n_evaluations
             )
             n_iter += n_plain
             n_evaluations += n_plain_evaluations
@@ -383,9 +392,36 @@ def varpro_least_squares(
         "stop_reason": _STATUS[status],
     }
     if memory is not None:
-        memory.save(name, (x, problem.projection, info))
-        memory.computed.append(name)
+        memory.keep(name, (x, problem.projection, info))
     return x, problem.projection, info
+
+
+def settled(info, max_iter):
+    """Whether a polish stage that ended with ``info`` (a dict; the stages
+    inside it too: ``stages``, ``warmup``) ends so under ``max_iter``: none
+    stopped at its iteration cap, and none took more evaluations (iterations,
+    where it counts no evaluations).  A kept stage of a run under another cap
+    is read back where this holds.
+
+    Examples
+    --------
+    >>> from skattn.solvers.optimizers._lm_matrix_free import settled
+    >>> done = {"stop_reason": "gradient", "n_evaluations": 40}
+    >>> settled(done, 100), settled(done, 30)
+    (True, False)
+    >>> settled({"stop_reason": "max_iter", "n_evaluations": 100}, 300)
+    False
+    """
+    if isinstance(info, dict):
+        if info.get("stop_reason") == "max_iter":
+            return False
+        taken = info.get("n_evaluations", info.get("n_iter", 0))
+        if "stop_reason" in info and taken > max_iter:
+            return False
+        return all(settled(value, max_iter) for value in info.values())
+    if isinstance(info, (list, tuple)):
+        return all(settled(value, max_iter) for value in info)
+    return True
 
 
 # Evaluations of a stage whose slow rotary mixings are lifted
@@ -412,10 +448,16 @@ PLAIN_PROGRESS = 0.9
 LIFT_BELOW = 1e-3
 
 
-def _kept_stage(memory, name, compute):
+def _kept_stage(memory, name, compute, max_nfev):
     """``compute()``, kept in ``memory`` as ``name`` (read back where it was
-    kept) when there is a memory."""
-    return compute() if memory is None else memory.stage(name, compute)
+    kept) when there is a memory.  ``compute()`` returns ``(x, njev, nfev,
+    status, ...)`` of a run of at most ``max_nfev`` evaluations: a kept run under
+    another iteration cap is read back where it stopped before either cap."""
+
+    def ended(value):
+        return value[3] != 0 and value[2] <= max_nfev
+
+    return compute() if memory is None else memory.stage(name, compute, ended)
 
 
 def _slowing(target):
@@ -466,7 +508,8 @@ def _stage(
     into variables of their own (:func:`~skattn.solvers.kernels._near_gauge.
     lift_near_gauge`), or None; ``whitening``: a dict that keeps the lift's
     scale and the tokens' constant direction from one stage to the next
-    (computed where it has none).  ``preconditioner``: a function of ``params``
+    (computed where it has none; then its ``keep_scale``, if any, is called
+    with the scale).  ``preconditioner``: a function of ``params``
     that gives ``M`` in place of the parametrization's (see
     :func:`_head_blocks`).
     """
@@ -474,8 +517,12 @@ def _stage(
     resume = None
     if keep is not None:
         found, kept = keep[0].load(keep[1])
-        if found:  # an interrupted run's iterate, and the stage's start
-            params, resume = kept["start"], kept["state"]
+        if found and kept["state"]["nfev"] <= max_nfev:
+            # an interrupted run's iterate, and the stage's start; one that
+            # stopped at another run's cap goes on to this one's
+            params, resume = kept["start"], dict(kept["state"])
+            if resume["status"] == 0 and resume["nfev"] < max_nfev:
+                resume["status"] = None
             keep[0].reused.append(keep[1])
         callback = _keeping(keep, params, callback)
     callback = _ticking(iteration_bar(), callback)
@@ -629,8 +676,15 @@ def _lifted(problem, products, params, precond, slow_dims, whitening=None):
         random_state=0,
     )
     if lift is not None:
+        if whitening.get("scale") is None and "keep_scale" in whitening:
+            whitening.pop("keep_scale")(lift.scale)
         whitening["scale"] = lift.scale
     return lift
+
+
+def _keep_scale(memory, name, scale):
+    """Keep a lift's scale in ``memory`` as ``name``, for a resumed run."""
+    memory.save(name, to_numpy(scale))
 
 
 def _ticking(bar, callback):

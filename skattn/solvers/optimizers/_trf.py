@@ -417,7 +417,9 @@ def trust_region_steps(
     g_max = xp.max(xp.abs(g), axis=1)
     fresh = xp.ones(Delta.shape, dtype=xp.bool, device=where)  # a new Jacobian
     S = B_S = g_S = None
-    last_itn = None
+    # the inner solve's first check where the last one stopped (a resumed run
+    # too: its steps are the uninterrupted run's)
+    last_itn = None if resume is None else resume.get("last_itn")
     inner_total = 0
     any_fresh = True  # (on the host) some problem has a new Jacobian
     if verbose == 2:
@@ -529,6 +531,7 @@ def trust_region_steps(
                     "njev": n_iter[0],
                     "nit": nit,
                     "initial_cost": initial_cost,
+                    "last_itn": last_itn,
                     "status": (
                         int(codes[0])
                         if codes[0] > 0
