@@ -168,19 +168,27 @@ def test_grouped_search_is_regrouped_and_recorded():
     assert info["start_search"]["regrouped"] is None
 
 
-def test_a_key_group_with_its_slow_block_reflected_is_reoriented():
-    # a planted causal rotary layer (base 10 000, k = 32: pairs 2-3 of 4 slow);
-    # the start: 1 % noise in the slow dimensions, then key group 1's slow
-    # block reflected, an orientation the lifted polish cannot leave
-    n, m, m_kv, d, k, r = 40, 4, 2, 12, 32, 8
+def _slow_pairs_layer(n):
+    """``n`` sequences of a planted causal rotary layer (4 query heads sharing 2
+    key heads of rank 8, d = 12, base 10 000, k = 32: pairs 2-3 of 4 slow):
+    ``(X, Y, par, truth)``, ``truth`` its parameters in ``par`` (LowRank)."""
+    m, m_kv, d, k, r = 4, 2, 12, 32, 8
     X, y, layer = make_attention_regression(
         n, k, d, m, head_rank=r, causal=True, rope=True, n_kv_heads=m_kv,
         distribution="gaussian", random_state=0, return_layer=True,
     )  # fmt: skip
-    X, Y = X.reshape(n, k, d), y.reshape(n, k, -1)
     par = LowRank(m, d, r, n_kv_heads=m_kv, causal=True, rope_theta=layer.rope_theta)
     truth = np.concatenate([layer.rotary_query.ravel(), layer.rotary_key.ravel()])
-    dims = slow_rotary_dims(r, layer.rope_theta, "half", k)
+    return X.reshape(n, k, d), y.reshape(n, k, -1), par, truth
+
+
+def test_a_key_group_with_its_slow_block_reflected_is_reoriented():
+    # a planted causal rotary layer (base 10 000, k = 32: pairs 2-3 of 4 slow);
+    # the start: 1 % noise in the slow dimensions, then key group 1's slow
+    # block reflected, an orientation the lifted polish cannot leave
+    X, Y, par, truth = _slow_pairs_layer(40)
+    m, m_kv, d, k, r = par.n_heads, par.n_kv_heads, 12, 32, 8
+    dims = slow_rotary_dims(r, par.rope_theta, "half", k)
     noise = np.zeros((m + m_kv, d, r))
     noise[..., dims] = np.random.default_rng(1).normal(size=noise[..., dims].shape)
     start = truth + 0.01 * np.sqrt(np.mean(truth**2)) * noise.ravel()
@@ -368,14 +376,8 @@ def test_a_raised_cap_goes_on_from_the_kept_polish_and_its_lift(tmp_path, monkey
     from skattn.solvers._checkpoints import StageMemory
     from skattn.solvers.optimizers import _lm_matrix_free
 
-    n, m, m_kv, d, k, r = 24, 4, 2, 12, 32, 8
-    X, y, layer = make_attention_regression(
-        n, k, d, m, head_rank=r, causal=True, rope=True, n_kv_heads=m_kv,
-        distribution="gaussian", random_state=0, return_layer=True,
-    )  # fmt: skip
-    X, Y = X.reshape(n, k, d), y.reshape(n, k, -1)
-    par = LowRank(m, d, r, n_kv_heads=m_kv, causal=True, rope_theta=layer.rope_theta)
-    truth = np.concatenate([layer.rotary_query.ravel(), layer.rotary_key.ravel()])
+    X, Y, par, truth = _slow_pairs_layer(24)
+    m, m_kv, d, k, r = par.n_heads, par.n_kv_heads, 12, 32, 8
     noise = np.random.default_rng(1).normal(size=(m + m_kv, d, r))
     fast = [i for i in range(r) if i not in slow_rotary_dims(r, 1e4, "half", k)]
     noise[..., fast] *= 0.1
