@@ -187,7 +187,7 @@ def test_a_key_group_with_its_slow_block_reflected_is_reoriented():
     # the start: 1 % noise in the slow dimensions, then key group 1's slow
     # block reflected, an orientation the lifted polish cannot leave
     X, Y, par, truth = _slow_pairs_layer(40)
-    m, m_kv, d, k, r = par.n_heads, par.n_kv_heads, 12, 32, 8
+    m, m_kv, d, r, k = par.n_heads, par.n_kv_heads, par.n_features, par.rank, 32
     dims = slow_rotary_dims(r, par.rope_theta, "half", k)
     noise = np.zeros((m + m_kv, d, r))
     noise[..., dims] = np.random.default_rng(1).normal(size=noise[..., dims].shape)
@@ -377,9 +377,10 @@ def test_a_raised_cap_goes_on_from_the_kept_polish_and_its_lift(tmp_path, monkey
     from skattn.solvers.optimizers import _lm_matrix_free
 
     X, Y, par, truth = _slow_pairs_layer(24)
-    m, m_kv, d, k, r = par.n_heads, par.n_kv_heads, 12, 32, 8
+    m, m_kv, d, r, k = par.n_heads, par.n_kv_heads, par.n_features, par.rank, 32
     noise = np.random.default_rng(1).normal(size=(m + m_kv, d, r))
-    fast = [i for i in range(r) if i not in slow_rotary_dims(r, 1e4, "half", k)]
+    slow = slow_rotary_dims(r, par.rope_theta, "half", k)
+    fast = [i for i in range(r) if i not in slow]
     noise[..., fast] *= 0.1
     start = truth + 0.03 * np.sqrt(np.mean(truth**2)) * noise.ravel()
     scales = []
@@ -391,8 +392,9 @@ def test_a_raised_cap_goes_on_from_the_kept_polish_and_its_lift(tmp_path, monkey
 
     monkeypatch.setattr(_lm_matrix_free, "lift_near_gauge", counted)
 
-    def polish(cap, memory=None):
-        if memory is not None:
+    def polish(cap, kept=False):
+        memory = None
+        if kept:  # every iterate kept
             memory = StageMemory(tmp_path, {"max_iter": cap}, (X, Y))
             memory.iterate_interval = 0.0
         scales.clear()
@@ -403,12 +405,11 @@ def test_a_raised_cap_goes_on_from_the_kept_polish_and_its_lift(tmp_path, monkey
 
     reference, info, _ = polish(40)
     assert info["converged"] and info["loss"] < 1e-20 and scales == [True]
-    cut = polish(6, memory=True)[1]
+    cut = polish(6, kept=True)[1]
     assert cut["stop_reason"] == "max_iter" and scales == [True]
-    resumed, info, memory = polish(40, memory=True)
+    resumed, info, memory = polish(40, kept=True)
     assert scales == [False]  # the scale read back
     assert "lm-1-plain" in memory.reused and memory.continued == ["lm-1"]
     assert any("iterate" in name for name in memory.reused)
     np.testing.assert_array_equal(resumed, reference)
-    lower, _, memory = polish(7, memory=True)
-    np.testing.assert_array_equal(lower, polish(7)[0])
+    np.testing.assert_array_equal(polish(7, kept=True)[0], polish(7)[0])
