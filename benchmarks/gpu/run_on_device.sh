@@ -52,7 +52,7 @@
 # Issue 62, decoder layers at a released model's settings: DECODER=llama runs,
 # after the cases above (none by default: CASES="" LONG_CASES=""), a
 # Llama-shaped planted layer (d = 1024, 8 query heads sharing 2 key/value heads
-# of 128, rotary base 5e5, k = 32, 1280 sequences) by skattn on the GPU beside
+# of 128, rotary base 5e5, k = 32, 2048 sequences) by skattn on the GPU beside
 # torch Adam on transformers' own LlamaAttention there, each given
 # DECODER_BUDGET seconds (default 210, less where the call's time left is
 # less), its CUDA synchronizations by stage and its progress printed
