@@ -240,10 +240,6 @@ class StageMemory:
         self.inherited, self.inherited_cap = _sibling(self.folder, text)
 
     @property
-    def _diverged(self):
-        return self._shared["diverged"]
-
-    @property
     def enabled(self):
         return self.folder is not None
 
@@ -273,7 +269,7 @@ class StageMemory:
         if self.folder is None:
             return False, None
         own = self.folder / (name + _DIGEST)
-        if own.exists() or self.inherited is None or self._diverged:
+        if own.exists() or self.inherited is None or self._shared["diverged"]:
             entry = self._entry(self.folder, name, self.cap)
         else:  # the fit under another cap's, held in this fit's folder from now
             entry = self._entry(self.inherited, name, self.inherited_cap)
