@@ -15,6 +15,7 @@ from skattn.solvers.kernels._near_gauge import (
 )
 from skattn.solvers.kernels._parametrization import LowRank, _group_index
 from skattn.solvers.kernels._varpro import VarproProblem
+from skattn.solvers.optimizers import _lm_matrix_free
 from skattn.solvers.optimizers._lm_matrix_free import varpro_least_squares
 
 
@@ -157,6 +158,32 @@ def test_lifted_polish_converges_where_truncated_steps_crawl():
         ends[near_gauge] = np.sqrt(2 * info["loss"]) / scale
     assert ends["auto"] < 1e-10
     assert ends[False] > 1e3 * ends["auto"]
+
+
+def test_the_lift_is_whitened_on_a_share_of_the_sequences(monkeypatch):
+    # 160 sequences, the Gram matrices of the lift from 8 of them (their tokens
+    # more than 4 times the design's 48 columns): converged as with all
+    X, Y, par, truth = _planted(n=160)
+    dims = slow_rotary_dims(par.rank, par.rope_theta, "half", X.shape[1])
+    noise = np.zeros((par.n_heads + par.n_kv_heads, par.n_features, par.rank))
+    noise[..., dims] = np.random.default_rng(1).normal(size=noise[..., dims].shape)
+    start = truth + 0.01 * np.sqrt(np.mean(truth**2)) * noise.ravel()
+    seen = []
+    lift = _lm_matrix_free.lift_near_gauge
+
+    def counted(jvp, vjp, *args, **kwargs):
+        if kwargs.get("scale") is None:
+            seen.append(jvp(np.zeros(par.size)).shape[0])
+        return lift(jvp, vjp, *args, **kwargs)
+
+    monkeypatch.setattr(_lm_matrix_free, "lift_near_gauge", counted)
+    _, _, info = varpro_least_squares(
+        X, Y, start, par, max_iter=16, coarse=False, max_products=40
+    )
+    k, d_out = X.shape[1], Y.shape[2]
+    assert _lm_matrix_free.lift_sequences(VarproProblem(X, Y, None, par)) == 8
+    assert seen == [8 * k * d_out]  # whitened once, on 8 sequences
+    assert np.sqrt(2 * info["loss"]) / np.linalg.norm(Y) < 1e-10
 
 
 def test_a_reflected_slow_block_is_a_stationary_point_the_lift_cannot_leave():

@@ -348,3 +348,26 @@ def test_fixed_columns_need_full_projections():
     X, Y = np.ones((5, 2, 3)), np.ones((5, 2, 2))
     with pytest.raises(ValueError, match="fixed_columns needs full W_i"):
         VarproProblem(X, Y, None, FactoredHeads(1, 3, 1), fixed_columns=np.ones(1))
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+def test_a_subset_is_the_problem_of_its_sequences(intercept):
+    # every third sequence, weights, intercept and precision as they were
+    X, Y, truth = factored_planted(30, 3, 4, 2, 2, 6, intercept=intercept)
+    rng = np.random.default_rng(4)
+    par = FactoredHeads(2, X.shape[2], 2)
+    params = truth + 0.1 * rng.normal(size=par.size)
+    weight = rng.uniform(0.5, 2.0, size=30)
+    problem = VarproProblem(
+        X, Y, weight, par, intercept=intercept, dtype=np.float32, n_jobs=2
+    )
+    part = problem.subset(10)
+    rows = slice(0, 30, 3)
+    own = VarproProblem(
+        X[rows], Y[rows], weight[rows], par, intercept=intercept, dtype=np.float32
+    )
+    assert (part.dtype, part.n_jobs, part.shape) == (own.dtype, 2, own.shape)
+    v = rng.normal(size=par.size)
+    np.testing.assert_array_equal(part.residual(params), own.residual(params))
+    np.testing.assert_array_equal(part.matvec(params, v), own.matvec(params, v))
+    assert problem.subset(30) is problem and problem.subset(31) is problem

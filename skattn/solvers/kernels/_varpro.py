@@ -172,6 +172,8 @@ class VarproProblem:
         n, k, d = X.shape
         xp = _namespace(X, Y)
         self._xp, self._device = xp, device(X)
+        # the arguments, for a twin on fewer sequences (:meth:`subset`)
+        self._arguments = (X, Y, sample_weight, intercept, fixed_columns)
         free = free_memory(X)  # None on the host
         self.n_jobs = max(1, int(n_jobs)) if free is None else 1
         self._pool = None
@@ -233,6 +235,38 @@ class VarproProblem:
         self._params = None
         self._source = self._source_version = None  # see _same_point
         self._cached = None
+
+    def subset(self, n_sequences):
+        """The same problem on ``n_sequences`` of the sequences, evenly spaced
+        (every ``n // n_sequences``-th from the first; their weights as they
+        were), in the same precision and threads: ``self`` where that is all of
+        them.  Its products cost that share of these.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from skattn.solvers.kernels._parametrization import FullRank
+        >>> X = np.random.default_rng(0).normal(size=(10, 3, 2))
+        >>> problem = VarproProblem(X, X, None, FullRank(1, 2))
+        >>> problem.subset(4).shape, problem.subset(10) is problem
+        ((24, 4), True)
+        """
+        X, Y, sample_weight, intercept, fixed_columns = self._arguments
+        n = X.shape[0]
+        if n_sequences >= n:
+            return self
+        step = n // max(1, int(n_sequences))
+        rows = slice(0, step * max(1, int(n_sequences)), step)
+        return VarproProblem(
+            X[rows, ...],
+            Y[rows, ...],
+            None if sample_weight is None else sample_weight[rows],
+            self.par,
+            intercept,
+            dtype=self.dtype,
+            fixed_columns=None if fixed_columns is None else fixed_columns[rows, ...],
+            n_jobs=self.n_jobs,
+        )
 
     # -- evaluation at a point -------------------------------------------------
     def _chunk_state(self, rows, params):
