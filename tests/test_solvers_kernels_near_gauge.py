@@ -181,7 +181,8 @@ def test_the_lift_is_whitened_on_a_share_of_the_sequences(monkeypatch):
         X, Y, start, par, max_iter=16, coarse=False, max_products=40
     )
     k, d_out = X.shape[1], Y.shape[2]
-    assert _lm_matrix_free.lift_sequences(VarproProblem(X, Y, None, par)) == 8
+    width = VarproProblem(X, Y, None, par).width
+    assert _lm_matrix_free.lift_sequences(160, k, width) == 8
     assert seen == [8 * k * d_out]  # whitened once, on 8 sequences
     assert np.sqrt(2 * info["loss"]) / np.linalg.norm(Y) < 1e-10
 

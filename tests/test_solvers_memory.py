@@ -77,13 +77,21 @@ def test_each_stage_is_within_a_third_of_its_measured_peak(shape):
 
 
 def test_the_lift_grows_with_the_key_groups_not_their_square():
+    # 64 windows: the lift whitened on all of them for both (its Gram blocks)
     one, eight = (
         decoder_fit_memory(
-            320, 32, 4096, 4096, 4 * g, 128, n_kv_heads=g, rope_theta=5e5
+            64, 32, 4096, 4096, 4 * g, 128, n_kv_heads=g, rope_theta=5e5
         )["lift"]
         for g in (1, 8)
     )
     assert 7.5 * one < eight < 8.5 * one
+    # nor with the windows beyond the share it is whitened on (65 of them)
+    more = [
+        decoder_fit_memory(n, 32, 4096, 4096, 4, 128, n_kv_heads=1, rope_theta=5e5)
+        for n in (64, 1000, 2000)
+    ]
+    assert more[0]["lift"] < more[1]["lift"] == more[2]["lift"]
+    assert more[1]["polish"] < more[2]["polish"]
     assert decoder_fit_memory(320, 32, 64, 64, 4, 16, n_kv_heads=2)["lift"] == 0
 
 

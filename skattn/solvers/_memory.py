@@ -21,6 +21,7 @@ import os
 from .kernels import _loss
 from .kernels._near_gauge import slow_rotary_dims
 from .kernels._varpro import _KEEP_FLOATS_PER_CHUNK_FLOAT
+from .optimizers._lm_matrix_free import lift_sequences
 from .stages._polish import choose_factor_values
 from .stages._search import _BATCH_SIZE
 
@@ -70,7 +71,8 @@ def decoder_fit_memory(
     dict
         Bytes: ``"examples"`` (the windows' tokens, their whitened copy and the
         outputs), ``"search"``, ``"polish"``, ``"lift"`` (0 without slow rotary
-        pairs), each a stage's own arrays beyond the examples, and ``"peak"``:
+        pairs; its Gram blocks, and the problem on the share of the windows
+        they come from), each a stage's own arrays beyond the examples, and ``"peak"``:
         the examples and the largest stage (the lift's with the polish's).
 
     Examples
@@ -126,6 +128,12 @@ def decoder_fit_memory(
         s = len(slow_rotary_dims(r, rope_theta, rope_layout, k))
         raw = s * s + s
         lift = (3 * m_kv * raw * raw + 4 * size) * _DOUBLE if s else 0
+        # and the states of the problem on the share of the windows it is
+        # whitened on (as many whatever the windows beyond it)
+        n_lift = lift_sequences(n, k, width)
+        if s and n_lift < n:
+            part = min(n_lift * state, max(_loss._CHUNK_FLOATS, 2 * state))
+            lift += (n_lift * state if n_lift * state <= keep else part) * _DOUBLE
     stages = {"search": search, "polish": polish, "lift": lift}
     # the lift is built while the polish's arrays are held
     during = max(search, polish + lift)

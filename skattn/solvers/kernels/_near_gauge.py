@@ -22,7 +22,8 @@ mixing, however large, leaves the logits at equal positions as they were.
 ``S`` whitens the mixings' Jacobian columns at the polish's first stage (their
 Gram matrix's inverse root, one block a key group, the blocks of two groups
 together left out: memory linear in the groups; later stages re-base the orbit
-and keep ``S``) and
+and keep ``S``; the polish takes the Gram matrices on a share of its sequences,
+:func:`~skattn.solvers.optimizers._lm_matrix_free.lift_sequences`) and
 scales them to the Jacobian's typical singular value: the near-gauge
 directions no longer sit at the bottom of the spectrum.
 The variables are redundant, which the least-squares steps allow (LSMR's

@@ -675,7 +675,8 @@ def _lifted(problem, products, params, precond, slow_dims, whitening=None):
     # the Gram matrices from a share of the sequences (unless kept already)
     lifting = products
     if whitening.get("scale") is None:
-        lifting = products.subset(lift_sequences(problem))
+        n, k = problem.X.shape[:2]
+        lifting = products.subset(lift_sequences(n, k, problem.width))
     lift = lift_near_gauge(
         lambda v: lifting.matvec(params, v),
         lambda u: lifting.rmatvec(params, u, orthogonal=True),
@@ -692,10 +693,12 @@ def _lifted(problem, products, params, precond, slow_dims, whitening=None):
     return lift
 
 
-def lift_sequences(problem):
-    """How many of ``problem``'s sequences the slow mixings' lift is whitened on
-    (:func:`~skattn.solvers.kernels._near_gauge.lift_near_gauge`): their tokens
-    ``LIFT_TOKENS_PER_COLUMN`` times the eliminated design's columns, at least
+def lift_sequences(n_samples, n_tokens, n_columns):
+    """How many of a polish's ``n_samples`` sequences of ``n_tokens`` tokens the
+    slow mixings' lift is whitened on
+    (:func:`~skattn.solvers.kernels._near_gauge.lift_near_gauge`), the
+    eliminated design having ``n_columns`` columns: the fewest whose tokens are
+    ``LIFT_TOKENS_PER_COLUMN`` times the columns, at least
     ``LIFT_MIN_SEQUENCES``, at most all.
 
     The lift costs a product pair a lifted column (19 404 of them for 2 key
@@ -704,21 +707,18 @@ def lift_sequences(problem):
     sequences whitens the mixings as well where the share pins the eliminated
     projections (a planted layer of 4 query heads sharing 2 key heads, d = 64,
     heads of 16, k = 32, base 5e5, 160 sequences, the slow pairs 5 % off:
-    14 evaluations to 1.3e-15 with the Gram of all 160, of 40 or of 10; 4,
-    fewer tokens than the design's 256 columns: crawling at 2.5e-4).
+    14 evaluations to 1.3e-15 with the Gram of all 160, of 40 or of 10; of 4,
+    fewer tokens than the design's 256 columns, crawling at 2.5e-4).
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from skattn.solvers.kernels._parametrization import LowRank
-    >>> from skattn.solvers.kernels._varpro import VarproProblem
-    >>> X = np.zeros((500, 32, 64))
-    >>> lift_sequences(VarproProblem(X, X, None, LowRank(4, 64, 16)))
+    >>> lift_sequences(500, 32, 4 * 64)  # 4 heads' full W_i at d = 64
     32
+    >>> lift_sequences(20, 32, 4 * 64), lift_sequences(500, 64, 16)
+    (20, 8)
     """
-    n, k = problem.X.shape[:2]
-    wanted = math.ceil(LIFT_TOKENS_PER_COLUMN * problem.width / k)
-    return min(n, max(LIFT_MIN_SEQUENCES, wanted))
+    wanted = math.ceil(LIFT_TOKENS_PER_COLUMN * n_columns / n_tokens)
+    return min(int(n_samples), max(LIFT_MIN_SEQUENCES, wanted))
 
 
 def _keep_scale(memory, name, scale):
