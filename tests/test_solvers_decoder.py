@@ -413,3 +413,53 @@ def test_a_raised_cap_goes_on_from_the_kept_polish_and_its_lift(tmp_path, monkey
     assert any("iterate" in name for name in memory.reused)
     np.testing.assert_array_equal(resumed, reference)
     np.testing.assert_array_equal(polish(7, kept=True)[0], polish(7)[0])
+
+
+def test_a_kept_lifted_iterate_of_another_scale_is_not_gone_on_from(
+    tmp_path, monkeypatch
+):
+    # the lifted stage cut with its iterate kept, then the lift's scale lost
+    # and computed otherwise (another version's whitening): the kept iterate's
+    # variables are another point under the new scale, so the stage runs again
+    # from its start, to the layer of the run under that scale uninterrupted
+    from skattn.solvers._checkpoints import StageMemory
+    from skattn.solvers.optimizers import _lm_matrix_free
+
+    X, Y, par, truth = _slow_pairs_layer(24)
+    m, m_kv, d, r, k = par.n_heads, par.n_kv_heads, par.n_features, par.rank, 32
+    noise = np.random.default_rng(1).normal(size=(m + m_kv, d, r))
+    fast = [
+        i for i in range(r) if i not in slow_rotary_dims(r, par.rope_theta, "half", k)
+    ]
+    noise[..., fast] *= 0.1
+    start = truth + 0.03 * np.sqrt(np.mean(truth**2)) * noise.ravel()
+    lift, otherwise = _lm_matrix_free.lift_near_gauge, [False]
+
+    def scaled(*args, scale=None, **kwargs):
+        out = lift(*args, scale=scale, **kwargs)
+        if scale is None and otherwise[0]:
+            out.scale = 2.0 * out.scale
+        return out
+
+    monkeypatch.setattr(_lm_matrix_free, "lift_near_gauge", scaled)
+
+    def polish(cap, kept=False):
+        memory = None
+        if kept:
+            memory = StageMemory(tmp_path, {"max_iter": cap}, (X, Y))
+            memory.iterate_interval = 0.0
+        found, _, info = varpro_least_squares(
+            X, Y, start, par, max_iter=cap, coarse=False, memory=memory
+        )
+        return found, info, memory
+
+    assert polish(6, kept=True)[1]["stop_reason"] == "max_iter"
+    for entry in tmp_path.rglob("*lm-1-lift*"):
+        entry.unlink()
+    otherwise[0] = True
+    reference, info, _ = polish(40)
+    assert info["converged"]
+    resumed, _, memory = polish(40, kept=True)
+    assert "lm-1-plain" in memory.reused
+    assert not any("iterate" in name for name in memory.reused)
+    np.testing.assert_array_equal(resumed, reference)

@@ -25,6 +25,7 @@ import functools
 import math
 import time
 
+import joblib
 import numpy as np
 
 from ...utils._array_api import (
@@ -520,28 +521,45 @@ def _stage(
     :func:`_head_blocks`).
     """
     products = problem if products is None else products
-    resume = None
+
+    def variables(params):
+        """``params`` (regauged), the preconditioner and the lift there."""
+        if problem.factored:  # balance V_i against the eliminated O_i
+            problem.residual(params)
+            params = problem.par.regauge(params, problem.output_factors)
+        if preconditioner is None:
+            precond = problem.par.preconditioner(params)
+        else:
+            precond = preconditioner(params)
+        lift = None
+        if slow_dims is not None:
+            lift = _lifted(problem, products, params, precond, slow_dims, whitening)
+        return params, precond, lift
+
+    resume = kept = None
+    start = params
     if keep is not None:
         found, kept = keep[0].load(keep[1])
         if found and kept["state"]["nfev"] <= max_nfev:
             # an interrupted run's iterate, and the stage's start; one that
             # stopped at another run's cap goes on to this one's
-            params, resume = kept["start"], dict(kept["state"])
+            start, resume = kept["start"], dict(kept["state"])
             if resume["status"] == 0 and resume["nfev"] < max_nfev:
                 resume["status"] = None
+    at, precond, lift = variables(start)
+    lifted_with = None if lift is None else whitening["fingerprint"]
+    if resume is not None and kept.get("lift") != lifted_with:
+        # lifted variables of another scale (another version's lift, or one
+        # computed again otherwise): the kept iterate is another point here,
+        # and the stage runs again from where this run got to
+        resume, start = None, params
+        at, precond, lift = variables(start)
+    params = at
+    if keep is not None:
+        if resume is not None:
             keep[0].reused.append(keep[1])
-        callback = _keeping(keep, params, callback)
+        callback = _keeping(keep, start, callback, lifted_with)
     callback = _ticking(iteration_bar(), callback)
-    if problem.factored:  # balance V_i against the eliminated O_i
-        problem.residual(params)
-        params = problem.par.regauge(params, problem.output_factors)
-    if preconditioner is None:
-        precond = problem.par.preconditioner(params)
-    else:
-        precond = preconditioner(params)
-    lift = None
-    if slow_dims is not None:
-        lift = _lifted(problem, products, params, precond, slow_dims, whitening)
     if lift is not None:
         point, push, pull, z0 = lift.point, lift.push, lift.pull, lift.start(params)
     else:
@@ -690,6 +708,8 @@ def _lifted(problem, products, params, precond, slow_dims, whitening=None):
         if whitening.get("scale") is None and "keep_scale" in whitening:
             whitening.pop("keep_scale")(lift.scale)
         whitening["scale"] = lift.scale
+        if "fingerprint" not in whitening:  # of the variables kept iterates are in
+            whitening["fingerprint"] = joblib.hash(to_numpy(lift.scale))
     return lift
 
 
@@ -741,8 +761,9 @@ def _ticking(bar, callback):
     return ticking
 
 
-def _keeping(keep, start, callback):
-    """``callback`` that also keeps the iterate (with the stage's ``start``)
+def _keeping(keep, start, callback, lifted_with=None):
+    """``callback`` that also keeps the iterate (with the stage's ``start`` and
+    the fingerprint of the lift's scale its variables are in, ``lifted_with``)
     every ``memory.iterate_interval`` seconds; an iterate at which ``callback``
     stops the run is not kept (a resumed run reaches that stop again)."""
     memory, name = keep
@@ -752,7 +773,10 @@ def _keeping(keep, start, callback):
         if callback is not None:
             callback(intermediate)
         if time.monotonic() - last[0] >= memory.iterate_interval:
-            memory.save(name, {"start": start, "state": intermediate["state"]})
+            kept = {"start": start, "state": intermediate["state"]}
+            if lifted_with is not None:
+                kept["lift"] = lifted_with
+            memory.save(name, kept)
             last[0] = time.monotonic()
 
     return keeping
