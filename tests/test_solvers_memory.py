@@ -85,7 +85,7 @@ def test_the_lift_grows_with_the_key_groups_not_their_square():
         for g in (1, 8)
     )
     assert 7.5 * one < eight < 8.5 * one
-    # nor with the windows beyond the share it is whitened on (65 of them)
+    # nor with the windows beyond the share it is whitened on (193 of them)
     more = [
         decoder_fit_memory(n, 32, 4096, 4096, 4, 128, n_kv_heads=1, rope_theta=5e5)
         for n in (64, 1000, 2000)

@@ -165,6 +165,8 @@ def varpro_least_squares(
         steps, taken while every ``PLAIN_WINDOW`` evaluations take the cost
         below ``PLAIN_PROGRESS`` of what it was and the relative residual is
         above ``LIFT_BELOW`` (far from a minimum the lift slows the polish).
+        The lift is whitened once, on a share of the sequences
+        (:func:`lift_sequences`).
     head_blocks : bool or "auto", default="auto"
         Solve the steps of the float64 stage in the variables of each head's
         Gauss-Newton block (:func:`~skattn.solvers.kernels._head_gram.
@@ -182,7 +184,11 @@ def varpro_least_squares(
     memory : StageMemory or None
         Keeps the run's result, each stage's end and its iterates at intervals
         (:mod:`skattn.solvers._checkpoints`): run again after an interruption,
-        it goes on from the last kept one to the same result.
+        it goes on from the last kept one to the same result.  A lifted
+        stage's iterate is gone on from only under the lift's scale it was
+        kept in (the scale is kept too; one computed otherwise, by another
+        version, runs the stage again).
+
     Returns
     -------
     params : array of shape (p,)
@@ -433,7 +439,7 @@ LIFT_REFRESH = 8
 # The lift is whitened on the fewest sequences whose tokens are this many times
 # the eliminated design's columns (:func:`lift_sequences`), and at least on
 # LIFT_MIN_SEQUENCES of them.
-LIFT_TOKENS_PER_COLUMN = 4
+LIFT_TOKENS_PER_COLUMN = 12
 LIFT_MIN_SEQUENCES = 8
 
 # A rotary polish takes plain steps (the slow mixings not lifted) while every
@@ -722,20 +728,27 @@ def lift_sequences(n_samples, n_tokens, n_columns):
     ``LIFT_MIN_SEQUENCES``, at most all.
 
     The lift costs a product pair a lifted column (19 404 of them for 2 key
-    heads of 128 at base 5e5 over 32 tokens), and its scale is a
-    preconditioner, not part of the model: a Gram matrix on a share of the
-    sequences whitens the mixings as well where the share pins the eliminated
-    projections (a planted layer of 4 query heads sharing 2 key heads, d = 64,
-    heads of 16, k = 32, base 5e5, 160 sequences, the slow pairs 5 % off:
-    14 evaluations to 1.3e-15 with the Gram of all 160, of 40 or of 10; of 4,
-    fewer tokens than the design's 256 columns, crawling at 2.5e-4).
+    heads of 128 at base 5e5 over 32 tokens, each a pass over the sequences),
+    and its scale is a preconditioner, not part of the model: the Gram
+    matrices of a share of the sequences whiten the mixings nearly as well
+    where the share pins the eliminated projections well.  Measured (planted
+    layers, base 5e5, the slow pairs off): 4 query heads sharing 2 key heads
+    of 16, d = 64, k = 32, 160 sequences: 14 evaluations to 1.3e-15 with the
+    Gram of all 160, of 40 or of 10 (of 4, fewer tokens than the design's 256
+    columns: crawling at 2.5e-4); heads of 64, d = 256, k = 64, 192
+    sequences: the Gram of 64 (4 tokens a column) built in 9.5 minutes on 2
+    cores instead of about 25, but its first two lifted stages took the cost
+    from 9.0e-3 to 1.7e-3 where those of all 192 took it to 5.8e-4: hence 12
+    tokens a column (all 192 there).
 
     Examples
     --------
     >>> lift_sequences(500, 32, 4 * 64)  # 4 heads' full W_i at d = 64
-    32
+    96
     >>> lift_sequences(20, 32, 4 * 64), lift_sequences(500, 64, 16)
     (20, 8)
+    >>> lift_sequences(2048, 32, 8 * 128 + 1)  # a Llama-shaped layer's polish
+    385
     """
     wanted = math.ceil(LIFT_TOKENS_PER_COLUMN * n_columns / n_tokens)
     return min(int(n_samples), max(LIFT_MIN_SEQUENCES, wanted))
