@@ -25,6 +25,13 @@ its iterations:
         --d 64 --k 32 --r 16 --start perturbed --eps 0.01 --pairs 4 5 6 7 \
         --iters 30 --max-products 40 --near-gauge off
 
+``--lift-sequences N`` whitens the lift on N of the sequences (evenly spaced)
+in place of ``lift_sequences``' share:
+
+    python benchmarks/studies/study_decoder_polish.py --n 160 --m 4 --kv 2 \
+        --d 64 --k 32 --r 16 --start perturbed --eps 0.05 --pairs 4 5 6 7 \
+        --rope-theta 500000 --iters 60 --lift-sequences 10
+
 Prints the relative residual (``||F - Y|| / ||Y||`` on the training sequences)
 after each stage or round, and the seconds.
 """
@@ -46,6 +53,7 @@ from skattn.solvers.kernels._parametrization import (  # noqa: E402
     LowRank,
 )
 from skattn.solvers.kernels._varpro import VarproProblem  # noqa: E402
+from skattn.solvers.optimizers import _lm_matrix_free  # noqa: E402
 from skattn.solvers.optimizers._lm_matrix_free import (  # noqa: E402
     varpro_least_squares,
 )
@@ -88,7 +96,15 @@ def main(argv=None):
         "--near-gauge", choices=["auto", "off"], default="auto",
         help="lift the slow rotary pairs' mixings (varpro_least_squares' near_gauge)",
     )  # fmt: skip
+    parser.add_argument(
+        "--lift-sequences", type=int, default=None,
+        help="whiten the lift on this many sequences (default: lift_sequences')",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.lift_sequences is not None:
+        _lm_matrix_free.lift_sequences = lambda n, k, columns: min(
+            n, args.lift_sequences
+        )
     n, m, m_kv, d, k, r = args.n, args.m, args.kv, args.d, args.k, args.r
     X, y, layer = make_attention_regression(
         n, k, d, m, head_rank=r, causal=True, rope=True, n_kv_heads=m_kv,
