@@ -415,23 +415,25 @@ def test_a_raised_cap_goes_on_from_the_kept_polish_and_its_lift(tmp_path, monkey
     np.testing.assert_array_equal(polish(7, kept=True)[0], polish(7)[0])
 
 
-def test_a_kept_lifted_iterate_of_another_scale_is_not_gone_on_from(
-    tmp_path, monkeypatch
+@pytest.mark.parametrize("case", ["scale lost", "kept before fingerprints"])
+def test_a_kept_lifted_iterate_is_gone_on_from_only_under_its_scale(
+    tmp_path, monkeypatch, case
 ):
-    # the lifted stage cut with its iterate kept, then the lift's scale lost
-    # and computed otherwise (another version's whitening): the kept iterate's
-    # variables are another point under the new scale, so the stage runs again
-    # from its start, to the layer of the run under that scale uninterrupted
+    # the lifted stage cut with its iterate kept.  "scale lost": the lift's
+    # scale then lost and computed otherwise (another version's whitening): the
+    # kept iterate's variables are another point under it, so the stage runs
+    # again, to the layer of the run under that scale uninterrupted.  "kept
+    # before fingerprints": the iterate without its scale's fingerprint (an
+    # earlier version's) and the scale read back: gone on from, to the
+    # uninterrupted run's layer
     from skattn.solvers._checkpoints import StageMemory
     from skattn.solvers.optimizers import _lm_matrix_free
 
     X, Y, par, truth = _slow_pairs_layer(24)
     m, m_kv, d, r, k = par.n_heads, par.n_kv_heads, par.n_features, par.rank, 32
     noise = np.random.default_rng(1).normal(size=(m + m_kv, d, r))
-    fast = [
-        i for i in range(r) if i not in slow_rotary_dims(r, par.rope_theta, "half", k)
-    ]
-    noise[..., fast] *= 0.1
+    slow = slow_rotary_dims(r, par.rope_theta, "half", k)
+    noise[..., [i for i in range(r) if i not in slow]] *= 0.1
     start = truth + 0.03 * np.sqrt(np.mean(truth**2)) * noise.ravel()
     lift, otherwise = _lm_matrix_free.lift_near_gauge, [False]
 
@@ -453,13 +455,22 @@ def test_a_kept_lifted_iterate_of_another_scale_is_not_gone_on_from(
         )
         return found, info, memory
 
-    assert polish(6, kept=True)[1]["stop_reason"] == "max_iter"
-    for entry in tmp_path.rglob("*lm-1-lift*"):
-        entry.unlink()
-    otherwise[0] = True
+    cut = polish(6, kept=True)
+    assert cut[1]["stop_reason"] == "max_iter"
+    if case == "scale lost":
+        for entry in tmp_path.rglob("*lm-1-lift*"):
+            entry.unlink()
+        otherwise[0] = True
+    else:
+        earlier = StageMemory(tmp_path, {"max_iter": 6}, (X, Y))
+        found, iterate = earlier.load("lm-1-iterate")
+        assert found and "lift" in iterate
+        del iterate["lift"]
+        earlier.save("lm-1-iterate", iterate)
     reference, info, _ = polish(40)
     assert info["converged"]
     resumed, _, memory = polish(40, kept=True)
     assert "lm-1-plain" in memory.reused
-    assert not any("iterate" in name for name in memory.reused)
+    gone_on = any("iterate" in name for name in memory.reused)
+    assert gone_on == (case == "kept before fingerprints")
     np.testing.assert_array_equal(resumed, reference)

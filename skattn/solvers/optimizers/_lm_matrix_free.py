@@ -318,7 +318,7 @@ def varpro_least_squares(
         if memory is not None and options["slow_dims"] is not None:
             found, scale = memory.load(f"{name}-lift")
             if found:
-                whitening["scale"] = scale
+                whitening["scale"], whitening["read"] = scale, True
             else:
                 whitening["keep_scale"] = functools.partial(
                     _keep_scale, memory, f"{name}-lift"
@@ -554,7 +554,12 @@ def _stage(
                 resume["status"] = None
     at, precond, lift = variables(start)
     lifted_with = None if lift is None else whitening["fingerprint"]
-    if resume is not None and kept.get("lift") != lifted_with:
+    kept_with = None if kept is None else kept.get("lift")
+    if kept_with is None and lift is not None and whitening.get("read"):
+        # kept before iterates carried their scale's fingerprint: under the
+        # scale kept with them (the one their run computed or read)
+        kept_with = lifted_with
+    if resume is not None and kept_with != lifted_with:
         # lifted variables of another scale (another version's lift, or one
         # computed again otherwise): the kept iterate is another point here,
         # and the stage runs again from where this run got to
