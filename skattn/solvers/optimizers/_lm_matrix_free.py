@@ -553,7 +553,11 @@ def _stage(
             if resume["status"] == 0 and resume["nfev"] < max_nfev:
                 resume["status"] = None
     at, precond, lift = variables(start)
-    lifted_with = None if lift is None else whitening["fingerprint"]
+    lifted_with = None  # the fingerprint of the lift's scale, where kept
+    if lift is not None and keep is not None:
+        if "fingerprint" not in whitening:
+            whitening["fingerprint"] = joblib.hash(to_numpy(lift.scale))
+        lifted_with = whitening["fingerprint"]
     kept_with = None if kept is None else kept.get("lift")
     if kept_with is None and lift is not None and whitening.get("read"):
         # kept before iterates carried their scale's fingerprint: under the
@@ -719,8 +723,6 @@ def _lifted(problem, products, params, precond, slow_dims, whitening=None):
         if whitening.get("scale") is None and "keep_scale" in whitening:
             whitening.pop("keep_scale")(lift.scale)
         whitening["scale"] = lift.scale
-        if "fingerprint" not in whitening:  # of the variables kept iterates are in
-            whitening["fingerprint"] = joblib.hash(to_numpy(lift.scale))
     return lift
 
 
