@@ -76,6 +76,15 @@
 # thread) the same way: a decoder fit to 1e-6 on the GPU beside Adam:
 #
 #     CASES="" LONG_CASES="" DECODER=issue bash benchmarks/gpu/run_on_device.sh
+#
+# On 2026-11-30 (eighteenth session, one H200) the Llama-shaped search ended at
+# 0.48 (a key head per query head) and 0.83 (grouped).  SEARCH_STUDY runs
+# studies/study_decoder_search.py at that shape (the search alone, each variant
+# of its VARIANTS ungrouped and then grouped, about 70 s a variant of 5000 steps
+# on the H200) to see where and why it stops:
+#
+#     CASES="" LONG_CASES="" SEARCH_STUDY="default,exit05,nocut,steps20k" \
+#         bash benchmarks/gpu/run_on_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -87,6 +96,7 @@ CASES=${CASES-minilm3 minilm1 minilm2 minilm4 minilm5}
 LONG_CASES=${LONG_CASES-planted768 minilm0all}
 LEARNERS=${LEARNERS:-skattn}
 DEVICE=${DEVICE:-cuda}  # cpu: the same plumbing on a machine without a GPU
+TOTAL=${TOTAL:-560}  # seconds the call may take (the decoder case ends by then; the cases 40 s before)
 ARGS=${ARGS:-}  # more bench_gpu.py options, e.g. "--n-samples 460 --n-test 100"
 mkdir -p "$OUT"
 export SCIPY_ARRAY_API=1 PYTHONUNBUFFERED=1
@@ -98,20 +108,28 @@ timeout 30 python3 -m pytest -q -p no:cacheprovider -rs tests/test_estimators_cu
     2>&1 | tail -n 5 | tee -a "$OUT/gpu.log"
 # shellcheck disable=SC2086  # CASES and LEARNERS are lists of words
 if [ -n "$CASES" ]; then
-    left=$((520 - (SECONDS - START)))
+    left=$((TOTAL - 40 - (SECONDS - START)))
     timeout "$left" python3 benchmarks/bench_gpu.py --device "$DEVICE" --data "$DATA" \
         --budget "$BUDGET" --cases $CASES --learners $LEARNERS \
         --max-total $((left - 10)) --out "$OUT/gpu.json" $ARGS 2>&1 | tee -a "$OUT/gpu.log"
 fi
 # shellcheck disable=SC2086
 if [ -n "$LONG_CASES" ]; then
-    left=$((520 - (SECONDS - START)))
+    left=$((TOTAL - 40 - (SECONDS - START)))
     timeout "$left" python3 benchmarks/bench_gpu.py --device "$DEVICE" --data "$DATA" \
         --budget "$LONG_BUDGET" --cases $LONG_CASES --learners $LEARNERS \
         --max-total $((left - 10)) --out "$OUT/gpu_long.json" $ARGS 2>&1 | tee -a "$OUT/gpu.log"
 fi
+if [ -n "${SEARCH_STUDY:-}" ]; then
+    # the decoder search alone at the Llama shape, by variant (its residual
+    # trace, steps and stop, ungrouped and then grouped): where it stops
+    left=$((TOTAL - 40 - (SECONDS - START)))
+    PYTHONPATH=. timeout "$left" python3 benchmarks/studies/study_decoder_search.py --device "$DEVICE" \
+        ${SEARCH_SHAPE:---d 1024 --m 8 --kv 2 --r 128 --k 32 --n 2048} --grouped --trace 10 \
+        --variants "$SEARCH_STUDY" 2>&1 | tee "$OUT/search.log" | tee -a "$OUT/gpu.log"
+fi
 if [ -n "${DECODER:-}" ]; then
-    left=$((560 - (SECONDS - START)))
+    left=$((TOTAL - (SECONDS - START)))
     # two learners, the data and the module's check (about 60 s on the H200,
     # 2026-11-30: 40 s left too little, the table was lost) within what is
     # left; each learner's line is printed as it ends

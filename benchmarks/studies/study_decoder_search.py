@@ -1,0 +1,138 @@
+"""Where the decoder search of a Llama-shaped layer stops (issue 62's GPU item).
+
+On one H200 (2026-11-30, ``bench_torch_anchors.py --teacher decoder --setting
+llama``: d = 1024, 8 query / 2 key-value heads of 128, base 5e5, k = 32, 2048
+sequences) the search ended at a relative residual of 0.86 / 0.48 / 0.83: the
+search of a key head per query head stopped after about 1250 steps, where the
+plateau of a random start (about 3.4e-4 m d^2 steps: 2850 at that shape) had not
+ended.  This study runs the same searches (:func:`minibatch_search` on the
+ungrouped heads, then the query heads grouped by :func:`tie_key_heads` and
+searched grouped) on a planted layer of that shape scaled by ``--d --m --kv --r``,
+with the search's keywords of ``--variants`` (each a name of ``VARIANTS``), and
+prints each search's residual trace (every ``--trace``-th check of 50 steps),
+steps, stop reason and seconds.
+
+Examples::
+
+    OMP_NUM_THREADS=2 python benchmarks/studies/study_decoder_search.py \\
+        --d 256 --m 8 --kv 2 --r 32 --n 1024 --variants default
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+from skattn.datasets import make_attention_regression
+from skattn.solvers import FactoredHeads, minibatch_search
+from skattn.solvers._decoder import random_decoder_start, tie_key_heads
+from skattn.solvers.stages import _search
+from skattn.utils._array_api import device, namespace, to_namespace
+
+# name -> (keyword arguments of minibatch_search (both searches), the search
+# module's constants set for the variant)
+VARIANTS = {
+    "default": ({}, {}),
+    # no step-size cut while the residual is above 0.9 times the start's, however long
+    "nocut": ({"plateau_steps": 10**9}, {}),
+    # the plateau left only below half the start's residual (factored values fit
+    # part of the outputs from any start, so 0.9 may be crossed on the plateau)
+    "exit05": ({}, {"_PLATEAU_EXIT": 0.5}),
+    "exit05_20k": ({"max_steps": 20000}, {"_PLATEAU_EXIT": 0.5}),
+    "steps20k": ({"max_steps": 20000}, {}),
+    "lr03": ({"learning_rate": 0.03}, {}),
+    "batch1024": ({"batch_size": 1024}, {}),
+}
+
+
+def trace(info, every):
+    """Every ``every``-th check's residual and the last."""
+    residuals = info["residuals"]
+    shown = residuals[::every]
+    if (len(residuals) - 1) % every:
+        shown = [*shown, residuals[-1]]
+    return " ".join(f"{r:.3f}" for r in shown)
+
+
+def say(name, began, info, every):
+    replacements = [
+        (x["head"], round(x["residual_after"], 3), x["kept"])
+        for x in info["replacements"]
+    ]
+    print(
+        f"{name}: from {info['residuals'][0]:.4f} to {info['residual']:.4f} in "
+        f"{info['n_steps']} steps ({info['stop_reason']}, {info['n_decays']} cuts, "
+        f"replacements {replacements}) {time.perf_counter() - began:.0f} s\n"
+        f"  trace {trace(info, every)}",
+        flush=True,
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--d", type=int, default=256)
+    parser.add_argument("--m", type=int, default=8)
+    parser.add_argument("--kv", type=int, default=2)
+    parser.add_argument("--r", type=int, default=32)
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--n", type=int, default=1024)
+    parser.add_argument("--rope-theta", type=float, default=5e5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace", type=int, default=4)
+    parser.add_argument("--grouped", action="store_true", help="the grouped search too")
+    parser.add_argument("--variants", default="default")
+    parser.add_argument("--verbose", type=int, default=0, help="1: every check")
+    parser.add_argument("--device", default=None, help="a torch device (cuda)")
+    args = parser.parse_args(argv)
+    m, kv, d, r, k, n = args.m, args.kv, args.d, args.r, args.k, args.n
+    X, y = make_attention_regression(
+        n,
+        k,
+        d,
+        m,
+        head_rank=r,
+        causal=True,
+        rope=True,
+        n_kv_heads=kv,
+        distribution="gaussian",
+        rope_theta=args.rope_theta,
+        random_state=args.seed,
+    )
+    X, Y = X.reshape(n, k, d), y.reshape(n, k, -1)
+    if args.device is not None:
+        import torch
+
+        X, Y = (torch.asarray(a, device=args.device) for a in (X, Y))
+    xp, where = namespace(X), device(X)
+    heads = {"causal": True, "rope_theta": args.rope_theta}
+    ungrouped = FactoredHeads(m, d, r, **heads)
+    grouped = FactoredHeads(m, d, r, n_kv_heads=kv, **heads)
+    print(
+        f"# m={m}/{kv} d={d} r={r} k={k} n={n} base {args.rope_theta:g}; plateau "
+        f"predicted 3.4e-4 m d^2 = {3.4e-4 * m * d * d:.0f} steps"
+    )
+    for name in args.variants.split(","):
+        options, constants = VARIANTS[name]
+        saved = {key: getattr(_search, key) for key in constants}
+        for key, value in constants.items():
+            setattr(_search, key, value)
+        options = {**options, "verbose": args.verbose}
+        rng = np.random.RandomState(args.seed + 1)
+        start = to_namespace(random_decoder_start(ungrouped, rng), xp, where)
+        began = time.perf_counter()
+        free, info = minibatch_search(
+            X, Y, start, ungrouped, random_state=rng, **options
+        )
+        say(f"{name} ungrouped", began, info, args.trace)
+        if args.grouped:
+            tied, groups = tie_key_heads(free, ungrouped, grouped, k)
+            began = time.perf_counter()
+            tied = to_namespace(tied, xp, where)
+            _, info = minibatch_search(X, Y, tied, grouped, random_state=rng, **options)
+            say(f"{name} grouped {groups}", began, info, args.trace)
+        for key, value in saved.items():
+            setattr(_search, key, value)
+
+
+if __name__ == "__main__":
+    main()
