@@ -83,7 +83,7 @@
 # of its VARIANTS ungrouped and then grouped, about 70 s a variant of 5000 steps
 # on the H200) to see where and why it stops:
 #
-#     CASES="" LONG_CASES="" SEARCH_STUDY="default,exit05,nocut,steps20k" \
+#     CASES="" LONG_CASES="" SEARCH_STUDY="default,exit09,patience15,steps20k" \
 #         bash benchmarks/gpu/run_on_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -27,7 +27,7 @@ from skattn.datasets import make_attention_regression
 from skattn.solvers import FactoredHeads, minibatch_search
 from skattn.solvers._decoder import random_decoder_start, tie_key_heads
 from skattn.solvers.stages import _search
-from skattn.utils._array_api import device, namespace, to_namespace
+from skattn.utils._array_api import device, namespace, to_namespace, to_numpy
 
 # name -> (keyword arguments of minibatch_search (both searches), the search
 # module's constants set for the variant)
@@ -35,12 +35,15 @@ VARIANTS = {
     "default": ({}, {}),
     # no step-size cut while the residual is above 0.9 times the start's, however long
     "nocut": ({"plateau_steps": 10**9}, {}),
-    # the plateau left only below half the start's residual (factored values fit
-    # part of the outputs from any start, so 0.9 may be crossed on the plateau)
-    "exit05": ({}, {"_PLATEAU_EXIT": 0.5}),
-    "exit05_20k": ({"max_steps": 20000}, {"_PLATEAU_EXIT": 0.5}),
+    # the plateau left below 0.9 times the start's residual (the rule before the
+    # eighteenth session; now half: the values alone fall by more than a tenth)
+    "exit09": ({}, {"_PLATEAU_EXIT": 0.9}),
     "steps20k": ({"max_steps": 20000}, {}),
     "lr03": ({"learning_rate": 0.03}, {}),
+    # the stall rule's patience in steps: 150 by default (3 checks of 50)
+    "patience15": ({"patience": 15}, {}),
+    "patience15_20k": ({"patience": 15, "max_steps": 20000}, {}),
+    "impatient": ({"check_every": 10, "patience": 1}, {}),
     "batch1024": ({"batch_size": 1024}, {}),
 }
 
@@ -83,6 +86,23 @@ def main(argv=None):
     parser.add_argument("--variants", default="default")
     parser.add_argument("--verbose", type=int, default=0, help="1: every check")
     parser.add_argument("--device", default=None, help="a torch device (cuda)")
+    parser.add_argument("--save", default=None, help="npz: the ungrouped search's end")
+    parser.add_argument(
+        "--load", default=None, help="npz of --save: the grouped search from there"
+    )
+    parser.add_argument(
+        "--grouped-lr",
+        type=float,
+        nargs="+",
+        default=[None],
+        help="the grouped search's learning_rate(s) (default: the variant's)",
+    )
+    parser.add_argument(
+        "--ungrouped-steps",
+        type=int,
+        default=None,
+        help="the ungrouped search's max_steps",
+    )
     args = parser.parse_args(argv)
     m, kv, d, r, k, n = args.m, args.kv, args.d, args.r, args.k, args.n
     X, y = make_attention_regression(
@@ -119,17 +139,35 @@ def main(argv=None):
         options = {**options, "verbose": args.verbose}
         rng = np.random.RandomState(args.seed + 1)
         start = to_namespace(random_decoder_start(ungrouped, rng), xp, where)
-        began = time.perf_counter()
-        free, info = minibatch_search(
-            X, Y, start, ungrouped, random_state=rng, **options
-        )
-        say(f"{name} ungrouped", began, info, args.trace)
+        if args.load is None:
+            began = time.perf_counter()
+            first = options
+            if args.ungrouped_steps is not None:
+                first = {**options, "max_steps": args.ungrouped_steps}
+            free, info = minibatch_search(
+                X, Y, start, ungrouped, random_state=rng, **first
+            )
+            say(f"{name} ungrouped", began, info, args.trace)
+            if args.save is not None:
+                np.savez(args.save, free=to_numpy(free), residual=info["residual"])
+        else:
+            end = np.load(args.load)
+            free = to_namespace(end["free"], xp, where)
+            print(f"the ungrouped end of {args.load}: {float(end['residual']):.4f}")
         if args.grouped:
             tied, groups = tie_key_heads(free, ungrouped, grouped, k)
-            began = time.perf_counter()
-            tied = to_namespace(tied, xp, where)
-            _, info = minibatch_search(X, Y, tied, grouped, random_state=rng, **options)
-            say(f"{name} grouped {groups}", began, info, args.trace)
+            for lr in args.grouped_lr:
+                second = options if lr is None else {**options, "learning_rate": lr}
+                began = time.perf_counter()
+                _, info = minibatch_search(
+                    X,
+                    Y,
+                    to_namespace(tied, xp, where),
+                    grouped,
+                    random_state=np.random.RandomState(args.seed + 2),
+                    **second,
+                )
+                say(f"{name} grouped {groups}, lr {lr}", began, info, args.trace)
         for key, value in saved.items():
             setattr(_search, key, value)
 

@@ -79,9 +79,15 @@ _REPLACE_BELOW = math.sqrt(2.0)
 # of rank 32 at d = 384 was cut three times on it and ended at 0.706, where
 # uncut it left at step 550 and reached 0.13.  So while the residual has not
 # fallen below _PLATEAU_EXIT times the start's, the step size is not cut before
-# _PLATEAU_STEPS m d^2 steps (twice the measured plateau).
+# _PLATEAU_STEPS m d^2 steps (twice the measured plateau).  The level is half the
+# start's: where the values are searched too, they fall by more than a tenth on
+# their own before any head is found (8 heads of 128 at d = 1024, a Llama-shaped
+# layer: 0.824 -> 0.726 at the first check, 0.665 at the third), so at 0.9 the
+# rule was void from the first check (the search ended at 0.48 after its cuts on
+# an H200; benchmarks/HISTORY.md, eighteenth session).  Off the plateau the residual
+# falls fast, through half the start's within a check or two.
 _PLATEAU_STEPS = 7e-4
-_PLATEAU_EXIT = 0.9
+_PLATEAU_EXIT = 0.5
 
 # Off numpy, the search copies its rows to the device for this many check
 # intervals at once (each copy from the host blocks a GPU's host; a search afresh
@@ -421,9 +427,9 @@ def minibatch_search(
     search stops when the residual is at most ``stop_residual``, when it stalls
     after the last cut, or after ``max_steps`` steps.  The parameters of the best
     check are returned.  No cut is made on the start's plateau (the residual not
-    yet below 0.9 times the start's) in the first ``plateau_steps`` steps: a
-    random start's residual stalls there for a number of steps that grows as
-    ``m d^2``, and a smaller step size only lengthens the stall.
+    yet below half the start's) in the first ``plateau_steps`` steps: a random
+    start's residual stalls there for a number of steps that grows as ``m d^2``,
+    and a smaller step size only lengthens the stall.
 
     A search that stalls above ``stop_residual`` has often left a real head
     unfound, with one learned head doing little (12 heads of all-MiniLM-L6-v2).
@@ -468,8 +474,8 @@ def minibatch_search(
         what is left).  Causal and rotary heads are replaced by heads masked and
         rotated as they are.
     plateau_steps : int or "auto", default="auto"
-        Steps in which the step size is not cut while the residual is above 0.9
-        times the start's; ``"auto"``: ``ceil(7e-4 m d^2)`` (``m`` heads, ``d``
+        Steps in which the step size is not cut while the residual is above
+        half the start's; ``"auto"``: ``ceil(7e-4 m d^2)`` (``m`` heads, ``d``
         features: 313 steps for 12 heads at d = 193, 4982 at d = 769, twice the
         plateau measured on planted layers); 0: the plain stall rule.
     dtype : dtype, default=numpy.float32
