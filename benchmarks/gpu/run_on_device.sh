@@ -96,7 +96,8 @@ CASES=${CASES-minilm3 minilm1 minilm2 minilm4 minilm5}
 LONG_CASES=${LONG_CASES-planted768 minilm0all}
 LEARNERS=${LEARNERS:-skattn}
 DEVICE=${DEVICE:-cuda}  # cpu: the same plumbing on a machine without a GPU
-TOTAL=${TOTAL:-560}  # seconds the call may take (the decoder case ends by then; the cases 40 s before)
+# seconds the call may take: the decoder case ends by then, the others 40 s before
+TOTAL=${TOTAL:-560}
 ARGS=${ARGS:-}  # more bench_gpu.py options, e.g. "--n-samples 460 --n-test 100"
 mkdir -p "$OUT"
 export SCIPY_ARRAY_API=1 PYTHONUNBUFFERED=1
@@ -124,8 +125,11 @@ if [ -n "${SEARCH_STUDY:-}" ]; then
     # the decoder search alone at the Llama shape, by variant (its residual
     # trace, steps and stop, ungrouped and then grouped): where it stops
     left=$((TOTAL - 40 - (SECONDS - START)))
-    PYTHONPATH=. timeout "$left" python3 benchmarks/studies/study_decoder_search.py --device "$DEVICE" \
-        ${SEARCH_SHAPE:---d 1024 --m 8 --kv 2 --r 128 --k 32 --n 2048} --grouped --trace 10 \
+    # (SEARCH_SHAPE: another shape, e.g. "--d 64 --m 8 --kv 2 --r 16 --n 512")
+    shape=${SEARCH_SHAPE:---d 1024 --m 8 --kv 2 --r 128 --k 32 --n 2048}
+    # shellcheck disable=SC2086  # the shape is a list of options
+    PYTHONPATH=. timeout "$left" python3 benchmarks/studies/study_decoder_search.py \
+        --device "$DEVICE" $shape --grouped --trace 10 --verbose 1 \
         --variants "$SEARCH_STUDY" 2>&1 | tee "$OUT/search.log" | tee -a "$OUT/gpu.log"
 fi
 if [ -n "${DECODER:-}" ]; then

@@ -82,11 +82,11 @@ _REPLACE_BELOW = math.sqrt(2.0)
 # _PLATEAU_STEPS m d^2 steps (twice the measured plateau).  The level is half the
 # start's: where the values are searched too, they fall by more than a tenth on
 # their own before any head is found (8 heads of 128 at d = 1024, a Llama-shaped
-# layer: 0.824 -> 0.726 at the first check, then a plateau at 0.57), so at 0.9
-# the rule was void from the first check and the plateau's stalls cut the step
-# size (the search ended at 0.48 on an H200; benchmarks/HISTORY.md, eighteenth
-# session).  Off the plateau the residual
-# falls fast, through half the start's within a check or two.
+# layer: 0.824 -> 0.726 at the first check, then a plateau at 0.57; 12 heads of
+# 64 at d = 768: a plateau at 0.88 of the start's), so at 0.9 the rule was void
+# and the plateau's stalls cut the step size (the Llama-shaped search ended at
+# 0.48 on an H200; benchmarks/HISTORY.md, eighteenth session).  Off the plateau
+# the residual falls fast, through half the start's within a check or two.
 _PLATEAU_STEPS = 7e-4
 _PLATEAU_EXIT = 0.5
 
