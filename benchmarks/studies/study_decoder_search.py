@@ -40,18 +40,13 @@ from skattn.utils._array_api import device, namespace, to_namespace, to_numpy
 # module's constants set for the variant)
 VARIANTS = {
     "default": ({}, {}),
-    # no step-size cut while the residual is above the plateau's level, however long
-    "nocut": ({"plateau_steps": 10**9}, {}),
     # the plateau left below 0.9 times the start's residual (the rule before the
     # eighteenth session; now half: the values alone fall by more than a tenth)
     "exit09": ({}, {"_PLATEAU_EXIT": 0.9}),
     "steps20k": ({"max_steps": 20000}, {}),
-    "lr03": ({"learning_rate": 0.03}, {}),
     # the stall rule's patience in steps: 150 by default (3 checks of 50)
     "patience15": ({"patience": 15}, {}),
-    "patience15_20k": ({"patience": 15, "max_steps": 20000}, {}),
     "impatient": ({"check_every": 10, "patience": 1}, {}),
-    "batch1024": ({"batch_size": 1024}, {}),
 }
 
 
@@ -144,9 +139,9 @@ def main(argv=None):
         for key, value in constants.items():
             setattr(_search, key, value)
         options = {**options, "verbose": args.verbose}
-        rng = np.random.RandomState(args.seed + 1)
-        start = to_namespace(random_decoder_start(ungrouped, rng), xp, where)
         if args.load is None:
+            rng = np.random.RandomState(args.seed + 1)
+            start = to_namespace(random_decoder_start(ungrouped, rng), xp, where)
             began = time.perf_counter()
             first = options
             if args.ungrouped_steps is not None:
